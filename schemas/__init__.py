@@ -1,0 +1,33 @@
+"""Record types of kernelstream's topics, their JSON Schemas and the wire codec."""
+
+from schemas.codec import MAX_MESSAGE_BYTES, decode, decode_any, encode
+from schemas.errors import KernelstreamError, SchemaError
+from schemas.records import (
+    RECORD_TYPES,
+    DeadLetter,
+    DeviceSample,
+    Finding,
+    LaunchBatch,
+    ReconfigOutcome,
+    Recommendation,
+    Record,
+    WindowAggregate,
+)
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "RECORD_TYPES",
+    "DeadLetter",
+    "DeviceSample",
+    "Finding",
+    "KernelstreamError",
+    "LaunchBatch",
+    "ReconfigOutcome",
+    "Recommendation",
+    "Record",
+    "SchemaError",
+    "WindowAggregate",
+    "decode",
+    "decode_any",
+    "encode",
+]

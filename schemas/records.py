@@ -1,0 +1,291 @@
+"""Versioned record types carried on kernelstream's topics.
+
+Every record has a ``schema`` field naming its type and version, e.g.
+``"ks.launch_batch/1"``. The wire format is JSON (orjson). The pydantic models
+below are the single definition of each record: the JSON Schema files under
+``schemas/json/`` are generated from them (``python -m schemas.export``) and a
+test keeps the two in sync.
+
+Launch telemetry travels columnar: one :class:`LaunchBatch` carries many launches
+of one kernel with one configuration on one device, as parallel arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "Classification",
+    "DeadLetter",
+    "DeviceSample",
+    "Finding",
+    "LaunchBatch",
+    "ReconfigOutcome",
+    "Recommendation",
+    "Record",
+    "WindowAggregate",
+    "RECORD_TYPES",
+]
+
+ParamValue = int | float | str | bool
+Config = dict[str, ParamValue]
+Classification = Literal[
+    "memory_efficient",
+    "memory_bottleneck",
+    "under_utilization",
+    "launch_bound",
+    "compute_bound",
+    "regression",
+    "balanced",
+]
+OutcomeStatus = Literal["applied", "kept", "rolled_back", "rejected"]
+
+_NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+_FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+_Name = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class Record(BaseModel):
+    """Base of all records: strict, frozen, no unknown fields, finite numbers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    SCHEMA: ClassVar[str] = ""  # overridden per subclass: the ``schema`` literal value
+
+    schema_: str = Field(alias="schema")
+
+    def to_wire(self) -> dict[str, Any]:
+        """Dict ready for orjson (aliases applied, ``schema`` field included)."""
+        return self.model_dump(by_alias=True, mode="json")
+
+
+class DeviceSample(BaseModel):
+    """A device sample taken off the hot path (NVML on real GPUs, modelled on sim)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    t: _FiniteFloat
+    sm_util_pct: _NonNegFloat | None = None
+    mem_used_bytes: _NonNegFloat | None = None
+    power_w: _NonNegFloat | None = None
+    sm_clock_mhz: _NonNegFloat | None = None
+    mem_clock_mhz: _NonNegFloat | None = None
+    sm_occupancy_pct: _NonNegFloat | None = None
+    dram_bw_util_pct: _NonNegFloat | None = None
+
+
+class LaunchBatch(Record):
+    """Many launches of one kernel, one config, one device; columnar.
+
+    ``t_end`` is the node's clock (Unix seconds) at kernel completion, the event
+    time. ``duration_us`` is the measured kernel duration; ``ok`` is 1 for a
+    launch that ran and 0 for a launch failure (its duration is 0).
+    """
+
+    SCHEMA: ClassVar[str] = "ks.launch_batch/1"
+    schema_: Literal["ks.launch_batch/1"] = Field(default="ks.launch_batch/1", alias="schema")
+
+    node: _Name
+    device_index: int = Field(ge=0, le=1024)
+    device_model: _Name
+    backend: Literal["sim", "trace", "cupy"]
+    kernel: _Name
+    workload: _Name
+    problem_size: list[int] = Field(min_length=1, max_length=4)
+    config: Config
+    config_id: _Name
+    grid: list[int] = Field(min_length=3, max_length=3)
+    block: list[int] = Field(min_length=3, max_length=3)
+    dynamic_smem_bytes: int = Field(ge=0)
+    registers_per_thread: int | None = Field(default=None, ge=0)
+    bytes_moved: _NonNegFloat
+    flops: _NonNegFloat
+    occupancy: float = Field(ge=0.0, le=1.0)
+    waves: _NonNegFloat
+    peak_gbs: float = Field(gt=0.0, allow_inf_nan=False)
+    peak_gflops: float = Field(gt=0.0, allow_inf_nan=False)
+    launch_overhead_us: _NonNegFloat = 3.0
+    seq_start: int = Field(ge=0)
+    t_end: list[_FiniteFloat] = Field(min_length=1, max_length=100_000)
+    duration_us: list[Annotated[float, Field(ge=0.0, le=3.6e9, allow_inf_nan=False)]]
+    ok: list[Literal[0, 1]]
+    samples: list[DeviceSample] = Field(default_factory=list, max_length=1000)
+
+    @property
+    def device_key(self) -> str:
+        """``node:device_index``, the unit a partition owns together with the kernel."""
+        return f"{self.node}:{self.device_index}"
+
+    @property
+    def stream_key(self) -> str:
+        """Kafka key of launches and windows: ``device_key/kernel``."""
+        return f"{self.device_key}/{self.kernel}"
+
+    @model_validator(mode="after")
+    def _columns_agree(self) -> LaunchBatch:
+        n = len(self.t_end)
+        if len(self.duration_us) != n or len(self.ok) != n:
+            raise ValueError(
+                f"columns differ in length: t_end={n}, duration_us={len(self.duration_us)}, "
+                f"ok={len(self.ok)}"
+            )
+        return self
+
+
+class WindowAggregate(Record):
+    """One closed event-time window of one (device, kernel, config)."""
+
+    SCHEMA: ClassVar[str] = "ks.window/1"
+    schema_: Literal["ks.window/1"] = Field(default="ks.window/1", alias="schema")
+
+    node: _Name
+    device_index: int = Field(ge=0)
+    device_model: _Name
+    kernel: _Name
+    workload: _Name
+    problem_size: list[int]
+    config: Config
+    config_id: _Name
+    window_start: _FiniteFloat
+    window_end: _FiniteFloat
+    count: int = Field(ge=0)
+    failures: int = Field(ge=0)
+    late_accepted: int = Field(ge=0, default=0)
+    duration_mean_us: _NonNegFloat
+    duration_p50_us: _NonNegFloat
+    duration_p95_us: _NonNegFloat
+    duration_min_us: _NonNegFloat
+    duration_max_us: _NonNegFloat
+    duration_std_us: _NonNegFloat
+    busy_fraction: _NonNegFloat
+    idle_gap_mean_us: _NonNegFloat
+    achieved_gbs: _NonNegFloat
+    achieved_gflops: _NonNegFloat
+    bw_fraction: _NonNegFloat
+    flops_fraction: _NonNegFloat
+    arithmetic_intensity: _NonNegFloat
+    occupancy: _NonNegFloat
+    waves: _NonNegFloat
+    peak_gbs: _NonNegFloat
+    peak_gflops: _NonNegFloat
+    launch_overhead_us: _NonNegFloat
+    seq_min: int = Field(ge=0)
+    seq_max: int = Field(ge=0)
+
+    @property
+    def device_key(self) -> str:
+        return f"{self.node}:{self.device_index}"
+
+    @property
+    def stream_key(self) -> str:
+        return f"{self.device_key}/{self.kernel}"
+
+
+class Finding(Record):
+    """A classification of one window aggregate, with its evidence."""
+
+    SCHEMA: ClassVar[str] = "ks.finding/1"
+    schema_: Literal["ks.finding/1"] = Field(default="ks.finding/1", alias="schema")
+
+    id: _Name
+    node: _Name
+    device_index: int = Field(ge=0)
+    device_model: _Name
+    kernel: _Name
+    workload: _Name
+    problem_size: list[int]
+    config: Config
+    config_id: _Name
+    window_start: _FiniteFloat
+    window_end: _FiniteFloat
+    classification: Classification
+    evidence: dict[str, float | int | str | bool]
+    summary: str
+
+
+class Recommendation(Record):
+    """A new configuration for one kernel on one node's device.
+
+    Keyed by node id on the wire so each node reads only its own partition.
+    """
+
+    SCHEMA: ClassVar[str] = "ks.recommendation/1"
+    schema_: Literal["ks.recommendation/1"] = Field(
+        default="ks.recommendation/1", alias="schema"
+    )
+
+    id: _Name
+    node: _Name
+    device_index: int = Field(ge=0)
+    device_model: _Name
+    kernel: _Name
+    workload: _Name
+    problem_size: list[int]
+    from_config_id: _Name
+    config: Config
+    config_id: _Name
+    reason: str
+    evidence: dict[str, float | int | str | bool]
+    expected_gain: _NonNegFloat
+    issued_at: _FiniteFloat
+    expires_at: _FiniteFloat
+
+    @field_validator("expires_at")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("expires_at must be finite")
+        return v
+
+
+class ReconfigOutcome(Record):
+    """What a node did with a recommendation, with before/after measurements."""
+
+    SCHEMA: ClassVar[str] = "ks.reconfig/1"
+    schema_: Literal["ks.reconfig/1"] = Field(default="ks.reconfig/1", alias="schema")
+
+    id: _Name
+    recommendation_id: _Name
+    node: _Name
+    device_index: int = Field(ge=0)
+    device_model: _Name
+    kernel: _Name
+    workload: _Name
+    problem_size: list[int]
+    status: OutcomeStatus
+    reason: str
+    before_config: Config
+    before_config_id: _Name
+    after_config: Config
+    after_config_id: _Name
+    before_mean_us: _NonNegFloat | None = None
+    after_mean_us: _NonNegFloat | None = None
+    before_count: int = Field(ge=0, default=0)
+    after_count: int = Field(ge=0, default=0)
+    speedup: _NonNegFloat | None = None
+    at: _FiniteFloat
+
+
+class DeadLetter(Record):
+    """Input a stage could not accept: the original bytes (base64) and why."""
+
+    SCHEMA: ClassVar[str] = "ks.deadletter/1"
+    schema_: Literal["ks.deadletter/1"] = Field(default="ks.deadletter/1", alias="schema")
+
+    stage: _Name
+    topic: _Name
+    partition: int | None = None
+    offset: int | None = None
+    key_b64: str | None = None
+    value_b64: str
+    reason: str
+    at: _FiniteFloat
+
+
+RECORD_TYPES: dict[str, type[Record]] = {
+    cls.SCHEMA: cls
+    for cls in (LaunchBatch, WindowAggregate, Finding, Recommendation, ReconfigOutcome, DeadLetter)
+}
