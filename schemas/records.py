@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
+from schemas.keys import stream_key
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
@@ -122,7 +123,7 @@ class LaunchBatch(Record):
     @property
     def stream_key(self) -> str:
         """Kafka key of launches and windows: ``device_key/kernel``."""
-        return f"{self.device_key}/{self.kernel}"
+        return stream_key(self.node, self.device_index, self.kernel)
 
     @model_validator(mode="after")
     def _columns_agree(self) -> LaunchBatch:
@@ -181,7 +182,7 @@ class WindowAggregate(Record):
 
     @property
     def stream_key(self) -> str:
-        return f"{self.device_key}/{self.kernel}"
+        return stream_key(self.node, self.device_index, self.kernel)
 
 
 class Finding(Record):
@@ -204,6 +205,11 @@ class Finding(Record):
     classification: Classification
     evidence: dict[str, float | int | str | bool]
     summary: str
+    # The window's measurement, so the tuner (keyed by fleet group) learns from
+    # findings alone without re-reading the windows topic.
+    count: int = Field(ge=0, default=0)
+    failures: int = Field(ge=0, default=0)
+    duration_mean_us: _NonNegFloat = 0.0
 
 
 class Recommendation(Record):

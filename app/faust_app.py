@@ -1,0 +1,77 @@
+"""The Faust app factory: one app per worker process, built from the settings.
+
+No module-global app: ``create_app`` is called by the CLI (``kernelstream worker``)
+and by tests. The agents themselves live in ``agents/`` and are registered here.
+State that must survive restarts is kept in a RocksDB store (Faust's ``rocksdb://``
+store backed by rocksdict).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import faust
+
+from app.settings import Settings
+from app.topics import topic_specs
+
+__all__ = ["create_app", "faust_broker_kwargs"]
+
+
+def faust_broker_kwargs(settings: Settings) -> dict[str, Any]:
+    """Faust settings for the broker connection, group timing and security.
+
+    The group timings matter: with Faust's defaults a worker waits ~30 s to join
+    its group on the embedded broker (it holds each JoinGroup for half the session
+    timeout). Six seconds and a one-second heartbeat join in ~3 s.
+    """
+    kw: dict[str, Any] = {
+        "broker_session_timeout": settings.session_timeout_s,
+        "broker_heartbeat_interval": settings.heartbeat_interval_s,
+        "broker_rebalance_timeout": settings.session_timeout_s,
+        "broker_request_timeout": max(30.0, settings.session_timeout_s * 2),
+    }
+    if settings.security_protocol != "PLAINTEXT":
+        kw["broker_credentials"] = _credentials(settings)
+    return kw
+
+
+def _credentials(settings: Settings) -> Any:
+    from faust.auth import SASLCredentials, SSLCredentials
+
+    ssl_context = settings.kafka_client_kwargs().get("ssl_context")
+    if settings.sasl_mechanism:
+        return SASLCredentials(
+            username=settings.sasl_username,
+            password=settings.sasl_password.get_secret_value() if settings.sasl_password else None,
+            ssl_context=ssl_context,
+            mechanism=settings.sasl_mechanism,
+        )
+    return SSLCredentials(ssl_context)
+
+
+def create_app(settings: Settings, bootstrap: str, *, web: bool = True) -> faust.App:
+    """Build the worker's Faust app with every agent registered."""
+    from agents.worker import register_agents
+
+    app = faust.App(
+        settings.app_id,
+        broker=f"kafka://{bootstrap}",
+        store="rocksdb://",  # Faust uses rocksdict for this store when it is installed
+        datadir=str(settings.data_dir),
+        topic_partitions=settings.partitions,
+        topic_allow_declare=True,
+        topic_disable_leader=True,
+        consumer_auto_offset_reset="earliest",
+        producer_acks=-1,
+        producer_linger=0.005,
+        web_enabled=web,
+        web_port=settings.web_port,
+        web_bind="127.0.0.1" if settings.embedded else "0.0.0.0",  # noqa: S104
+        stream_wait_empty=False,
+        **faust_broker_kwargs(settings),
+    )
+    topics = {s.role: app.topic(s.name, key_serializer="raw", value_serializer="raw",
+                                partitions=s.partitions) for s in topic_specs(settings)}
+    register_agents(app, settings, topics)
+    return app

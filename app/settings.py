@@ -1,0 +1,132 @@
+"""One settings object for every kernelstream process.
+
+Read from environment variables with the ``KERNELSTREAM_`` prefix (and the bare
+``KAFKA_BOOTSTRAP`` for the broker address), optionally from a TOML file named by
+``KERNELSTREAM_CONFIG``. Built once by the CLI and passed down; nothing reads the
+environment at import time.
+
+>>> s = Settings(bootstrap="broker:9092")
+>>> s.topic_launches, s.embedded
+('ks.launches', False)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+__all__ = ["Settings", "load_settings"]
+
+
+class Settings(BaseSettings):
+    """Every setting, its environment name (``KERNELSTREAM_<NAME>``), type and default."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="KERNELSTREAM_", frozen=True, extra="forbid", populate_by_name=True
+    )
+
+    # --- broker -----------------------------------------------------------------
+    bootstrap: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("KAFKA_BOOTSTRAP", "KERNELSTREAM_BOOTSTRAP", "bootstrap"),
+        description="Kafka bootstrap servers (host:port,...). Unset: start the embedded broker.",
+    )
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+
+    # --- topics (names and partition counts) ------------------------------------
+    topic_launches: str = "ks.launches"
+    topic_windows: str = "ks.windows"
+    topic_findings: str = "ks.findings"
+    topic_recommendations: str = "ks.recommendations"
+    topic_reconfig: str = "ks.reconfig"
+    topic_late: str = "ks.late"
+    topic_deadletter: str = "ks.deadletter"
+    partitions: int = Field(default=4, ge=1, description="Partitions of the keyed topics.")
+
+    # --- worker -----------------------------------------------------------------
+    app_id: str = Field(default="kernelstream", description="Faust app id = consumer group.")
+    data_dir: Path = Field(default=Path("var/worker"), description="RocksDB state directory.")
+    window_s: float = Field(default=1.0, gt=0)
+    out_of_orderness_s: float = Field(default=0.2, ge=0)
+    allowed_lateness_s: float = Field(default=0.5, ge=0)
+    idle_timeout_s: float = Field(default=3.0, gt=0)
+    recommendation_ttl_s: float = Field(default=20.0, gt=0)
+    web_port: int = Field(default=6066, ge=0, le=65535)
+    session_timeout_s: float = Field(default=6.0, gt=0)
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+
+    # --- node -------------------------------------------------------------------
+    node_id: str = Field(default_factory=lambda: os.uname().nodename)
+    backend: Literal["sim", "trace", "cupy"] = "sim"
+    device_model: str = "A100-SXM4-80GB"
+    device_index: int = Field(default=0, ge=0)
+    workloads: tuple[str, ...] = ("matmul", "reduction", "transpose", "stencil2d")
+    trace_file: Path | None = None
+    tuning_spaces_dir: Path | None = Field(
+        default=None, description="Kernel Tuner cache files; default ../shared/data/tuning-spaces"
+    )
+    seed: int = 0
+    batch_max_launches: int = Field(default=2000, ge=1)
+    batch_max_delay_s: float = Field(default=0.1, gt=0)
+    max_launches_per_s: float = Field(default=20_000.0, gt=0)
+    rollback_min_launches: int = Field(default=30, ge=1)
+    max_step: int = Field(default=8, ge=1, description="Largest per-parameter move a node accepts.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        toml = os.environ.get("KERNELSTREAM_CONFIG")
+        if toml:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml))
+        return tuple(sources)
+
+    @property
+    def embedded(self) -> bool:
+        """True when no bootstrap is configured: the CLI starts the embedded broker."""
+        return not self.bootstrap
+
+    def kafka_client_kwargs(self) -> dict[str, Any]:
+        """Security keyword arguments shared by aiokafka producers, consumers and admin."""
+        kw: dict[str, Any] = {"security_protocol": self.security_protocol}
+        if self.sasl_mechanism:
+            kw["sasl_mechanism"] = self.sasl_mechanism
+            kw["sasl_plain_username"] = self.sasl_username
+            kw["sasl_plain_password"] = (
+                self.sasl_password.get_secret_value() if self.sasl_password else None
+            )
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            from aiokafka.helpers import create_ssl_context
+
+            kw["ssl_context"] = create_ssl_context(
+                cafile=str(self.ssl_cafile) if self.ssl_cafile else None,
+                certfile=str(self.ssl_certfile) if self.ssl_certfile else None,
+                keyfile=str(self.ssl_keyfile) if self.ssl_keyfile else None,
+            )
+        return kw
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build the settings from the environment (and TOML file), then explicit overrides."""
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,229 @@
+"""The workload runner: launches a node's kernels on its device and batches telemetry.
+
+The same runner drives every backend. Each tick it runs the node's workloads
+round-robin (one launch of each kernel per iteration, like the steps of an
+application) for the device time since the last tick, then turns what ran into
+columnar :class:`schemas.LaunchBatch` records. Tick boundaries are the safe
+points where the reconfiguration agent may switch a kernel's configuration.
+
+Event time is the node's clock at each kernel's completion: for the ``sim`` and
+``trace`` devices the runner lays the modelled durations out back to back on
+the wall clock; for ``cupy`` the durations are real and so is the clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kernels.space import Config
+from schemas import DeviceSample, LaunchBatch
+
+__all__ = ["LaunchChunk", "LaunchBatcher", "WorkloadRunner"]
+
+#: Host-side gap between consecutive launches (queueing, Python, driver), in µs.
+_HOST_GAP_US = 4.0
+
+
+@dataclass
+class LaunchChunk:
+    """Launches of one kernel with one configuration, ready to batch."""
+
+    kernel: str
+    workload: Any
+    config: Config
+    config_id: str
+    seq_start: int
+    t_end: np.ndarray
+    duration_us: np.ndarray
+    ok: np.ndarray
+
+
+@dataclass
+class _KernelState:
+    workload: Any
+    config: Config
+    config_id: str
+    seq: int = 0
+    mean_us: float = 0.0
+
+
+class WorkloadRunner:
+    """Runs a device's workloads in real time, one tick at a time.
+
+    ``max_launches_per_s`` caps the launch rate of the whole device so a fleet of
+    simulated nodes fits on a small machine; idle time is inserted between
+    iterations when kernels would run faster than that.
+    """
+
+    def __init__(
+        self,
+        device: Any,
+        workloads: Sequence[Any],
+        *,
+        start_configs: Mapping[str, Config] | None = None,
+        max_launches_per_s: float = 20_000.0,
+        max_iterations_per_tick: int = 5_000,
+    ) -> None:
+        self.device = device
+        self.max_launches_per_s = max_launches_per_s
+        self.max_iterations_per_tick = max_iterations_per_tick
+        self._clock: float | None = None
+        self.kernels: dict[str, _KernelState] = {}
+        for w in workloads:
+            cfg = dict((start_configs or {}).get(w.name) or w.space.start_config())
+            self.kernels[w.name] = _KernelState(w, cfg, w.space.config_id(cfg))
+
+    def config_of(self, kernel: str) -> Config:
+        return dict(self.kernels[kernel].config)
+
+    def set_config(self, kernel: str, config: Config) -> None:
+        """Switch a kernel's configuration; call only between ticks (a safe point)."""
+        state = self.kernels[kernel]
+        state.config = dict(config)
+        state.config_id = state.workload.space.config_id(config)
+        state.mean_us = 0.0
+
+    def tick(self, now: float) -> list[LaunchChunk]:
+        """Run every kernel for the device time between the last tick and ``now``."""
+        if self._clock is None:
+            self._clock = now
+        span_s = now - self._clock
+        if span_s <= 0:
+            return []
+        names = list(self.kernels)
+        est_iter_us = sum(max(s.mean_us, 1.0) + _HOST_GAP_US for s in self.kernels.values())
+        min_iter_us = len(names) * 1e6 / self.max_launches_per_s
+        iter_us = max(est_iter_us, min_iter_us)
+        n = max(1, min(self.max_iterations_per_tick, math.floor(span_s * 1e6 / iter_us)))
+        durations = np.empty((n, len(names)))
+        oks = np.empty((n, len(names)), dtype=bool)
+        for j, name in enumerate(names):
+            s = self.kernels[name]
+            res = self.device.launch(s.workload, s.config, n)
+            durations[:, j] = res.duration_us
+            oks[:, j] = res.ok
+            if res.ok.any():
+                s.mean_us = float(res.duration_us[res.ok].mean())
+        # Lay the launches out back to back: gap, kernel, gap, kernel, ...; pad each
+        # iteration with idle time when the launch-rate cap asks for it.
+        step = durations + _HOST_GAP_US
+        pad = np.maximum(0.0, min_iter_us - step.sum(axis=1))
+        step[:, -1] += pad
+        ends_us = np.cumsum(step.ravel()).reshape(n, len(names)) - (step - durations - _HOST_GAP_US)
+        t_end = self._clock + ends_us / 1e6
+        self._clock = max(float(t_end[-1, -1]), self._clock)
+        chunks = []
+        for j, name in enumerate(names):
+            s = self.kernels[name]
+            chunks.append(LaunchChunk(name, s.workload, dict(s.config), s.config_id, s.seq,
+                                      t_end[:, j].copy(), durations[:, j].copy(), oks[:, j].copy()))
+            s.seq += n
+        return chunks
+
+    @property
+    def clock(self) -> float | None:
+        """The device clock: the end of the last launch laid out (event time)."""
+        return self._clock
+
+
+@dataclass
+class _Pending:
+    chunk_meta: LaunchChunk
+    t_end: list[np.ndarray] = field(default_factory=list)
+    duration_us: list[np.ndarray] = field(default_factory=list)
+    ok: list[np.ndarray] = field(default_factory=list)
+    seq_start: int = 0
+    count: int = 0
+    opened_at: float = 0.0
+
+
+class LaunchBatcher:
+    """Turns launch chunks into :class:`LaunchBatch` records, by size and by time.
+
+    A batch holds one kernel and one configuration; it is closed when it reaches
+    ``max_launches`` or when its first launch is ``max_delay_s`` old (bounded
+    delay), whichever comes first.
+    """
+
+    def __init__(
+        self, device: Any, node: str, *, max_launches: int = 2000, max_delay_s: float = 0.1
+    ) -> None:
+        self.device = device
+        self.node = node
+        self.max_launches = max_launches
+        self.max_delay_s = max_delay_s
+        self._pending: dict[tuple[str, str], _Pending] = {}
+        self._samples: list[DeviceSample] = []
+
+    def add_sample(self, sample: DeviceSample) -> None:
+        self._samples.append(sample)
+
+    def add(self, chunk: LaunchChunk, now: float) -> list[LaunchBatch]:
+        out: list[LaunchBatch] = []
+        key = (chunk.kernel, chunk.config_id)
+        # A config switch closes the kernel's open batch of the old config.
+        for other in [k for k in self._pending if k[0] == chunk.kernel and k != key]:
+            out.append(self._close(other))
+        start = 0
+        total = len(chunk.t_end)
+        while start < total:
+            p = self._pending.get(key)
+            if p is None:
+                p = _Pending(chunk, seq_start=chunk.seq_start + start, opened_at=now)
+                self._pending[key] = p
+            take = min(total - start, self.max_launches - p.count)
+            p.t_end.append(chunk.t_end[start : start + take])
+            p.duration_us.append(chunk.duration_us[start : start + take])
+            p.ok.append(chunk.ok[start : start + take])
+            p.count += take
+            start += take
+            if p.count >= self.max_launches:
+                out.append(self._close(key))
+        return out
+
+    def due(self, now: float) -> list[LaunchBatch]:
+        """Batches whose oldest launch has waited ``max_delay_s``."""
+        keys = [k for k, p in self._pending.items() if now - p.opened_at >= self.max_delay_s]
+        return [self._close(k) for k in keys]
+
+    def flush(self) -> list[LaunchBatch]:
+        return [self._close(k) for k in list(self._pending)]
+
+    def _close(self, key: tuple[str, str]) -> LaunchBatch:
+        p = self._pending.pop(key)
+        c = p.chunk_meta
+        plan = self.device.plan(c.workload, c.config)
+        spec = self.device.spec
+        samples, self._samples = self._samples, []
+        return LaunchBatch(
+            node=self.node,
+            device_index=self.device.device_index,
+            device_model=spec.name,
+            backend=self.device.backend,
+            kernel=c.kernel,
+            workload=c.workload.name,
+            problem_size=list(c.workload.problem_size),
+            config=c.config,
+            config_id=c.config_id,
+            grid=list(plan.grid),
+            block=list(plan.block),
+            dynamic_smem_bytes=plan.dynamic_smem_bytes,
+            registers_per_thread=plan.registers_per_thread,
+            bytes_moved=plan.bytes_moved,
+            flops=plan.flops,
+            occupancy=min(1.0, max(0.0, plan.occupancy)),
+            waves=plan.waves,
+            peak_gbs=spec.peak_gbs,
+            peak_gflops=spec.peak_gflops_fp32,
+            launch_overhead_us=spec.launch_overhead_us,
+            seq_start=p.seq_start,
+            t_end=np.concatenate(p.t_end).tolist(),
+            duration_us=np.concatenate(p.duration_us).tolist(),
+            ok=np.concatenate(p.ok).astype(int).tolist(),
+            samples=samples,
+        )
