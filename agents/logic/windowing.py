@@ -1,0 +1,667 @@
+"""Event-time tumbling windows with a watermark, allowed lateness and idleness.
+
+One :class:`Windower` owns the windows of many stream keys (``node:device/kernel``).
+Within a window it keeps one accumulator per config id, because a node may switch
+configuration mid-window and the two halves must not be averaged together.
+
+Semantics, per stream key (the same as processing the launches one by one, in
+batch order, even though :meth:`Windower.add` works on whole columns):
+
+* the watermark before a launch is the largest event time seen before it minus
+  ``out_of_orderness_s``;
+* a window ``[start, end)`` is complete once the watermark is ``>= end +
+  allowed_lateness_s``; a launch whose window is complete (or was already emitted,
+  e.g. by an idle flush) is *too late* and is handed back for the late topic;
+* a launch older than the watermark whose window is still open is accepted and
+  counted as ``late_accepted``.
+
+>>> w = Windower(WindowSpec(size_s=1.0, out_of_orderness_s=0.0, allowed_lateness_s=0.0))
+>>> w.add(make_example_batch([0.1, 0.5, 1.2]), now=0.0) is None
+True
+>>> [(a.window_start, a.count) for a in w.poll(now=0.0)]
+[(0.0, 2)]
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from agents.logic.errors import LogicSettingsError, SnapshotError
+from schemas.records import LaunchBatch, WindowAggregate
+
+__all__ = [
+    "LaunchRow",
+    "WindowSpec",
+    "Windower",
+    "WindowerMetrics",
+    "aggregate_reference",
+    "launch_rows",
+    "make_example_batch",
+]
+
+_SNAPSHOT_VERSION = 1
+
+# Per-batch constants copied into every aggregate. Taken from the first batch of a
+# (window, config): within one config these describe the same launch geometry.
+_META_FIELDS = (
+    "node",
+    "device_index",
+    "device_model",
+    "kernel",
+    "workload",
+    "problem_size",
+    "config",
+    "bytes_moved",
+    "flops",
+    "occupancy",
+    "waves",
+    "peak_gbs",
+    "peak_gflops",
+    "launch_overhead_us",
+)
+
+_F64 = npt.NDArray[np.float64]
+_I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """Tumbling event-time windows and how long to wait for stragglers.
+
+    Args:
+        size_s: window length in event-time seconds.
+        out_of_orderness_s: the watermark trails the largest event time by this much.
+        allowed_lateness_s: a window is emitted once the watermark passes its end plus this.
+        idle_timeout_s: a key that received nothing for this long (processing time) has
+            its open windows flushed, so a stopped kernel still yields its last windows.
+    """
+
+    size_s: float = 1.0
+    out_of_orderness_s: float = 0.2
+    allowed_lateness_s: float = 0.5
+    idle_timeout_s: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.size_s) and self.size_s > 0):
+            raise LogicSettingsError(f"WindowSpec.size_s must be > 0, got {self.size_s!r}")
+        for name in ("out_of_orderness_s", "allowed_lateness_s", "idle_timeout_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise LogicSettingsError(f"WindowSpec.{name} must be >= 0, got {value!r}")
+
+    def window_of(self, t: float) -> int:
+        """Index of the window holding event time ``t`` (``t`` on a boundary opens the next)."""
+        return math.floor(t / self.size_s)
+
+    def closes_by(self, window: int, watermark: float) -> bool:
+        """Whether ``watermark`` completes window ``window``.
+
+        Written as the exact expression :meth:`Windower.add` vectorizes, so the
+        per-record reference and the batched path agree bit for bit.
+        """
+        return (window + 1) * self.size_s + self.allowed_lateness_s <= watermark
+
+
+@dataclass
+class WindowerMetrics:
+    """Counters; ``launches_in == counted in windows + late_dropped_to_topic`` always."""
+
+    launches_in: int = 0
+    late_dropped_to_topic: int = 0
+    late_accepted: int = 0
+    windows_emitted: int = 0
+
+
+@dataclass
+class _Acc:
+    """Launches of one (key, window, config). Only successful launches keep arrays."""
+
+    meta: dict[str, Any]
+    t_end: list[_F64] = field(default_factory=list)
+    duration_us: list[_F64] = field(default_factory=list)
+    seq: list[_I64] = field(default_factory=list)
+    failures: int = 0
+    late_accepted: int = 0
+    seq_min: int = -1
+    seq_max: int = -1
+
+    def add_seq_range(self, lo: int, hi: int) -> None:
+        self.seq_min = lo if self.seq_min < 0 else min(self.seq_min, lo)
+        self.seq_max = max(self.seq_max, hi)
+
+
+@dataclass
+class _KeyState:
+    max_t: float = -math.inf
+    last_seen: float = -math.inf
+    # Every window index below this has been emitted; launches for them are too late.
+    closed_below: int | None = None
+    open: dict[tuple[int, str], _Acc] = field(default_factory=dict)
+
+
+class Windower:
+    """Tumbling event-time windows over launch batches, keyed by stream key.
+
+    Drive it with :meth:`add` for every batch and :meth:`poll` whenever convenient
+    (after each batch, or on a timer); call :meth:`flush_all` at end of input.
+    """
+
+    def __init__(self, spec: WindowSpec | None = None) -> None:
+        self.spec = spec or WindowSpec()
+        self.metrics = WindowerMetrics()
+        self._keys: dict[str, _KeyState] = {}
+
+    # -- ingest ---------------------------------------------------------------
+
+    def add(self, batch: LaunchBatch, now: float) -> LaunchBatch | None:
+        """Ingest one batch; return its too-late launches for the late topic, or None.
+
+        ``now`` is processing time (for idleness only). Launches of one device complete
+        in order, so the too-late ones are a prefix of the batch and ``seq_start + row``
+        numbers them exactly. Should they not be contiguous (a reordered batch), they
+        are still all returned, but only :meth:`add_runs` keeps their sequence numbers.
+        """
+        runs = self.add_runs(batch, now)
+        if not runs:
+            return None
+        if len(runs) == 1:
+            return runs[0]
+        return runs[0].model_copy(
+            update={
+                "t_end": [t for r in runs for t in r.t_end],
+                "duration_us": [d for r in runs for d in r.duration_us],
+                "ok": [o for r in runs for o in r.ok],
+            }
+        )
+
+    def add_runs(self, batch: LaunchBatch, now: float) -> list[LaunchBatch]:
+        """Like :meth:`add`, but one late batch per contiguous run of too-late rows."""
+        spec = self.spec
+        t = np.asarray(batch.t_end, dtype=np.float64)
+        dur = np.asarray(batch.duration_us, dtype=np.float64)
+        ok = np.asarray(batch.ok, dtype=bool)
+        n = t.size
+        seq = batch.seq_start + np.arange(n, dtype=np.int64)
+        idx = np.floor(t / spec.size_s).astype(np.int64)
+
+        st = self._keys.setdefault(batch.stream_key, _KeyState())
+        st.last_seen = now
+        # Largest event time seen *before* each launch: a prefix maximum reproduces
+        # per-record watermark semantics without a Python loop.
+        seen = np.empty(n, dtype=np.float64)
+        seen[0] = st.max_t
+        if n > 1:
+            np.maximum(np.maximum.accumulate(t[:-1]), st.max_t, out=seen[1:])
+        watermark = seen - spec.out_of_orderness_s
+        too_late = (idx + 1) * spec.size_s + spec.allowed_lateness_s <= watermark
+        if st.closed_below is not None:
+            too_late |= idx < st.closed_below
+        late_ok = (t < watermark) & ~too_late
+        st.max_t = max(st.max_t, float(t.max()))
+
+        self.metrics.launches_in += n
+        keep = ~too_late
+        if keep.all():
+            self._accumulate(st, batch, idx, t, dur, ok, seq, late_ok)
+        elif keep.any():
+            self._accumulate(
+                st, batch, idx[keep], t[keep], dur[keep], ok[keep], seq[keep], late_ok[keep]
+            )
+        self.metrics.late_accepted += int(late_ok.sum())
+        return self._late_batches(batch, too_late)
+
+    def _accumulate(
+        self,
+        st: _KeyState,
+        batch: LaunchBatch,
+        idx: _I64,
+        t: _F64,
+        dur: _F64,
+        ok: npt.NDArray[np.bool_],
+        seq: _I64,
+        late_ok: npt.NDArray[np.bool_],
+    ) -> None:
+        # Stable sort keeps batch order inside a window; a batch spans few windows,
+        # so the loop below runs per window, not per launch.
+        order = np.argsort(idx, kind="stable")
+        idx_sorted = idx[order]
+        cuts = np.flatnonzero(np.diff(idx_sorted)) + 1
+        bounds = zip(
+            np.concatenate(([0], cuts)), np.concatenate((cuts, [idx_sorted.size])), strict=True
+        )
+        for lo, hi in bounds:
+            sel = order[lo:hi]
+            key = (int(idx_sorted[lo]), batch.config_id)
+            acc = st.open.get(key)
+            if acc is None:
+                acc = st.open[key] = _Acc(meta=_meta(batch))
+            sel_ok = ok[sel]
+            acc.t_end.append(t[sel][sel_ok])
+            acc.duration_us.append(dur[sel][sel_ok])
+            acc.seq.append(seq[sel][sel_ok])
+            acc.failures += int(sel_ok.size - np.count_nonzero(sel_ok))
+            acc.late_accepted += int(np.count_nonzero(late_ok[sel]))
+            acc.add_seq_range(int(seq[sel].min()), int(seq[sel].max()))
+
+    def _late_batches(
+        self, batch: LaunchBatch, too_late: npt.NDArray[np.bool_]
+    ) -> list[LaunchBatch]:
+        if not too_late.any():
+            return []
+        n_late = int(np.count_nonzero(too_late))
+        self.metrics.late_dropped_to_topic += n_late
+        if n_late == too_late.size:
+            return [batch]
+        pos = np.flatnonzero(too_late)
+        runs = np.split(pos, np.flatnonzero(np.diff(pos) != 1) + 1)
+        out = []
+        for run in runs:
+            a, b = int(run[0]), int(run[-1]) + 1
+            # Device samples describe the whole batch, which was partly accepted: they
+            # stay with no late slice rather than being duplicated.
+            out.append(
+                batch.model_copy(
+                    update={
+                        "t_end": batch.t_end[a:b],
+                        "duration_us": batch.duration_us[a:b],
+                        "ok": batch.ok[a:b],
+                        "seq_start": batch.seq_start + a,
+                        "samples": [],
+                    }
+                )
+            )
+        return out
+
+    # -- emit -----------------------------------------------------------------
+
+    def poll(self, now: float) -> list[WindowAggregate]:
+        """Windows completed by the watermark plus idle flushes, each exactly once.
+
+        Sorted by (stream key, window start, config id).
+        """
+        out: list[WindowAggregate] = []
+        for key, st in self._keys.items():
+            watermark = st.max_t - self.spec.out_of_orderness_s
+            ready = [k for k in st.open if self.spec.closes_by(k[0], watermark)]
+            out.extend(self._emit(key, st, ready))
+        out.extend(self.flush_idle(now))
+        return _sorted(out)
+
+    def flush_idle(self, now: float) -> list[WindowAggregate]:
+        """Emit every open window of keys idle (processing time) for ``idle_timeout_s``."""
+        out: list[WindowAggregate] = []
+        for key, st in self._keys.items():
+            if st.open and now - st.last_seen >= self.spec.idle_timeout_s:
+                out.extend(self._emit(key, st, list(st.open)))
+        return _sorted(out)
+
+    def flush_all(self) -> list[WindowAggregate]:
+        """Emit every open window (end of input, e.g. the end of a replay range)."""
+        out: list[WindowAggregate] = []
+        for key, st in self._keys.items():
+            out.extend(self._emit(key, st, list(st.open)))
+        return _sorted(out)
+
+    def _emit(
+        self, key: str, st: _KeyState, ready: Sequence[tuple[int, str]]
+    ) -> list[WindowAggregate]:
+        out = []
+        for window, config_id in ready:
+            acc = st.open.pop((window, config_id))
+            out.append(_aggregate_acc(acc, window, config_id, self.spec.size_s))
+            if st.closed_below is None or window + 1 > st.closed_below:
+                st.closed_below = window + 1
+        self.metrics.windows_emitted += len(out)
+        return out
+
+    def open_windows(self) -> int:
+        """Number of (key, window, config) accumulators currently open."""
+        return sum(len(st.open) for st in self._keys.values())
+
+    # -- state ----------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-able state; :meth:`restore` of it continues exactly where this left off."""
+        keys: dict[str, Any] = {}
+        for key, st in self._keys.items():
+            keys[key] = {
+                "max_t": _finite_or_none(st.max_t),
+                "last_seen": _finite_or_none(st.last_seen),
+                "closed_below": st.closed_below,
+                "windows": [
+                    {
+                        "window": window,
+                        "config_id": config_id,
+                        "meta": acc.meta,
+                        "t_end": _cat(acc.t_end, np.float64).tolist(),
+                        "duration_us": _cat(acc.duration_us, np.float64).tolist(),
+                        "seq": _cat(acc.seq, np.int64).tolist(),
+                        "failures": acc.failures,
+                        "late_accepted": acc.late_accepted,
+                        "seq_min": acc.seq_min,
+                        "seq_max": acc.seq_max,
+                    }
+                    for (window, config_id), acc in st.open.items()
+                ],
+            }
+        return {
+            "version": _SNAPSHOT_VERSION,
+            "spec": asdict(self.spec),
+            "metrics": asdict(self.metrics),
+            "keys": keys,
+        }
+
+    @classmethod
+    def restore(cls, snapshot: Mapping[str, Any]) -> Windower:
+        """Rebuild a windower from :meth:`snapshot` output."""
+        if snapshot.get("version") != _SNAPSHOT_VERSION:
+            raise SnapshotError(
+                f"windower snapshot version {snapshot.get('version')!r} is not "
+                f"{_SNAPSHOT_VERSION}; discard it and replay the launches topic"
+            )
+        try:
+            self = cls(WindowSpec(**snapshot["spec"]))
+            self.metrics = WindowerMetrics(**snapshot["metrics"])
+            for key, raw in snapshot["keys"].items():
+                st = _KeyState(
+                    max_t=_none_or(raw["max_t"], -math.inf),
+                    last_seen=_none_or(raw["last_seen"], -math.inf),
+                    closed_below=raw["closed_below"],
+                )
+                for w in raw["windows"]:
+                    st.open[(int(w["window"]), str(w["config_id"]))] = _Acc(
+                        meta=dict(w["meta"]),
+                        t_end=[np.asarray(w["t_end"], dtype=np.float64)],
+                        duration_us=[np.asarray(w["duration_us"], dtype=np.float64)],
+                        seq=[np.asarray(w["seq"], dtype=np.int64)],
+                        failures=int(w["failures"]),
+                        late_accepted=int(w["late_accepted"]),
+                        seq_min=int(w["seq_min"]),
+                        seq_max=int(w["seq_max"]),
+                    )
+                self._keys[key] = st
+        except (KeyError, TypeError, ValueError) as ex:
+            raise SnapshotError(f"malformed windower snapshot: {ex!r}") from ex
+        return self
+
+
+# -- aggregate maths (batched) ------------------------------------------------
+
+
+def _aggregate_acc(acc: _Acc, window: int, config_id: str, size_s: float) -> WindowAggregate:
+    t = _cat(acc.t_end, np.float64)
+    d = _cat(acc.duration_us, np.float64)
+    seq = _cat(acc.seq, np.int64)
+    stats: dict[str, float] = dict.fromkeys(_DURATION_STATS, 0.0)
+    stats["busy_fraction"] = stats["idle_gap_mean_us"] = 0.0
+    if d.size:
+        p50, p95 = np.percentile(d, [50.0, 95.0])
+        stats.update(
+            duration_mean_us=float(d.mean()),
+            duration_p50_us=float(p50),
+            duration_p95_us=float(p95),
+            duration_min_us=float(d.min()),
+            duration_max_us=float(d.max()),
+            duration_std_us=float(d.std()),
+            busy_fraction=float(d.sum()) * 1e-6 / size_s,
+        )
+        if d.size > 1:
+            # Gaps follow completion order; seq breaks ties between equal end times.
+            order = np.lexsort((seq, t))
+            ts, ds = t[order], d[order]
+            gaps = np.maximum(0.0, (ts[1:] - ds[1:] * 1e-6) - ts[:-1])
+            stats["idle_gap_mean_us"] = float(gaps.mean()) * 1e6
+    return _build(
+        acc.meta,
+        config_id,
+        window,
+        size_s,
+        int(d.size),
+        acc.failures,
+        acc.late_accepted,
+        stats,
+        acc.seq_min,
+        acc.seq_max,
+    )
+
+
+_DURATION_STATS = (
+    "duration_mean_us",
+    "duration_p50_us",
+    "duration_p95_us",
+    "duration_min_us",
+    "duration_max_us",
+    "duration_std_us",
+)
+
+
+def _build(
+    meta: Mapping[str, Any],
+    config_id: str,
+    window: int,
+    size_s: float,
+    count: int,
+    failures: int,
+    late_accepted: int,
+    stats: Mapping[str, float],
+    seq_min: int,
+    seq_max: int,
+) -> WindowAggregate:
+    """The roofline placement shared by the batched path and the reference."""
+    mean_us = stats["duration_mean_us"]
+    bytes_moved, flops = float(meta["bytes_moved"]), float(meta["flops"])
+    # bytes / (mean_us * 1e-6 s) / 1e9 = GB/s
+    gbs = bytes_moved / (mean_us * 1e3) if mean_us > 0 else 0.0
+    gflops = flops / (mean_us * 1e3) if mean_us > 0 else 0.0
+    return WindowAggregate(
+        node=meta["node"],
+        device_index=meta["device_index"],
+        device_model=meta["device_model"],
+        kernel=meta["kernel"],
+        workload=meta["workload"],
+        problem_size=list(meta["problem_size"]),
+        config=dict(meta["config"]),
+        config_id=config_id,
+        window_start=window * size_s,
+        window_end=(window + 1) * size_s,
+        count=count,
+        failures=failures,
+        late_accepted=late_accepted,
+        busy_fraction=stats["busy_fraction"],
+        idle_gap_mean_us=stats["idle_gap_mean_us"],
+        achieved_gbs=gbs,
+        achieved_gflops=gflops,
+        bw_fraction=gbs / float(meta["peak_gbs"]),
+        flops_fraction=gflops / float(meta["peak_gflops"]),
+        arithmetic_intensity=flops / bytes_moved if bytes_moved > 0 else 0.0,
+        occupancy=meta["occupancy"],
+        waves=meta["waves"],
+        peak_gbs=meta["peak_gbs"],
+        peak_gflops=meta["peak_gflops"],
+        launch_overhead_us=meta["launch_overhead_us"],
+        seq_min=seq_min,
+        seq_max=seq_max,
+        **{k: stats[k] for k in _DURATION_STATS},
+    )
+
+
+# -- per-record reference ---------------------------------------------------------
+
+
+class LaunchRow(NamedTuple):
+    """One launch of a batch, for the per-record reference."""
+
+    batch: LaunchBatch
+    t_end: float
+    duration_us: float
+    ok: bool
+    seq: int
+
+
+def launch_rows(batches: Iterable[LaunchBatch]) -> list[LaunchRow]:
+    """Explode batches into rows, in batch order."""
+    return [
+        LaunchRow(b, t, d, bool(o), b.seq_start + i)
+        for b in batches
+        for i, (t, d, o) in enumerate(zip(b.t_end, b.duration_us, b.ok, strict=True))
+    ]
+
+
+def aggregate_reference(
+    rows: Iterable[LaunchRow], spec: WindowSpec | None = None
+) -> list[WindowAggregate]:
+    """Plain-Python, record-by-record twin of :class:`Windower` (no idle flushes).
+
+    Applies the same watermark and lateness rules one launch at a time, drops too-late
+    launches, and returns every window at end of input, sorted like :meth:`Windower.poll`.
+    It exists to check the vectorized path; it is far too slow for the stream.
+    """
+    spec = spec or WindowSpec()
+    max_t: dict[str, float] = {}
+    groups: dict[tuple[str, int, str], list[LaunchRow]] = {}
+    late: dict[tuple[str, int, str], int] = {}
+    for row in rows:
+        key = row.batch.stream_key
+        seen = max_t.get(key, -math.inf)
+        watermark = seen - spec.out_of_orderness_s
+        window = spec.window_of(row.t_end)
+        max_t[key] = max(seen, row.t_end)
+        if spec.closes_by(window, watermark):
+            continue
+        gk = (key, window, row.batch.config_id)
+        groups.setdefault(gk, []).append(row)
+        late[gk] = late.get(gk, 0) + (row.t_end < watermark)
+    return [
+        _reference_one(groups[gk], gk[1], gk[2], spec.size_s, late[gk]) for gk in sorted(groups)
+    ]
+
+
+def _reference_one(
+    rows: list[LaunchRow], window: int, config_id: str, size_s: float, late_accepted: int
+) -> WindowAggregate:
+    good = [r for r in rows if r.ok]
+    n = len(good)
+    stats = dict.fromkeys((*_DURATION_STATS, "busy_fraction", "idle_gap_mean_us"), 0.0)
+    if n:
+        ds = sorted(r.duration_us for r in good)
+        total = sum(ds)
+        mean = total / n
+        stats.update(
+            duration_mean_us=mean,
+            duration_p50_us=_percentile(ds, 50.0),
+            duration_p95_us=_percentile(ds, 95.0),
+            duration_min_us=ds[0],
+            duration_max_us=ds[-1],
+            duration_std_us=math.sqrt(sum((x - mean) ** 2 for x in ds) / n),
+            busy_fraction=total * 1e-6 / size_s,
+        )
+        by_end = sorted(good, key=lambda r: (r.t_end, r.seq))
+        gaps = [
+            max(0.0, (cur.t_end - cur.duration_us * 1e-6) - prev.t_end)
+            for prev, cur in itertools.pairwise(by_end)
+        ]
+        if gaps:
+            stats["idle_gap_mean_us"] = sum(gaps) / len(gaps) * 1e6
+    seqs = [r.seq for r in rows]
+    return _build(
+        _meta(rows[0].batch),
+        config_id,
+        window,
+        size_s,
+        n,
+        len(rows) - n,
+        late_accepted,
+        stats,
+        min(seqs),
+        max(seqs),
+    )
+
+
+def _percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (NumPy's default method)."""
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+# -- helpers ----------------------------------------------------------------------
+
+
+def _meta(batch: LaunchBatch) -> dict[str, Any]:
+    return {f: getattr(batch, f) for f in _META_FIELDS} | {
+        "problem_size": list(batch.problem_size),
+        "config": dict(batch.config),
+    }
+
+
+def _cat(chunks: list[Any], dtype: type) -> Any:
+    if not chunks:
+        return np.empty(0, dtype=dtype)
+    if len(chunks) == 1:
+        return chunks[0]
+    return np.concatenate(chunks)
+
+
+def _sorted(aggs: list[WindowAggregate]) -> list[WindowAggregate]:
+    return sorted(aggs, key=lambda a: (a.stream_key, a.window_start, a.config_id))
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _none_or(x: float | None, default: float) -> float:
+    return default if x is None else float(x)
+
+
+def make_example_batch(
+    t_end: Sequence[float],
+    duration_us: Sequence[float] | None = None,
+    ok: Sequence[int] | None = None,
+    *,
+    node: str = "n1",
+    kernel: str = "saxpy",
+    config: Mapping[str, int | float | str | bool] | None = None,
+    seq_start: int = 0,
+    **fields: Any,
+) -> LaunchBatch:
+    """A small valid :class:`LaunchBatch` for examples and tests (sim backend, fake A100).
+
+    Numbers describe a memory-bound kernel: 8 MB moved, 2 MFLOP per launch.
+    """
+    config = dict(config or {"block": 128})
+    n = len(t_end)
+    base: dict[str, Any] = {
+        "node": node,
+        "device_index": 0,
+        "device_model": "A100-SXM4-80GB",
+        "backend": "sim",
+        "kernel": kernel,
+        "workload": kernel,
+        "problem_size": [1 << 20],
+        "config": config,
+        "config_id": ",".join(f"{k}={v}" for k, v in config.items()),
+        "grid": [8192, 1, 1],
+        "block": [128, 1, 1],
+        "dynamic_smem_bytes": 0,
+        "bytes_moved": 8.0e6,
+        "flops": 2.0e6,
+        "occupancy": 1.0,
+        "waves": 6.1,
+        "peak_gbs": 2039.0,
+        "peak_gflops": 19500.0,
+        "seq_start": seq_start,
+        "t_end": list(t_end),
+        "duration_us": list(duration_us) if duration_us is not None else [10.0] * n,
+        "ok": list(ok) if ok is not None else [1] * n,
+    }
+    base.update(fields)
+    return LaunchBatch(**base)

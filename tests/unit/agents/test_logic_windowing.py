@@ -1,0 +1,254 @@
+"""Event-time tumbling windows: assignment, watermark, lateness, idleness, state."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agents.logic.errors import LogicSettingsError, SnapshotError
+from agents.logic.windowing import (
+    Windower,
+    WindowSpec,
+    aggregate_reference,
+    launch_rows,
+    make_example_batch,
+)
+from schemas.records import LaunchBatch, WindowAggregate
+
+batch = make_example_batch
+NO_WAIT = WindowSpec(size_s=1.0, out_of_orderness_s=0.0, allowed_lateness_s=0.0)
+
+
+def _drain(w: Windower, now: float = 0.0) -> list[WindowAggregate]:
+    return w.poll(now) + w.flush_all()
+
+
+def test_spec_rejects_bad_values() -> None:
+    with pytest.raises(LogicSettingsError, match="size_s"):
+        WindowSpec(size_s=0.0)
+    with pytest.raises(LogicSettingsError, match="allowed_lateness_s"):
+        WindowSpec(allowed_lateness_s=-1.0)
+
+
+def test_boundary_goes_to_next_window() -> None:
+    w = Windower(NO_WAIT)
+    w.add(batch([0.0, 0.999, 1.0, 1.5, 2.0]), now=0.0)
+    aggs = _drain(w)
+    assert [(a.window_start, a.window_end, a.count) for a in aggs] == [
+        (0.0, 1.0, 2),
+        (1.0, 2.0, 2),
+        (2.0, 3.0, 1),
+    ]
+    assert [(a.seq_min, a.seq_max) for a in aggs] == [(0, 1), (2, 3), (4, 4)]
+
+
+def test_watermark_progression_closes_windows() -> None:
+    spec = WindowSpec(size_s=1.0, out_of_orderness_s=0.2, allowed_lateness_s=0.5)
+    w = Windower(spec)
+    w.add(batch([0.1, 0.9]), now=0.0)
+    assert w.poll(0.0) == []
+    w.add(batch([1.6], seq_start=2), now=0.0)  # watermark 1.4 < 1.0 + 0.5
+    assert w.poll(0.0) == []
+    w.add(batch([1.7], seq_start=3), now=0.0)  # watermark 1.5 == end + lateness
+    closed = w.poll(0.0)
+    assert [(a.window_start, a.count) for a in closed] == [(0.0, 2)]
+    assert w.poll(0.0) == []  # exactly once
+    assert w.metrics.windows_emitted == 1
+
+
+def test_out_of_order_within_bound_is_not_late() -> None:
+    w = Windower(WindowSpec(out_of_orderness_s=0.3, allowed_lateness_s=0.0))
+    assert w.add(batch([0.5, 0.3, 0.4]), now=0.0) is None
+    assert w.metrics.late_accepted == 0
+    (agg,) = w.flush_all()
+    assert agg.count == 3 and agg.late_accepted == 0
+
+
+def test_late_within_lateness_is_accepted_and_counted() -> None:
+    w = Windower(WindowSpec(out_of_orderness_s=0.0, allowed_lateness_s=0.5))
+    # 1.2 moves the watermark past 0.9's window end, but not past end + lateness.
+    assert w.add(batch([0.2, 1.2, 0.9]), now=0.0) is None
+    assert w.metrics.late_accepted == 1
+    first, second = w.flush_all()
+    assert (first.window_start, first.count, first.late_accepted) == (0.0, 2, 1)
+    assert (second.window_start, second.count, second.late_accepted) == (1.0, 1, 0)
+
+
+def test_too_late_goes_to_late_batch_never_dropped() -> None:
+    w = Windower(WindowSpec(out_of_orderness_s=0.0, allowed_lateness_s=0.5))
+    w.add(batch([0.2, 2.0]), now=0.0)
+    assert [a.window_start for a in w.poll(0.0)] == [0.0]
+    late = w.add(batch([0.5, 0.6, 2.1], duration_us=[1.0, 2.0, 3.0], seq_start=2), now=0.0)
+    assert late is not None
+    assert late.t_end == [0.5, 0.6] and late.duration_us == [1.0, 2.0]
+    assert late.seq_start == 2 and late.stream_key == "n1:0/saxpy"
+    # Late even by watermark alone, before any poll emitted the window:
+    w2 = Windower(WindowSpec(out_of_orderness_s=0.0, allowed_lateness_s=0.5))
+    late2 = w2.add(batch([3.0, 0.1]), now=0.0)
+    assert late2 is not None and late2.t_end == [0.1] and late2.seq_start == 1
+    rest = _drain(w)
+    assert sum(a.count for a in rest) == 2  # 2.0 and 2.1
+    assert w.metrics.late_dropped_to_topic == 2
+
+
+def test_conservation_launches_in_equals_counted_plus_late() -> None:
+    rng = np.random.default_rng(7)
+    w = Windower(WindowSpec(out_of_orderness_s=0.1, allowed_lateness_s=0.2))
+    aggs: list[WindowAggregate] = []
+    late_n = 0
+    for i in range(40):
+        t = np.sort(rng.uniform(i * 0.25, i * 0.25 + 0.5, 50)) - rng.exponential(0.2, 50)
+        ok = (rng.random(50) > 0.1).astype(int).tolist()
+        late = w.add(batch(t.tolist(), ok=ok, seq_start=i * 50), now=float(i))
+        late_n += 0 if late is None else len(late.t_end)
+        aggs += w.poll(float(i))
+    aggs += w.flush_all()
+    m = w.metrics
+    assert late_n == m.late_dropped_to_topic > 0
+    assert m.late_accepted > 0
+    assert m.launches_in == 2000 == sum(a.count + a.failures for a in aggs) + late_n
+    assert m.windows_emitted == len(aggs)
+    assert m.late_accepted == sum(a.late_accepted for a in aggs)
+
+
+def test_non_contiguous_late_runs_keep_sequence_numbers() -> None:
+    w = Windower(WindowSpec(out_of_orderness_s=0.0, allowed_lateness_s=0.0))
+    runs = w.add_runs(batch([5.0, 0.1, 5.1, 0.2, 0.3]), now=0.0)
+    assert [(r.seq_start, r.t_end) for r in runs] == [(1, [0.1]), (3, [0.2, 0.3])]
+    merged = Windower(WindowSpec(out_of_orderness_s=0.0, allowed_lateness_s=0.0)).add(
+        batch([5.0, 0.1, 5.1, 0.2, 0.3]), now=0.0
+    )
+    assert merged is not None and merged.t_end == [0.1, 0.2, 0.3]
+
+
+def test_idle_flush_after_timeout() -> None:
+    w = Windower(WindowSpec(idle_timeout_s=3.0))
+    w.add(batch([10.1, 10.2]), now=100.0)
+    w.add(batch([10.3], node="n2"), now=102.0)
+    assert w.poll(102.9) == []
+    flushed = w.poll(103.0)
+    assert [(a.node, a.count) for a in flushed] == [("n1", 2)]
+    assert [a.node for a in w.flush_idle(105.0)] == ["n2"]
+    # The flushed window is closed: a straggler for it goes to the late topic.
+    late = w.add(batch([10.9], seq_start=2), now=106.0)
+    assert late is not None and late.t_end == [10.9]
+    assert w.add(batch([11.0], seq_start=3), now=106.0) is None
+
+
+def test_config_switch_within_window_gives_two_aggregates() -> None:
+    w = Windower(NO_WAIT)
+    w.add(batch([0.1, 0.2], duration_us=[10.0, 12.0], config={"block": 128}), now=0.0)
+    w.add(batch([0.6, 0.7], duration_us=[5.0, 7.0], config={"block": 256}, seq_start=2), now=0)
+    a, b = w.flush_all()
+    assert (a.config_id, a.count, a.duration_mean_us) == ("block=128", 2, 11.0)
+    assert (b.config_id, b.count, b.duration_mean_us) == ("block=256", 2, 6.0)
+    assert b.config == {"block": 256}
+
+
+def test_aggregate_values_hand_computed() -> None:
+    # Two launches of 10 us ending 100 us apart -> gap of 90 us; one failure.
+    w = Windower(NO_WAIT)
+    w.add(batch([0.5, 0.5001, 0.6], duration_us=[10.0, 10.0, 0.0], ok=[1, 1, 0]), now=0.0)
+    (a,) = w.flush_all()
+    assert (a.count, a.failures, a.seq_min, a.seq_max) == (2, 1, 0, 2)
+    assert a.duration_mean_us == 10.0 and a.duration_std_us == 0.0
+    assert a.idle_gap_mean_us == pytest.approx(90.0, rel=1e-6)
+    assert a.busy_fraction == pytest.approx(20e-6)
+    assert a.achieved_gbs == pytest.approx(8e6 / 10e-6 / 1e9)  # 800 GB/s
+    assert a.bw_fraction == pytest.approx(800.0 / 2039.0)
+    assert a.arithmetic_intensity == pytest.approx(0.25)
+
+
+def test_failures_only_window_has_zero_stats() -> None:
+    w = Windower(NO_WAIT)
+    w.add(batch([0.1, 0.2], duration_us=[0.0, 0.0], ok=[0, 0]), now=0.0)
+    (a,) = w.flush_all()
+    assert (a.count, a.failures, a.duration_mean_us, a.achieved_gbs) == (0, 2, 0.0, 0.0)
+
+
+def _random_batches(seed: int) -> list[LaunchBatch]:
+    rng = np.random.default_rng(seed)
+    out = []
+    seq = {("n1", 128): 0, ("n1", 256): 0, ("n2", 128): 0}
+    t0 = 1.7e9 + rng.uniform(0, 100)
+    for i in range(30):
+        node, block = list(seq)[int(rng.integers(0, 3))]
+        n = int(rng.integers(1, 200))
+        t = t0 + i * 0.3 + np.sort(rng.uniform(0, 0.6, n)) - rng.exponential(0.05, n)
+        d = rng.lognormal(3.0, 0.5, n)
+        ok = (rng.random(n) > 0.05).astype(int)
+        d[ok == 0] = 0.0
+        out.append(
+            batch(
+                t.tolist(),
+                d.tolist(),
+                ok.tolist(),
+                node=node,
+                config={"block": block},
+                seq_start=seq[(node, block)],
+            )
+        )
+        seq[(node, block)] += n
+    return out
+
+
+def _close(a: WindowAggregate, b: WindowAggregate) -> None:
+    da, db = a.model_dump(), b.model_dump()
+    assert da.keys() == db.keys()
+    for k, va in da.items():
+        vb = db[k]
+        if isinstance(va, float):
+            assert math.isclose(va, vb, rel_tol=1e-9, abs_tol=1e-9), (k, va, vb)
+        else:
+            assert va == vb, (k, va, vb)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
+def test_batched_equals_reference(seed: int) -> None:
+    spec = WindowSpec(size_s=0.5, out_of_orderness_s=0.05, allowed_lateness_s=0.1)
+    batches = _random_batches(seed)
+    w = Windower(spec)
+    got: list[WindowAggregate] = []
+    for b in batches:
+        w.add(b, now=0.0)
+        got += w.poll(0.0)
+    got += w.flush_all()
+    key = lambda a: (a.stream_key, a.window_start, a.config_id)  # noqa: E731
+    got.sort(key=key)
+    want = aggregate_reference(launch_rows(batches), spec)
+    assert len(got) == len(want) > 5
+    for a, b in zip(got, want, strict=True):
+        _close(a, b)
+    assert w.metrics.late_dropped_to_topic == sum(len(b.t_end) for b in batches) - sum(
+        a.count + a.failures for a in want
+    )
+
+
+def test_snapshot_restore_mid_stream_gives_identical_output() -> None:
+    spec = WindowSpec(size_s=0.5, out_of_orderness_s=0.05, allowed_lateness_s=0.1)
+    batches = _random_batches(11)
+    straight = Windower(spec)
+    resumed = Windower(spec)
+    out_a: list[Any] = []
+    out_b: list[Any] = []
+    for i, b in enumerate(batches):
+        out_a.append((straight.add(b, now=float(i)), straight.poll(float(i))))
+        if i == 15:
+            resumed = Windower.restore(json.loads(json.dumps(resumed.snapshot())))
+        out_b.append((resumed.add(b, now=float(i)), resumed.poll(float(i))))
+    out_a.append(straight.poll(1e9))
+    out_b.append(resumed.poll(1e9))
+    assert out_a == out_b
+    assert straight.snapshot() == resumed.snapshot()
+    assert straight.metrics == resumed.metrics
+
+
+def test_restore_rejects_unknown_version() -> None:
+    with pytest.raises(SnapshotError, match="version"):
+        Windower.restore({"version": 99})
+    with pytest.raises(SnapshotError, match="malformed"):
+        Windower.restore({"version": 1, "spec": {}})

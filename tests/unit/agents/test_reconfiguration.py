@@ -1,0 +1,123 @@
+"""The node's reconfiguration logic: what it accepts, what it rejects, when it rolls back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agents.logic.reconfiguration import ReconfigPolicy, Reconfigurator
+from kernels.space import Constraint, SearchSpace
+from schemas import Recommendation
+
+SPACE = SearchSpace(
+    "toy",
+    {"block": (32, 64, 128, 256, 512, 1024), "tile": (1, 2, 4, 8)},
+    default={"block": 32, "tile": 1},
+    constraints=(Constraint("block*tile <= 2048", lambda c: c["block"] * c["tile"] <= 2048),),
+)
+
+
+def rec(
+    config: dict[str, int],
+    *,
+    rid: str = "r1",
+    node: str = "n1",
+    device_index: int = 0,
+    kernel: str = "k",
+    expires_at: float = 100.0,
+) -> Recommendation:
+    return Recommendation(
+        id=rid,
+        node=node,
+        device_index=device_index,
+        device_model="A100",
+        kernel=kernel,
+        workload="toy",
+        problem_size=[1],
+        from_config_id="block=32,tile=1",
+        config=config,
+        config_id=SPACE.config_id(config) if set(config) == {"block", "tile"} else "x",
+        reason="test",
+        evidence={},
+        expected_gain=1.1,
+        issued_at=0.0,
+        expires_at=expires_at,
+    )
+
+
+def make(policy: ReconfigPolicy | None = None) -> Reconfigurator:
+    return Reconfigurator(
+        "n1",
+        0,
+        {"k": SPACE},
+        {"k": {"block": 32, "tile": 1}},
+        policy or ReconfigPolicy(max_step=2, min_launches=10, min_eval_s=0.5),
+    )
+
+
+@pytest.mark.parametrize(
+    ("r", "now", "reason"),
+    [
+        (rec({"block": 64, "tile": 1}, node="n2"), 1.0, "addressed to node"),
+        (rec({"block": 64, "tile": 1}, device_index=3), 1.0, "addressed to device"),
+        (rec({"block": 64, "tile": 1}, expires_at=5.0), 6.0, "expired"),
+        (rec({"block": 64, "tile": 1}, kernel="other"), 1.0, "unknown kernel"),
+        (rec({"block": 48, "tile": 1}), 1.0, "not in declared values"),
+        (rec({"block": 1024, "tile": 4}), 1.0, "constraint violated"),
+        (rec({"block": 64}), 1.0, "missing parameter"),
+        (rec({"block": 32, "tile": 1}), 1.0, "already running"),
+        (rec({"block": 512, "tile": 1}), 1.0, "exceeds the allowed 2"),
+    ],
+)
+def test_rejections_name_their_reason(r: Recommendation, now: float, reason: str) -> None:
+    d = make().consider(r, now)
+    assert d.action == "reject"
+    assert reason in d.reason
+
+
+def test_replay_is_rejected() -> None:
+    rc = make()
+    r = rec({"block": 64, "tile": 1})
+    assert rc.consider(r, 1.0).action == "apply"
+    assert "replayed" in rc.consider(r, 1.0).reason
+
+
+def feed(rc: Reconfigurator, mean: float, n: int, rng: np.random.Generator) -> None:
+    rc.observe("k", rng.normal(mean, mean * 0.01, n), np.ones(n, dtype=bool))
+
+
+def test_faster_change_is_kept_and_slower_is_rolled_back() -> None:
+    rng = np.random.default_rng(0)
+    rc = make()
+    feed(rc, 100.0, 500, rng)
+    r1 = rec({"block": 64, "tile": 1}, rid="fast")
+    assert rc.consider(r1, 1.0).action == "apply"
+    rc.apply(r1, 1.0)
+    feed(rc, 60.0, 5, rng)
+    assert rc.evaluate(1.1) == []  # not enough launches yet
+    feed(rc, 60.0, 50, rng)
+    assert rc.evaluate(1.2) == []  # not enough time yet
+    [ev] = rc.evaluate(1.6)
+    assert ev.status == "kept" and ev.after_mean_us < ev.before_mean_us  # type: ignore[operator]
+    assert rc.current["k"] == {"block": 64, "tile": 1}
+
+    r2 = rec({"block": 128, "tile": 1}, rid="slow")
+    assert rc.consider(r2, 2.0).action == "apply"
+    rc.apply(r2, 2.0)
+    assert "still being measured" in rc.consider(rec({"block": 64, "tile": 2}, rid="x"), 2.1).reason
+    feed(rc, 90.0, 100, rng)
+    [ev] = rc.evaluate(3.0)
+    assert ev.status == "rolled_back" and "slower" in ev.reason
+    assert rc.current["k"] == {"block": 64, "tile": 1}
+    assert ev.before_config == {"block": 64, "tile": 1}
+
+
+def test_launch_failures_roll_back_at_once() -> None:
+    rc = make()
+    feed(rc, 100.0, 100, np.random.default_rng(1))
+    r = rec({"block": 64, "tile": 1})
+    rc.apply(r, 1.0)
+    rc.observe("k", np.zeros(20), np.zeros(20, dtype=bool))
+    [ev] = rc.evaluate(1.01)
+    assert ev.status == "rolled_back" and "failed" in ev.reason
+    assert rc.current["k"] == {"block": 32, "tile": 1}
