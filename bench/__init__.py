@@ -1,0 +1,1 @@
+"""Benchmarks of kernelstream; results recorded under bench/results/ with the date."""

@@ -1,0 +1,67 @@
+"""Small helpers for integration tests: read topics until a condition holds."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from schemas import SchemaError, decode_any
+
+
+class TopicReader:
+    """Reads every record of some topics from the beginning, grouped by topic."""
+
+    def __init__(self, bootstrap: str, *topics: str) -> None:
+        self.bootstrap, self.topics = bootstrap, topics
+        self.records: dict[str, list[Any]] = defaultdict(list)
+        self.raw: dict[str, list[Any]] = defaultdict(list)
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def __aenter__(self) -> TopicReader:
+        self._consumer = AIOKafkaConsumer(*self.topics, bootstrap_servers=self.bootstrap,
+                                          auto_offset_reset="earliest", enable_auto_commit=False)
+        await self._consumer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._consumer is not None
+        await self._consumer.stop()
+
+    async def poll(self) -> None:
+        assert self._consumer is not None
+        batch = await self._consumer.getmany(timeout_ms=200)
+        for msgs in batch.values():
+            for m in msgs:
+                self.raw[m.topic].append(m)
+                try:
+                    self.records[m.topic].append(decode_any(m.value))
+                except SchemaError:
+                    self.records[m.topic].append(None)
+
+    async def until(self, cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not cond():
+            if time.monotonic() > deadline:
+                counts = {t: len(v) for t, v in self.records.items()}
+                raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; "
+                                     f"records so far: {counts}")
+            await self.poll()
+
+
+async def produce(bootstrap: str, topic: str, items: list[tuple[bytes | None, bytes]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for key, value in items:
+            await producer.send_and_wait(topic, value, key=key)
+    finally:
+        await producer.stop()
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)

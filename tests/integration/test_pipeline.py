@@ -1,0 +1,73 @@
+"""Each hop of the loop on the real embedded broker, with a real worker process.
+
+launches -> windows -> findings -> recommendations -> a node applies one ->
+an outcome is published; and a bad record goes to the dead-letter topic with its
+reason while the worker keeps running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import subprocess
+
+import pytest
+
+from app.node import run_node
+from app.settings import Settings
+from app.topics import ensure_topics
+from schemas import DeadLetter, Finding, ReconfigOutcome, Recommendation, WindowAggregate
+from tests.integration.helpers import TopicReader, produce
+
+pytestmark = pytest.mark.integration
+
+
+def of(records: list[object], cls: type) -> list:  # type: ignore[type-arg]
+    return [r for r in records if isinstance(r, cls)]
+
+
+async def _scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None:
+    bootstrap = str(settings.bootstrap)
+    await ensure_topics(settings, bootstrap)
+    s = settings.model_copy(update={"workloads": ("matmul", "transpose"),
+                                    "device_model": "A100-SXM4-80GB", "backend": "sim"})
+    stop = asyncio.Event()
+    node = asyncio.create_task(run_node(s, bootstrap, stop=stop))
+    async with TopicReader(bootstrap, s.topic_windows, s.topic_findings,
+                           s.topic_recommendations, s.topic_reconfig,
+                           s.topic_deadletter) as r:
+        await r.until(lambda: of(r.records[s.topic_windows], WindowAggregate), 60, "a window")
+        await r.until(lambda: of(r.records[s.topic_findings], Finding), 30, "a finding")
+        await r.until(lambda: of(r.records[s.topic_recommendations], Recommendation), 30,
+                      "a recommendation")
+        await r.until(
+            lambda: any(o.status == "applied" for o in of(r.records[s.topic_reconfig],
+                                                          ReconfigOutcome)), 30, "an applied outcome")
+        await r.until(
+            lambda: any(o.status in ("kept", "rolled_back")
+                        for o in of(r.records[s.topic_reconfig], ReconfigOutcome)),
+            30, "a measured outcome")
+
+        # A bad record: the worker dead-letters it with the reason and keeps going.
+        bad = b'{"schema": "ks.launch_batch/1", "node": 42}'
+        await produce(bootstrap, s.topic_launches, [(b"evil", bad)])
+        await r.until(lambda: of(r.records[s.topic_deadletter], DeadLetter), 30, "a dead letter")
+        dl = of(r.records[s.topic_deadletter], DeadLetter)[0]
+        assert base64.b64decode(dl.value_b64) == bad
+        assert "node" in dl.reason and dl.stage == "window"
+        windows_before = len(r.records[s.topic_windows])
+        await r.until(lambda: len(r.records[s.topic_windows]) > windows_before + 2, 30,
+                      "windows after the bad record")
+        assert worker.poll() is None, "the worker must keep running"
+
+        w = of(r.records[s.topic_windows], WindowAggregate)[0]
+        assert w.node == s.node_id and w.count > 0 and w.duration_mean_us > 0
+        rec = of(r.records[s.topic_recommendations], Recommendation)[0]
+        assert rec.node == s.node_id and rec.config_id != rec.from_config_id
+    stop.set()
+    report = await node
+    assert report.launches > 0 and report.outcomes.get("applied", 0) >= 1
+
+
+def test_every_hop(settings: Settings, worker: subprocess.Popen[bytes]) -> None:
+    asyncio.run(_scenario(settings, worker))

@@ -1,0 +1,56 @@
+"""One settings object: environment names, defaults, overrides, secrets."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.settings import Settings, load_settings
+from app.topics import topic_specs
+
+
+def test_defaults_match_architecture_topic_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KAFKA_BOOTSTRAP", raising=False)
+    s = Settings()
+    assert s.embedded
+    assert [t.name for t in topic_specs(s)] == [
+        "ks.launches", "ks.windows", "ks.findings", "ks.recommendations", "ks.reconfig",
+        "ks.late", "ks.deadletter",
+    ]
+
+
+def test_environment_and_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", "kafka-1:9092,kafka-2:9092")
+    monkeypatch.setenv("KERNELSTREAM_TOPIC_WINDOWS", "prod.windows")
+    monkeypatch.setenv("KERNELSTREAM_PARTITIONS", "12")
+    s = load_settings(node_id="gpu-7", partitions=None)
+    assert s.bootstrap == "kafka-1:9092,kafka-2:9092" and not s.embedded
+    assert s.topic_windows == "prod.windows" and s.partitions == 12 and s.node_id == "gpu-7"
+
+
+def test_toml_file(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    from pathlib import Path
+
+    p = Path(str(tmp_path)) / "ks.toml"
+    p.write_text('window_s = 2.5\nbackend = "trace"\n')
+    monkeypatch.setenv("KERNELSTREAM_CONFIG", str(p))
+    s = Settings()
+    assert s.window_s == 2.5 and s.backend == "trace"
+
+
+def test_invalid_values_are_refused() -> None:
+    with pytest.raises(ValueError, match="backend"):
+        Settings(backend="tpu")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="partitions"):
+        Settings(partitions=0)
+
+
+def test_sasl_settings_reach_clients_and_secret_is_not_printed() -> None:
+    s = Settings(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512",
+                 sasl_username="ks", sasl_password="hunter2")  # type: ignore[arg-type]
+    kw = s.kafka_client_kwargs()
+    assert kw["sasl_mechanism"] == "SCRAM-SHA-512" and kw["sasl_plain_password"] == "hunter2"
+    assert "hunter2" not in repr(s)
+    from app.faust_app import faust_broker_kwargs
+
+    creds = faust_broker_kwargs(s)["broker_credentials"]
+    assert creds.username == "ks"

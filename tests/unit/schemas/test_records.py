@@ -1,0 +1,125 @@
+"""Schema round trips, validation errors, and JSON Schema files in sync with the models."""
+
+from __future__ import annotations
+
+import math
+
+import jsonschema
+import orjson
+import pytest
+
+from schemas import (
+    RECORD_TYPES,
+    DeadLetter,
+    Finding,
+    LaunchBatch,
+    ReconfigOutcome,
+    Recommendation,
+    SchemaError,
+    WindowAggregate,
+    decode,
+    decode_any,
+    encode,
+)
+from schemas.export import SCHEMA_DIR, json_schema_of, schema_filename
+
+
+def launch_batch(**over: object) -> LaunchBatch:
+    base: dict[str, object] = dict(
+        node="n1", device_index=0, device_model="A100-SXM4-80GB", backend="sim",
+        kernel="matmul", workload="matmul", problem_size=[2048], config={"tile": 8, "shared": 0},
+        config_id="tile=8,shared=0", grid=[256, 256, 1], block=[8, 8, 1], dynamic_smem_bytes=0,
+        registers_per_thread=32, bytes_moved=1e8, flops=1.7e10, occupancy=0.5, waves=3.2,
+        peak_gbs=2039.0, peak_gflops=19500.0, seq_start=10, t_end=[1.0, 1.1, 1.2],
+        duration_us=[100.0, 101.5, 0.0], ok=[1, 1, 0],
+    )
+    base.update(over)
+    return LaunchBatch(**base)  # type: ignore[arg-type]
+
+
+def samples() -> list[object]:
+    b = launch_batch()
+    common = dict(node="n1", device_index=0, device_model="A100", kernel="matmul",
+                  workload="matmul", problem_size=[2048])
+    w = WindowAggregate(
+        **common, config={"a": 1}, config_id="a=1", window_start=0.0, window_end=1.0, count=3,
+        failures=0, duration_mean_us=1.0, duration_p50_us=1.0, duration_p95_us=1.0,
+        duration_min_us=1.0, duration_max_us=1.0, duration_std_us=0.0, busy_fraction=0.1,
+        idle_gap_mean_us=3.0, achieved_gbs=10.0, achieved_gflops=1.0, bw_fraction=0.1,
+        flops_fraction=0.01, arithmetic_intensity=0.1, occupancy=0.5, waves=1.0, peak_gbs=1.0,
+        peak_gflops=1.0, launch_overhead_us=3.0, seq_min=0, seq_max=2,
+    )
+    f = Finding(**common, id="f1", config={"a": 1}, config_id="a=1", window_start=0.0,
+                window_end=1.0, classification="memory_bottleneck",
+                evidence={"bw_fraction": 0.1}, summary="slow", count=3, duration_mean_us=1.0)
+    r = Recommendation(**common, id="r1", from_config_id="a=1", config={"a": 2},
+                       config_id="a=2", reason="why", evidence={}, expected_gain=1.2,
+                       issued_at=0.0, expires_at=20.0)
+    o = ReconfigOutcome(**common, id="o1", recommendation_id="r1", status="kept", reason="ok",
+                        before_config={"a": 1}, before_config_id="a=1", after_config={"a": 2},
+                        after_config_id="a=2", before_mean_us=2.0, after_mean_us=1.0,
+                        speedup=2.0, at=1.0)
+    d = DeadLetter(stage="window", topic="ks.launches", value_b64="AAE=", reason="bad", at=1.0)
+    return [b, w, f, r, o, d]
+
+
+@pytest.mark.parametrize("record", samples(), ids=lambda r: type(r).__name__)
+def test_round_trip(record: object) -> None:
+    data = encode(record)  # type: ignore[arg-type]
+    assert decode(data, type(record)) == record  # type: ignore[arg-type]
+    assert decode_any(data) == record
+
+
+@pytest.mark.parametrize("record", samples(), ids=lambda r: type(r).__name__)
+def test_wire_form_validates_against_json_schema_file(record: object) -> None:
+    schema = orjson.loads((SCHEMA_DIR / schema_filename(record.SCHEMA)).read_bytes())  # type: ignore[attr-defined]
+    jsonschema.validate(orjson.loads(encode(record)), schema)  # type: ignore[arg-type]
+
+
+def test_schema_files_match_models() -> None:
+    for schema in RECORD_TYPES:
+        path = SCHEMA_DIR / schema_filename(schema)
+        assert path.read_bytes() == json_schema_of(schema), (
+            f"{path.name} is stale: run python -m schemas.export"
+        )
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda d: d.pop("kernel"), "kernel: Field required"),
+        (lambda d: d.update(device_index="zero"), "device_index"),
+        (lambda d: d.update(duration_us=[1.0, -5.0, 0.0]), "duration_us.1"),
+        (lambda d: d.update(t_end=[1.0, 2.0]), "columns differ in length"),
+        (lambda d: d.update(schema="ks.launch_batch/9"), "unknown or unexpected schema"),
+        (lambda d: d.update(extra_field=1), "extra_field"),
+    ],
+)
+def test_invalid_batches_give_clear_errors(mutate: object, needle: str) -> None:
+    d = orjson.loads(encode(launch_batch()))
+    mutate(d)  # type: ignore[operator]
+    with pytest.raises(SchemaError, match=needle.replace(".", r"\.")):
+        decode(orjson.dumps(d), LaunchBatch)
+
+
+def test_nan_and_garbage_are_schema_errors() -> None:
+    raw = encode(launch_batch()).replace(b"100.0", b"NaN")
+    with pytest.raises(SchemaError, match="invalid JSON"):
+        decode(raw, LaunchBatch)
+    with pytest.raises(SchemaError, match="invalid JSON"):
+        decode(b"\xff\xfe", LaunchBatch)
+    with pytest.raises(SchemaError, match="expected a JSON object"):
+        decode(b"[1,2]", LaunchBatch)
+    with pytest.raises(ValueError):
+        launch_batch(duration_us=[math.inf, 1.0, 1.0])
+
+
+def test_oversized_message_refused_before_parsing() -> None:
+    with pytest.raises(SchemaError, match="exceeds"):
+        decode(b" " * (9 * 1024 * 1024), LaunchBatch)
+
+
+def test_keys() -> None:
+    b = launch_batch()
+    assert b.stream_key == "n1:0/matmul"
+    assert b.device_key == "n1:0"
