@@ -1,0 +1,254 @@
+"""Roofline classification of window aggregates, with the evidence behind each verdict.
+
+The order of the checks is the order in which a kernel author would want to hear
+about a problem: a regression first (something changed), then launch overhead
+(nothing else matters when launches cost more than the work), then the roofline:
+near a roof means efficient; below both roofs, an under-used device explains more
+than the access pattern does, so under-utilization is reported before a memory
+bottleneck.
+
+>>> from agents.logic.windowing import Windower, make_example_batch
+>>> w = Windower()
+>>> _ = w.add(make_example_batch([0.1, 0.2], duration_us=[6.0, 6.0]), now=0.0)
+>>> Detector().classify(w.flush_all()[0]).classification
+'memory_efficient'
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from agents.logic.errors import LogicSettingsError, SnapshotError
+from schemas.records import Classification, Finding, WindowAggregate
+
+__all__ = ["Detector", "DetectorThresholds", "finding_id"]
+
+_SNAPSHOT_VERSION = 1
+Evidence = dict[str, float | int | str | bool]
+
+
+@dataclass(frozen=True)
+class DetectorThresholds:
+    """Where each classification starts. Fractions are of the device's peak.
+
+    Args:
+        efficient_bw_fraction: a memory-bound kernel at or above this share of peak
+            bandwidth is ``memory_efficient``; below it, a ``memory_bottleneck``.
+        compute_bound_flops_fraction: a compute-side kernel at or above this share of
+            peak FLOP/s is ``compute_bound``.
+        min_waves: fewer waves than this leaves SMs without work.
+        tail_fraction: a last partial wave filled below this share idles most SMs
+            for its duration ...
+        tail_max_waves: ... which matters only when there are few waves in total.
+        min_occupancy: theoretical occupancy below this cannot hide memory latency.
+        low_busy_fraction: the device is busy less than this share of the window ...
+        idle_gap_ratio: ... and the mean gap between launches exceeds this many kernel
+            durations: the GPU waits on the host.
+        launch_bound_factor: a kernel shorter than this many launch overheads is
+            ``launch_bound``.
+        regression_factor: a window slower than this times its config's baseline is
+            a ``regression``.
+        baseline_windows: the baseline of a (stream key, config) is the count-weighted
+            mean of its first this-many windows with enough launches; it is frozen
+            afterwards so a slow drift cannot hide inside it.
+        min_launches: windows with fewer successful launches neither build a baseline
+            nor are judged against one.
+    """
+
+    efficient_bw_fraction: float = 0.6
+    compute_bound_flops_fraction: float = 0.5
+    min_waves: float = 1.0
+    tail_fraction: float = 0.5
+    tail_max_waves: float = 4.0
+    min_occupancy: float = 0.25
+    low_busy_fraction: float = 0.5
+    idle_gap_ratio: float = 1.0
+    launch_bound_factor: float = 2.0
+    regression_factor: float = 1.2
+    baseline_windows: int = 3
+    min_launches: int = 10
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not (math.isfinite(value) and value >= 0):
+                raise LogicSettingsError(f"DetectorThresholds.{name} must be >= 0, got {value!r}")
+        if self.regression_factor <= 1.0:
+            raise LogicSettingsError(
+                f"DetectorThresholds.regression_factor must be > 1, got {self.regression_factor}"
+            )
+        if self.baseline_windows < 1:
+            raise LogicSettingsError("DetectorThresholds.baseline_windows must be >= 1")
+
+
+def finding_id(agg: WindowAggregate) -> str:
+    """Deterministic id: one finding per (stream key, config, window)."""
+    return f"{agg.stream_key}/{agg.config_id}/{agg.window_start:.6f}"
+
+
+@dataclass
+class _Baseline:
+    windows: int = 0
+    count: int = 0
+    sum_us: float = 0.0
+
+    @property
+    def mean_us(self) -> float:
+        return self.sum_us / self.count if self.count else 0.0
+
+
+class Detector:
+    """Classifies window aggregates; remembers only per-config regression baselines."""
+
+    def __init__(self, thresholds: DetectorThresholds | None = None) -> None:
+        self.thresholds = thresholds or DetectorThresholds()
+        self._baselines: dict[str, _Baseline] = {}
+
+    def classify(self, agg: WindowAggregate) -> Finding:
+        """One finding for ``agg``; also feeds the config's baseline while it is forming."""
+        evidence = _roofline_evidence(agg)
+        classification, summary = self._regression(agg, evidence) or self._classify(agg, evidence)
+        return Finding(
+            id=finding_id(agg),
+            node=agg.node,
+            device_index=agg.device_index,
+            device_model=agg.device_model,
+            kernel=agg.kernel,
+            workload=agg.workload,
+            problem_size=list(agg.problem_size),
+            config=dict(agg.config),
+            config_id=agg.config_id,
+            window_start=agg.window_start,
+            window_end=agg.window_end,
+            classification=classification,
+            evidence=evidence,
+            summary=summary,
+            count=agg.count,
+            failures=agg.failures,
+            duration_mean_us=agg.duration_mean_us,
+        )
+
+    def _regression(
+        self, agg: WindowAggregate, evidence: Evidence
+    ) -> tuple[Classification, str] | None:
+        th = self.thresholds
+        if agg.count < th.min_launches:
+            return None
+        base = self._baselines.setdefault(f"{agg.stream_key}|{agg.config_id}", _Baseline())
+        if base.windows < th.baseline_windows:
+            base.windows += 1
+            base.count += agg.count
+            base.sum_us += agg.duration_mean_us * agg.count
+            return None
+        evidence["baseline_us"] = base.mean_us
+        evidence["baseline_windows"] = base.windows
+        ratio = agg.duration_mean_us / base.mean_us if base.mean_us > 0 else 0.0
+        evidence["regression_ratio"] = ratio
+        if ratio > th.regression_factor:
+            return "regression", (
+                f"{agg.kernel} with {agg.config_id} on {agg.device_key} takes "
+                f"{agg.duration_mean_us:.1f} us, {ratio:.2f}x its own baseline of "
+                f"{base.mean_us:.1f} us."
+            )
+        return None
+
+    def _classify(self, agg: WindowAggregate, ev: Evidence) -> tuple[Classification, str]:
+        th = self.thresholds
+        what = f"{agg.kernel} with {agg.config_id} on {agg.device_key}"
+        if agg.count == 0:
+            return "balanced", f"{what} had no successful launch ({agg.failures} failed)."
+        if agg.duration_mean_us < th.launch_bound_factor * agg.launch_overhead_us:
+            return "launch_bound", (
+                f"{what} runs {agg.duration_mean_us:.1f} us per launch, under "
+                f"{th.launch_bound_factor:g}x the {agg.launch_overhead_us:.1f} us launch overhead."
+            )
+        memory_side = bool(ev["memory_bound"])
+        if memory_side and agg.bw_fraction >= th.efficient_bw_fraction:
+            return "memory_efficient", (
+                f"{what} is memory-bound and reaches {agg.bw_fraction:.0%} of peak bandwidth."
+            )
+        if not memory_side and agg.flops_fraction >= th.compute_bound_flops_fraction:
+            return "compute_bound", (
+                f"{what} is compute-bound at {agg.flops_fraction:.0%} of peak FLOP/s."
+            )
+        causes = self._underuse_causes(agg, ev)
+        ev["underuse_causes"] = ",".join(causes)
+        if causes:
+            return "under_utilization", (
+                f"{what} leaves the device under-used ({'; '.join(causes)}) at "
+                f"{max(agg.bw_fraction, agg.flops_fraction):.0%} of its roof."
+            )
+        if memory_side:
+            return "memory_bottleneck", (
+                f"{what} is memory-bound but reaches only {agg.bw_fraction:.0%} of peak "
+                f"bandwidth (arithmetic intensity {agg.arithmetic_intensity:.2f} FLOP/B)."
+            )
+        return "balanced", (
+            f"{what} is near neither roof ({agg.bw_fraction:.0%} of bandwidth, "
+            f"{agg.flops_fraction:.0%} of FLOP/s) with no sign of under-use."
+        )
+
+    def _underuse_causes(self, agg: WindowAggregate, ev: Evidence) -> list[str]:
+        th = self.thresholds
+        causes = []
+        tail = float(ev["tail_fraction"])
+        if agg.waves < th.min_waves:
+            causes.append(f"{agg.waves:.2f} waves: too few blocks for the SMs")
+        elif agg.waves < th.tail_max_waves and 0 < tail < th.tail_fraction:
+            causes.append(f"tail effect: last of {agg.waves:.2f} waves is {tail:.0%} full")
+        if agg.occupancy < th.min_occupancy:
+            causes.append(f"occupancy {agg.occupancy:.0%}")
+        if (
+            agg.busy_fraction < th.low_busy_fraction
+            and agg.idle_gap_mean_us > th.idle_gap_ratio * agg.duration_mean_us
+        ):
+            causes.append(f"busy {agg.busy_fraction:.0%} with {agg.idle_gap_mean_us:.1f} us gaps")
+        return causes
+
+    # -- state ----------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-able state (thresholds and baselines)."""
+        return {
+            "version": _SNAPSHOT_VERSION,
+            "thresholds": asdict(self.thresholds),
+            "baselines": {k: asdict(b) for k, b in self._baselines.items()},
+        }
+
+    @classmethod
+    def restore(cls, snapshot: Mapping[str, Any]) -> Detector:
+        """Rebuild a detector from :meth:`snapshot` output."""
+        if snapshot.get("version") != _SNAPSHOT_VERSION:
+            raise SnapshotError(
+                f"detector snapshot version {snapshot.get('version')!r} is not "
+                f"{_SNAPSHOT_VERSION}; discard it (baselines rebuild from new windows)"
+            )
+        try:
+            self = cls(DetectorThresholds(**snapshot["thresholds"]))
+            self._baselines = {k: _Baseline(**b) for k, b in snapshot["baselines"].items()}
+        except (KeyError, TypeError) as ex:
+            raise SnapshotError(f"malformed detector snapshot: {ex!r}") from ex
+        return self
+
+
+def _roofline_evidence(agg: WindowAggregate) -> Evidence:
+    ridge = agg.peak_gflops / agg.peak_gbs
+    return {
+        "count": agg.count,
+        "failures": agg.failures,
+        "mean_us": agg.duration_mean_us,
+        "p95_us": agg.duration_p95_us,
+        "bw_fraction": agg.bw_fraction,
+        "flops_fraction": agg.flops_fraction,
+        "arithmetic_intensity": agg.arithmetic_intensity,
+        "ridge_point": ridge,
+        "memory_bound": agg.arithmetic_intensity < ridge,
+        "occupancy": agg.occupancy,
+        "waves": agg.waves,
+        "tail_fraction": agg.waves - math.floor(agg.waves),
+        "busy_fraction": agg.busy_fraction,
+        "idle_gap_mean_us": agg.idle_gap_mean_us,
+        "launch_overhead_us": agg.launch_overhead_us,
+    }

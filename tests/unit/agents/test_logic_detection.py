@@ -1,0 +1,140 @@
+"""Roofline classification on hand-made window aggregates."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from agents.logic.detection import Detector, DetectorThresholds
+from agents.logic.errors import LogicSettingsError, SnapshotError
+from schemas.records import WindowAggregate
+
+# Ridge point of this device: 20000 / 2000 = 10 FLOP/B.
+PEAK_GBS, PEAK_GFLOPS = 2000.0, 20000.0
+
+
+def agg(**over: Any) -> WindowAggregate:
+    base: dict[str, Any] = {
+        "node": "n1",
+        "device_index": 0,
+        "device_model": "A100",
+        "kernel": "k",
+        "workload": "k",
+        "problem_size": [1024],
+        "config": {"block": 128},
+        "config_id": "block=128",
+        "window_start": 10.0,
+        "window_end": 11.0,
+        "count": 100,
+        "failures": 0,
+        "duration_mean_us": 100.0,
+        "duration_p50_us": 100.0,
+        "duration_p95_us": 110.0,
+        "duration_min_us": 90.0,
+        "duration_max_us": 120.0,
+        "duration_std_us": 5.0,
+        "busy_fraction": 0.9,
+        "idle_gap_mean_us": 2.0,
+        "achieved_gbs": 1600.0,
+        "achieved_gflops": 400.0,
+        "bw_fraction": 0.8,
+        "flops_fraction": 0.02,
+        "arithmetic_intensity": 0.25,
+        "occupancy": 1.0,
+        "waves": 8.0,
+        "peak_gbs": PEAK_GBS,
+        "peak_gflops": PEAK_GFLOPS,
+        "launch_overhead_us": 3.0,
+        "seq_min": 0,
+        "seq_max": 99,
+    }
+    base.update(over)
+    return WindowAggregate(**base)
+
+
+COMPUTE = {"arithmetic_intensity": 50.0, "bw_fraction": 0.3}
+
+
+@pytest.mark.parametrize(
+    ("over", "expected", "evidence_key"),
+    [
+        ({}, "memory_efficient", "bw_fraction"),
+        ({"bw_fraction": 0.2}, "memory_bottleneck", "arithmetic_intensity"),
+        ({**COMPUTE, "flops_fraction": 0.7}, "compute_bound", "flops_fraction"),
+        ({**COMPUTE, "flops_fraction": 0.3}, "balanced", "ridge_point"),
+        ({"duration_mean_us": 5.0}, "launch_bound", "launch_overhead_us"),
+        ({"bw_fraction": 0.2, "waves": 0.4}, "under_utilization", "waves"),
+        ({"bw_fraction": 0.2, "waves": 2.25}, "under_utilization", "tail_fraction"),
+        ({"bw_fraction": 0.2, "occupancy": 0.125}, "under_utilization", "occupancy"),
+        (
+            {"bw_fraction": 0.2, "busy_fraction": 0.1, "idle_gap_mean_us": 900.0},
+            "under_utilization",
+            "idle_gap_mean_us",
+        ),
+        ({**COMPUTE, "flops_fraction": 0.1, "waves": 0.5}, "under_utilization", "waves"),
+        ({"count": 0, "failures": 5, "duration_mean_us": 0.0}, "balanced", "failures"),
+    ],
+)
+def test_classifications(over: dict[str, Any], expected: str, evidence_key: str) -> None:
+    f = Detector().classify(agg(**over))
+    assert f.classification == expected, f.summary
+    assert evidence_key in f.evidence
+    assert f.evidence["ridge_point"] == 10.0
+    assert f.summary.endswith(".") and "k with block=128 on n1:0" in f.summary
+
+
+def test_efficient_kernel_with_full_tail_is_not_under_utilized() -> None:
+    # An integer number of waves has no partial tail.
+    f = Detector().classify(agg(bw_fraction=0.2, waves=2.0))
+    assert f.classification == "memory_bottleneck"
+    assert f.evidence["tail_fraction"] == 0.0
+
+
+def test_under_utilization_reports_every_cause() -> None:
+    f = Detector().classify(agg(bw_fraction=0.1, waves=0.5, occupancy=0.1))
+    causes = str(f.evidence["underuse_causes"])
+    assert "waves" in causes and "occupancy" in causes
+
+
+def test_finding_is_deterministic_and_carries_measurement() -> None:
+    a, b = Detector().classify(agg()), Detector().classify(agg())
+    assert a == b
+    assert a.id == "n1:0/k/block=128/10.000000"
+    assert (a.count, a.failures, a.duration_mean_us) == (100, 0, 100.0)
+
+
+def test_regression_against_own_baseline() -> None:
+    d = Detector(DetectorThresholds(baseline_windows=2))
+    for w in range(2):
+        assert d.classify(agg(window_start=float(w))).classification == "memory_efficient"
+    ok = d.classify(agg(window_start=2.0, duration_mean_us=115.0))
+    assert ok.classification == "memory_efficient"
+    assert ok.evidence["baseline_us"] == 100.0
+    slow = d.classify(agg(window_start=3.0, duration_mean_us=130.0, bw_fraction=0.6))
+    assert slow.classification == "regression"
+    assert slow.evidence["regression_ratio"] == pytest.approx(1.3)
+    # Baselines are per config: another config starts its own.
+    other = d.classify(agg(config_id="block=256", duration_mean_us=130.0))
+    assert other.classification == "memory_efficient"
+    # Windows with too few launches neither build nor trigger a baseline.
+    few = d.classify(agg(window_start=4.0, count=3, duration_mean_us=500.0))
+    assert few.classification != "regression"
+
+
+def test_snapshot_restore_keeps_baselines() -> None:
+    d = Detector(DetectorThresholds(baseline_windows=1))
+    d.classify(agg())
+    r = Detector.restore(json.loads(json.dumps(d.snapshot())))
+    assert r.classify(agg(duration_mean_us=200.0)).classification == "regression"
+    assert r.snapshot() == d.snapshot() | {"baselines": r.snapshot()["baselines"]}
+    with pytest.raises(SnapshotError):
+        Detector.restore({"version": 0})
+
+
+def test_thresholds_validated() -> None:
+    with pytest.raises(LogicSettingsError, match="regression_factor"):
+        DetectorThresholds(regression_factor=0.9)
+    with pytest.raises(LogicSettingsError, match="min_occupancy"):
+        DetectorThresholds(min_occupancy=-0.1)
