@@ -28,8 +28,15 @@ def register(app: Any, ctx: WorkerContext) -> Detector:
             try:
                 agg = decode(event.value, WindowAggregate)
             except SchemaError as exc:
-                await ctx.dead_letter("detector", msg.topic, event.value, str(exc),
-                                      key=event.key, partition=msg.partition, offset=msg.offset)
+                await ctx.dead_letter(
+                    "detector",
+                    msg.topic,
+                    event.value,
+                    str(exc),
+                    key=event.key,
+                    partition=msg.partition,
+                    offset=msg.offset,
+                )
                 continue
             finding = detector.classify(agg)
             ctx.counters[f"findings.{finding.classification}"] += 1

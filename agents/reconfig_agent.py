@@ -14,9 +14,9 @@ import base64
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, Literal
 
-from schemas import DeadLetter, ReconfigOutcome, Recommendation, SchemaError, decode, encode
+from schemas import DeadLetter, Recommendation, ReconfigOutcome, SchemaError, decode, encode
 
 __all__ = ["RecommendationInbox", "outcome_record", "partition_for_key"]
 
@@ -47,8 +47,10 @@ class RecommendationInbox:
 
         topic = self.settings.topic_recommendations
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-            auto_offset_reset="earliest", **self.settings.kafka_client_kwargs()
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            **self.settings.kafka_client_kwargs(),
         )
         await self._consumer.start()
         parts = None
@@ -56,7 +58,7 @@ class RecommendationInbox:
             parts = self._consumer.partitions_for_topic(topic)
             if parts:
                 break
-            await self._consumer._client.force_metadata_update()  # noqa: SLF001
+            await self._consumer._client.force_metadata_update()
             await asyncio.sleep(0.1)
         if not parts:
             raise SchemaError(f"topic {topic!r} has no partitions; was it created?")
@@ -75,11 +77,14 @@ class RecommendationInbox:
                 self._queue.append(decode(msg.value, Recommendation))
             except SchemaError as exc:
                 dl = DeadLetter(
-                    stage="node.reconfig", topic=msg.topic, partition=msg.partition,
+                    stage="node.reconfig",
+                    topic=msg.topic,
+                    partition=msg.partition,
                     offset=msg.offset,
                     key_b64=base64.b64encode(msg.key).decode() if msg.key is not None else None,
                     value_b64=base64.b64encode(msg.value or b"").decode(),
-                    reason=str(exc), at=time.time(),
+                    reason=str(exc),
+                    at=time.time(),
                 )
                 await self.producer.send(self.settings.topic_deadletter, encode(dl), key=msg.key)
 
@@ -98,7 +103,7 @@ class RecommendationInbox:
 
 def outcome_record(
     rec: Recommendation,
-    status: str,
+    status: Literal["applied", "kept", "rolled_back", "rejected"],
     reason: str,
     before: dict[str, Any],
     after: dict[str, Any],
@@ -111,10 +116,12 @@ def outcome_record(
     for w in device.workloads():
         if w.name == rec.kernel:
             space = w.space
+
     def cid(c: dict[str, Any]) -> str:
         if space is not None and c and set(c) == set(space.names):
             return str(space.config_id(c))
         return ",".join(f"{k}={v}" for k, v in c.items()) or "-"
+
     before_mean, after_mean = measured.get("before_mean_us"), measured.get("after_mean_us")
     speedup = before_mean / after_mean if before_mean and after_mean else None
     return ReconfigOutcome(
@@ -126,7 +133,7 @@ def outcome_record(
         kernel=rec.kernel,
         workload=rec.workload,
         problem_size=rec.problem_size,
-        status=status,  # type: ignore[arg-type]
+        status=status,
         reason=reason,
         before_config=before,
         before_config_id=cid(before),

@@ -10,9 +10,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from kernels.resolve import SpaceResolver
+
 from agents.context import WorkerContext
 from agents.logic.tuning import Tuner
-from kernels.resolve import SpaceResolver
 from schemas import Finding, ReconfigOutcome, SchemaError, decode, encode
 
 __all__ = ["register"]
@@ -32,8 +33,15 @@ def register(app: Any, ctx: WorkerContext) -> Tuner:
                 finding = decode(event.value, Finding)
                 space = spaces.space_for(finding.workload, tuple(finding.problem_size))
             except (SchemaError, LookupError) as exc:
-                await ctx.dead_letter("tuner", msg.topic, event.value, str(exc),
-                                      key=event.key, partition=msg.partition, offset=msg.offset)
+                await ctx.dead_letter(
+                    "tuner",
+                    msg.topic,
+                    event.value,
+                    str(exc),
+                    key=event.key,
+                    partition=msg.partition,
+                    offset=msg.offset,
+                )
                 continue
             tuner.observe_finding(finding)
             rec = tuner.recommend(finding, space, time.time())
@@ -48,8 +56,15 @@ def register(app: Any, ctx: WorkerContext) -> Tuner:
             try:
                 outcome = decode(event.value, ReconfigOutcome)
             except SchemaError as exc:
-                await ctx.dead_letter("outcomes", msg.topic, event.value, str(exc),
-                                      key=event.key, partition=msg.partition, offset=msg.offset)
+                await ctx.dead_letter(
+                    "outcomes",
+                    msg.topic,
+                    event.value,
+                    str(exc),
+                    key=event.key,
+                    partition=msg.partition,
+                    offset=msg.offset,
+                )
                 continue
             ctx.counters[f"outcomes.{outcome.status}"] += 1
             tuner.observe_outcome(outcome)

@@ -43,8 +43,15 @@ def register(app: Any, ctx: WorkerContext) -> Windower:
             try:
                 batch = decode(event.value, LaunchBatch)
             except SchemaError as exc:
-                await ctx.dead_letter("window", msg.topic, event.value, str(exc),
-                                      key=event.key, partition=msg.partition, offset=msg.offset)
+                await ctx.dead_letter(
+                    "window",
+                    msg.topic,
+                    event.value,
+                    str(exc),
+                    key=event.key,
+                    partition=msg.partition,
+                    offset=msg.offset,
+                )
                 continue
             now = time.time()
             ctx.counters["launches.in"] += len(batch.t_end)

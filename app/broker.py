@@ -55,12 +55,14 @@ async def wait_for_kafka(bootstrap: str, timeout_s: float = 20.0, **client_kwarg
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000, **client_kwargs)  # type: ignore[arg-type]
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=bootstrap, request_timeout_ms=2000, **client_kwargs
+        )
         try:
             await admin.start()
             await admin.list_topics()
             return
-        except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
+        except Exception as exc:
             last = exc
             await asyncio.sleep(0.1)
         finally:
@@ -95,12 +97,20 @@ class EmbeddedBroker:
         url = f"tcp://127.0.0.1:{self.port}"
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
-                [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-                 "--storage-engine", "memory://tansu/"],
+                [
+                    binary,
+                    "broker",
+                    "--listener-url",
+                    url,
+                    "--advertised-listener-url",
+                    url,
+                    "--storage-engine",
+                    "memory://tansu/",
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
         try:
             asyncio.run(self._wait(timeout_s))
@@ -114,7 +124,9 @@ class EmbeddedBroker:
             await wait_for_kafka(self.bootstrap, timeout_s)
         except BrokerError as exc:
             code = self._proc.poll() if self._proc else None
-            raise BrokerError(f"{exc} (broker exit code {code}; see its log {self.log_path})") from exc
+            raise BrokerError(
+                f"{exc} (broker exit code {code}; see its log {self.log_path})"
+            ) from exc
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the broker: SIGTERM, then SIGKILL after ``timeout_s``. Idempotent."""

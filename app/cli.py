@@ -56,19 +56,42 @@ def main(verbose: bool) -> None:
 
 
 @main.command()
-@click.option("--duration", type=float, default=60.0, show_default=True,
-              help="Seconds the nodes run before the summary.")
-@click.option("--json", "json_path", type=click.Path(path_type=Path),
-              help="Also write the summary as JSON to this file.")
-@click.option("--trace-file", type=click.Path(path_type=Path, exists=True),
-              help="Kernel Tuner cache file for a trace node (default: first file found in "
-                   "the tuning-spaces directory).")
+@click.option(
+    "--duration",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds the nodes run before the summary.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(path_type=Path),
+    help="Also write the summary as JSON to this file.",
+)
+@click.option(
+    "--trace-file",
+    type=click.Path(path_type=Path, exists=True),
+    help="Kernel Tuner cache file for a trace node (default: first file found in "
+    "the tuning-spaces directory).",
+)
 @click.option("--no-trace", is_flag=True, help="Run no trace node.")
 @click.option("--no-live", is_flag=True, help="No live table; print progress lines instead.")
-@click.option("--run-dir", type=click.Path(path_type=Path), default=Path("var/demo"),
-              show_default=True, help="Logs and worker state of this run.")
-def demo(duration: float, json_path: Path | None, trace_file: Path | None, no_trace: bool,
-         no_live: bool, run_dir: Path) -> None:
+@click.option(
+    "--run-dir",
+    type=click.Path(path_type=Path),
+    default=Path("var/demo"),
+    show_default=True,
+    help="Logs and worker state of this run.",
+)
+def demo(
+    duration: float,
+    json_path: Path | None,
+    trace_file: Path | None,
+    no_trace: bool,
+    no_live: bool,
+    run_dir: Path,
+) -> None:
     """Run the whole loop locally: embedded broker, one worker, sim and trace nodes.
 
     Shows a live table while kernels get tuned, then a summary per node, device
@@ -78,18 +101,26 @@ def demo(duration: float, json_path: Path | None, trace_file: Path | None, no_tr
     from app.demo import DemoOptions, run_demo
 
     settings = _settings()
-    opts = DemoOptions(duration_s=duration, json_path=json_path, trace_file=trace_file,
-                       trace=not no_trace, live=not no_live and sys.stdout.isatty(),
-                       run_dir=run_dir)
+    opts = DemoOptions(
+        duration_s=duration,
+        json_path=json_path,
+        trace_file=trace_file,
+        trace=not no_trace,
+        live=not no_live and sys.stdout.isatty(),
+        run_dir=run_dir,
+    )
     sys.exit(run_demo(settings, opts))
 
 
 @main.command()
 @click.option("--port", type=int, default=9092, show_default=True, help="Loopback port.")
-@click.option("--log-dir", type=click.Path(path_type=Path), default=Path("var"),
-              show_default=True)
-@click.option("--create-topics/--no-create-topics", default=True, show_default=True,
-              help="Create kernelstream's topics once the broker answers.")
+@click.option("--log-dir", type=click.Path(path_type=Path), default=Path("var"), show_default=True)
+@click.option(
+    "--create-topics/--no-create-topics",
+    default=True,
+    show_default=True,
+    help="Create kernelstream's topics once the broker answers.",
+)
 def broker(port: int, log_dir: Path, create_topics: bool) -> None:
     """Run the embedded Kafka-compatible broker (Tansu, memory storage) until Ctrl-C."""
     from app.broker import EmbeddedBroker
@@ -108,10 +139,13 @@ def broker(port: int, log_dir: Path, create_topics: bool) -> None:
 @click.option("--data-dir", type=click.Path(path_type=Path), help="RocksDB state directory.")
 @click.option("--web-port", type=int, help="Port of the worker's web/metrics endpoint.")
 @click.option("--app-id", help="Faust app id (the consumer group).")
-@click.option("--loglevel", type=click.Choice(["crit", "error", "warn", "info", "debug"]),
-              default="warn", show_default=True)
-def worker(data_dir: Path | None, web_port: int | None, app_id: str | None,
-           loglevel: str) -> None:
+@click.option(
+    "--loglevel",
+    type=click.Choice(["crit", "error", "warn", "info", "debug"]),
+    default="warn",
+    show_default=True,
+)
+def worker(data_dir: Path | None, web_port: int | None, app_id: str | None, loglevel: str) -> None:
     """Run a Faust worker: window, detector and tuner agents."""
     from faust.worker import Worker
 
@@ -122,7 +156,9 @@ def worker(data_dir: Path | None, web_port: int | None, app_id: str | None,
     with _bootstrap(settings, Path("var")) as bootstrap:
         asyncio.run(ensure_topics(settings, bootstrap))
         app = create_app(settings, bootstrap)
-        Worker(app, loglevel=loglevel, quiet=True, override_logging=False).execute_from_commandline()
+        Worker(
+            app, loglevel=loglevel, quiet=True, override_logging=False
+        ).execute_from_commandline()
 
 
 @main.command()
@@ -130,20 +166,36 @@ def worker(data_dir: Path | None, web_port: int | None, app_id: str | None,
 @click.option("--backend", type=click.Choice(["sim", "trace", "cupy"]), help="Device backend.")
 @click.option("--model", "device_model", help="GPU model of a sim device, e.g. H100-SXM5-80GB.")
 @click.option("--device-index", type=int)
-@click.option("--trace-file", type=click.Path(path_type=Path, exists=True),
-              help="Kernel Tuner cache file of a trace device.")
+@click.option(
+    "--trace-file",
+    type=click.Path(path_type=Path, exists=True),
+    help="Kernel Tuner cache file of a trace device.",
+)
 @click.option("--workload", "workloads", multiple=True, help="Workloads to run (repeatable).")
 @click.option("--seed", type=int)
 @click.option("--duration", type=float, help="Seconds to run (default: until stopped).")
-def node(node_id: str | None, backend: str | None, device_model: str | None,
-         device_index: int | None, trace_file: Path | None, workloads: tuple[str, ...],
-         seed: int | None, duration: float | None) -> None:
+def node(
+    node_id: str | None,
+    backend: str | None,
+    device_model: str | None,
+    device_index: int | None,
+    trace_file: Path | None,
+    workloads: tuple[str, ...],
+    seed: int | None,
+    duration: float | None,
+) -> None:
     """Run a GPU node: workloads on a device, telemetry out, reconfiguration agent."""
     from app.node import run_node
 
-    settings = _settings(node_id=node_id, backend=backend, device_model=device_model,
-                         device_index=device_index, trace_file=trace_file,
-                         workloads=workloads or None, seed=seed)
+    settings = _settings(
+        node_id=node_id,
+        backend=backend,
+        device_model=device_model,
+        device_index=device_index,
+        trace_file=trace_file,
+        workloads=workloads or None,
+        seed=seed,
+    )
 
     async def _main(bootstrap: str) -> None:
         stop = asyncio.Event()
@@ -151,24 +203,35 @@ def node(node_id: str | None, backend: str | None, device_model: str | None,
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         report = await run_node(settings, bootstrap, duration_s=duration, stop=stop)
-        click.echo(f"node {report.node}: {report.launches} launches in {report.batches} batches; "
-                   f"outcomes {report.outcomes}", err=True)
+        click.echo(
+            f"node {report.node}: {report.launches} launches in {report.batches} batches; "
+            f"outcomes {report.outcomes}",
+            err=True,
+        )
 
     with _bootstrap(settings, Path("var")) as bootstrap:
         asyncio.run(_main(bootstrap))
 
 
 @main.command()
-@click.argument("what", type=click.Choice(
-    ["recommendations", "findings", "windows", "reconfig", "late", "deadletter"]),
-    default="recommendations")
+@click.argument(
+    "what",
+    type=click.Choice(["recommendations", "findings", "windows", "reconfig", "late", "deadletter"]),
+    default="recommendations",
+)
 @click.option("--node", "node_filter", help="Only records of this node.")
 @click.option("--kernel", "kernel_filter", help="Only records of this kernel.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines instead of a table.")
 @click.option("--from-beginning", is_flag=True, help="Start at the oldest record.")
 @click.option("--limit", type=int, help="Stop after this many records.")
-def watch(what: str, node_filter: str | None, kernel_filter: str | None, as_json: bool,
-          from_beginning: bool, limit: int | None) -> None:
+def watch(
+    what: str,
+    node_filter: str | None,
+    kernel_filter: str | None,
+    as_json: bool,
+    from_beginning: bool,
+    limit: int | None,
+) -> None:
     """Follow a topic from the command line (needs KAFKA_BOOTSTRAP)."""
     from app.watch import watch_topic
 
@@ -177,8 +240,17 @@ def watch(what: str, node_filter: str | None, kernel_filter: str | None, as_json
         raise click.UsageError("watch follows an existing cluster: set KAFKA_BOOTSTRAP")
     topic = getattr(settings, f"topic_{what}")
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(watch_topic(settings, topic, node=node_filter, kernel=kernel_filter,
-                                as_json=as_json, from_beginning=from_beginning, limit=limit))
+        asyncio.run(
+            watch_topic(
+                settings,
+                topic,
+                node=node_filter,
+                kernel=kernel_filter,
+                as_json=as_json,
+                from_beginning=from_beginning,
+                limit=limit,
+            )
+        )
 
 
 if __name__ == "__main__":

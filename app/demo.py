@@ -76,9 +76,9 @@ class SummaryBuilder:
             if record.count > 0:
                 s.windows.append(record)
         elif isinstance(record, Finding):
-            self.series[(record.node, record.device_model, record.kernel)].classification = (
-                record.classification
-            )
+            self.series[
+                (record.node, record.device_model, record.kernel)
+            ].classification = record.classification
         elif isinstance(record, ReconfigOutcome):
             s = self.series[(record.node, record.device_model, record.kernel)]
             setattr(s, record.status, getattr(s, record.status) + 1)
@@ -99,17 +99,26 @@ class SummaryBuilder:
             tail = [w for w in ws if w.config_id == last.config_id][-_TAIL_WINDOWS:]
             final_mean = self._mean(tail)
             speedup = default_mean / final_mean if default_mean and final_mean else None
-            out.append({
-                "node": node, "device_model": model, "kernel": kernel,
-                "default_config": first.config, "default_config_id": first.config_id,
-                "default_mean_us": default_mean,
-                "final_config": last.config, "final_config_id": last.config_id,
-                "final_mean_us": final_mean, "speedup": speedup,
-                "classification": s.classification,
-                "recommendations_applied": s.applied, "kept": s.kept,
-                "rolled_back": s.rolled_back, "rejected": s.rejected,
-                "windows": len(ws),
-            })
+            out.append(
+                {
+                    "node": node,
+                    "device_model": model,
+                    "kernel": kernel,
+                    "default_config": first.config,
+                    "default_config_id": first.config_id,
+                    "default_mean_us": default_mean,
+                    "final_config": last.config,
+                    "final_config_id": last.config_id,
+                    "final_mean_us": final_mean,
+                    "speedup": speedup,
+                    "classification": s.classification,
+                    "recommendations_applied": s.applied,
+                    "kept": s.kept,
+                    "rolled_back": s.rolled_back,
+                    "rejected": s.rejected,
+                    "windows": len(ws),
+                }
+            )
         return out
 
 
@@ -117,16 +126,31 @@ def _render(rows: list[dict[str, Any]], title: str) -> Any:
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("node", "device", "kernel", "config", "mean us", "default us", "speedup",
-                "class", "applied", "rolled back"):
+    for col in (
+        "node",
+        "device",
+        "kernel",
+        "config",
+        "mean us",
+        "default us",
+        "speedup",
+        "class",
+        "applied",
+        "rolled back",
+    ):
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(
-            r["node"], r["device_model"], r["kernel"], r["final_config_id"],
+            r["node"],
+            r["device_model"],
+            r["kernel"],
+            r["final_config_id"],
             f"{r['final_mean_us']:.1f}" if r["final_mean_us"] else "-",
             f"{r['default_mean_us']:.1f}" if r["default_mean_us"] else "-",
             f"{r['speedup']:.2f}x" if r["speedup"] else "-",
-            r["classification"], str(r["recommendations_applied"]), str(r["rolled_back"]),
+            r["classification"],
+            str(r["recommendations_applied"]),
+            str(r["rolled_back"]),
         )
     return table
 
@@ -157,8 +181,12 @@ class _Children:
         from app.broker import _die_with_parent
 
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", *args], stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, env={**self.env, **env}, preexec_fn=_die_with_parent,  # noqa: PLW1509
+            [sys.executable, "-m", "app.cli", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**self.env, **env},
+            preexec_fn=_die_with_parent,
         )
         self.procs.append((name, proc))
 
@@ -179,13 +207,18 @@ class _Children:
         return [n for n, p in self.procs if p.poll() not in (None, 0, -signal.SIGTERM)]
 
 
-async def _follow(settings: Settings, bootstrap: str, builder: SummaryBuilder,
-                  stop: asyncio.Event) -> None:
+async def _follow(
+    settings: Settings, bootstrap: str, builder: SummaryBuilder, stop: asyncio.Event
+) -> None:
     from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(
-        settings.topic_windows, settings.topic_findings, settings.topic_reconfig,
-        bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
+        settings.topic_windows,
+        settings.topic_findings,
+        settings.topic_reconfig,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
         **settings.kafka_client_kwargs(),
     )
     await consumer.start()
@@ -200,8 +233,13 @@ async def _follow(settings: Settings, bootstrap: str, builder: SummaryBuilder,
         await consumer.stop()
 
 
-async def _monitor(settings: Settings, bootstrap: str, opts: DemoOptions,
-                   builder: SummaryBuilder, children: _Children) -> None:
+async def _monitor(
+    settings: Settings,
+    bootstrap: str,
+    opts: DemoOptions,
+    builder: SummaryBuilder,
+    children: _Children,
+) -> None:
     stop = asyncio.Event()
     follower = asyncio.create_task(_follow(settings, bootstrap, builder, stop))
     start = time.monotonic()
@@ -214,8 +252,9 @@ async def _monitor(settings: Settings, bootstrap: str, opts: DemoOptions,
     try:
         while (elapsed := time.monotonic() - start) < opts.duration_s:
             if children.failed():
-                raise RuntimeError(f"child process failed: {children.failed()}; "
-                                   f"see logs in {opts.run_dir}")
+                raise RuntimeError(
+                    f"child process failed: {children.failed()}; see logs in {opts.run_dir}"
+                )
             title = f"kernelstream demo: {elapsed:.0f}/{opts.duration_s:.0f} s"
             if live is not None:
                 live.update(_render(builder.rows(), title))
@@ -255,16 +294,34 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
         asyncio.run(ensure_topics(settings, bootstrap))
         env = {**os.environ, "KAFKA_BOOTSTRAP": bootstrap, "PYTHONUNBUFFERED": "1"}
         children = _Children(run_dir, env)
-        children.spawn("worker", ["worker"], KERNELSTREAM_DATA_DIR=str(run_dir / "worker"),
-                       KERNELSTREAM_WEB_PORT=str(free_port()),
-                       KERNELSTREAM_APP_ID=f"kernelstream-demo-{os.getpid()}")
+        children.spawn(
+            "worker",
+            ["worker"],
+            KERNELSTREAM_DATA_DIR=str(run_dir / "worker"),
+            KERNELSTREAM_WEB_PORT=str(free_port()),
+            KERNELSTREAM_APP_ID=f"kernelstream-demo-{os.getpid()}",
+        )
         for node_id, model in SIM_NODES:
-            children.spawn(node_id, ["node", "--node-id", node_id, "--backend", "sim",
-                                     "--model", model, "--seed", str(len(node_id))])
+            children.spawn(
+                node_id,
+                [
+                    "node",
+                    "--node-id",
+                    node_id,
+                    "--backend",
+                    "sim",
+                    "--model",
+                    model,
+                    "--seed",
+                    str(len(node_id)),
+                ],
+            )
         trace = _find_trace_file(settings, opts.trace_file) if opts.trace else None
         if trace is not None:
-            children.spawn("trace-node", ["node", "--node-id", "trace-1", "--backend", "trace",
-                                          "--trace-file", str(trace)])
+            children.spawn(
+                "trace-node",
+                ["node", "--node-id", "trace-1", "--backend", "trace", "--trace-file", str(trace)],
+            )
             print(f"trace node replays measured durations from {trace}", flush=True)
         asyncio.run(_monitor(settings, bootstrap, opts, builder, children))
     except KeyboardInterrupt:
@@ -279,20 +336,29 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
     _print_summary(rows)
     if opts.json_path:
         opts.json_path.parent.mkdir(parents=True, exist_ok=True)
-        opts.json_path.write_bytes(orjson.dumps({"duration_s": opts.duration_s, "series": rows},
-                                                option=orjson.OPT_INDENT_2))
+        opts.json_path.write_bytes(
+            orjson.dumps(
+                {"duration_s": opts.duration_s, "series": rows}, option=orjson.OPT_INDENT_2
+            )
+        )
     return 0
 
 
 def _print_summary(rows: list[dict[str, Any]]) -> None:
     print("\nSummary (mean durations measured from window aggregates):")
-    print(f"{'node':10} {'device':16} {'kernel':14} {'default us':>11} {'final us':>10} "
-          f"{'speedup':>8} {'applied':>8} {'rolled back':>12}")
+    print(
+        f"{'node':10} {'device':16} {'kernel':14} {'default us':>11} {'final us':>10} "
+        f"{'speedup':>8} {'applied':>8} {'rolled back':>12}"
+    )
     for r in rows:
         d, f, s = r["default_mean_us"], r["final_mean_us"], r["speedup"]
-        print(f"{r['node']:10} {r['device_model']:16} {r['kernel']:14} "
-              f"{d if d is not None else float('nan'):11.1f} "
-              f"{f if f is not None else float('nan'):10.1f} "
-              f"{(s or float('nan')):7.2f}x {r['recommendations_applied']:8d} "
-              f"{r['rolled_back']:12d}")
-        print(f"{'':10}   default {r['default_config_id']}\n{'':10}   final   {r['final_config_id']}")
+        print(
+            f"{r['node']:10} {r['device_model']:16} {r['kernel']:14} "
+            f"{d if d is not None else float('nan'):11.1f} "
+            f"{f if f is not None else float('nan'):10.1f} "
+            f"{(s or float('nan')):7.2f}x {r['recommendations_applied']:8d} "
+            f"{r['rolled_back']:12d}"
+        )
+        print(
+            f"{'':10}   default {r['default_config_id']}\n{'':10}   final   {r['final_config_id']}"
+        )

@@ -67,11 +67,15 @@ def create_app(settings: Settings, bootstrap: str, *, web: bool = True) -> faust
         producer_linger=0.005,
         web_enabled=web,
         web_port=settings.web_port,
-        web_bind="127.0.0.1" if settings.embedded else "0.0.0.0",  # noqa: S104
+        web_bind="127.0.0.1" if settings.embedded else "0.0.0.0",
         stream_wait_empty=False,
         **faust_broker_kwargs(settings),
     )
-    topics = {s.role: app.topic(s.name, key_serializer="raw", value_serializer="raw",
-                                partitions=s.partitions) for s in topic_specs(settings)}
+    topics = {
+        s.role: app.topic(
+            s.name, key_serializer="raw", value_serializer="raw", partitions=s.partitions
+        )
+        for s in topic_specs(settings)
+    }
     register_agents(app, settings, topics)
     return app

@@ -61,7 +61,10 @@ def _open(settings: Settings) -> tuple[Any, list[Any]]:
 
 
 async def run_node(
-    settings: Settings, bootstrap: str, *, duration_s: float | None = None,
+    settings: Settings,
+    bootstrap: str,
+    *,
+    duration_s: float | None = None,
     stop: asyncio.Event | None = None,
 ) -> NodeReport:
     """Run until ``duration_s`` passes or ``stop`` is set; flush and close cleanly."""
@@ -69,19 +72,30 @@ async def run_node(
 
     device, workloads = _open(settings)
     runner = WorkloadRunner(device, workloads, max_launches_per_s=settings.max_launches_per_s)
-    batcher = LaunchBatcher(device, settings.node_id, max_launches=settings.batch_max_launches,
-                            max_delay_s=settings.batch_max_delay_s)
+    batcher = LaunchBatcher(
+        device,
+        settings.node_id,
+        max_launches=settings.batch_max_launches,
+        max_delay_s=settings.batch_max_delay_s,
+    )
     by_kernel = {w.name: w for w in workloads}
     reconf = Reconfigurator(
-        settings.node_id, settings.device_index, {w.name: w.space for w in workloads},
+        settings.node_id,
+        settings.device_index,
+        {w.name: w.space for w in workloads},
         {k: runner.config_of(k) for k in by_kernel},
         ReconfigPolicy(max_step=settings.max_step, min_launches=settings.rollback_min_launches),
     )
-    report = NodeReport(settings.node_id,
-                        default_configs={k: runner.config_of(k) for k in by_kernel})
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
-                                max_request_size=8 * 1024 * 1024,
-                                **settings.kafka_client_kwargs())
+    report = NodeReport(
+        settings.node_id, default_configs={k: runner.config_of(k) for k in by_kernel}
+    )
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        linger_ms=5,
+        max_request_size=8 * 1024 * 1024,
+        **settings.kafka_client_kwargs(),
+    )
     await producer.start()
     inbox = RecommendationInbox(settings, bootstrap, producer)
     await inbox.start()
@@ -100,8 +114,9 @@ async def run_node(
         for b in batches:
             report.batches += 1
             report.launches += len(b.t_end)
-            sends.append(await producer.send(settings.topic_launches, encode(b),
-                                             key=b.stream_key.encode()))
+            sends.append(
+                await producer.send(settings.topic_launches, encode(b), key=b.stream_key.encode())
+            )
 
     last_sample = 0.0
     try:
@@ -111,14 +126,31 @@ async def run_node(
             for rec in inbox.drain():
                 decision = reconf.consider(rec, time.time())
                 if decision.action == "reject":
-                    await publish_outcome(outcome_record(rec, "rejected", decision.reason,
-                                                         reconf.current.get(rec.kernel, {}),
-                                                         rec.config, device, time.time()))
+                    await publish_outcome(
+                        outcome_record(
+                            rec,
+                            "rejected",
+                            decision.reason,
+                            reconf.current.get(rec.kernel, {}),
+                            rec.config,
+                            device,
+                            time.time(),
+                        )
+                    )
                     continue
                 before = reconf.current[rec.kernel]
                 runner.set_config(rec.kernel, reconf.apply(rec, time.time()))
-                await publish_outcome(outcome_record(rec, "applied", "applied at a safe point",
-                                                     before, rec.config, device, time.time()))
+                await publish_outcome(
+                    outcome_record(
+                        rec,
+                        "applied",
+                        "applied at a safe point",
+                        before,
+                        rec.config,
+                        device,
+                        time.time(),
+                    )
+                )
             chunks = await asyncio.to_thread(runner.tick, time.time())
             now = time.time()
             for chunk in chunks:
@@ -128,10 +160,21 @@ async def run_node(
             for ev in reconf.evaluate(now):
                 if ev.status == "rolled_back":
                     runner.set_config(ev.kernel, ev.before_config)
-                await publish_outcome(outcome_record(
-                    ev.recommendation, ev.status, ev.reason, ev.before_config, ev.after_config,
-                    device, now, before_mean_us=ev.before_mean_us, after_mean_us=ev.after_mean_us,
-                    before_count=ev.before_count, after_count=ev.after_count))
+                await publish_outcome(
+                    outcome_record(
+                        ev.recommendation,
+                        ev.status,
+                        ev.reason,
+                        ev.before_config,
+                        ev.after_config,
+                        device,
+                        now,
+                        before_mean_us=ev.before_mean_us,
+                        after_mean_us=ev.after_mean_us,
+                        before_count=ev.before_count,
+                        after_count=ev.after_count,
+                    )
+                )
             if now - last_sample >= _SAMPLE_EVERY_S:
                 last_sample = now
                 sample = device.sample()

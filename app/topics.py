@@ -14,7 +14,7 @@ from app.errors import BrokerError
 from app.settings import Settings
 from schemas.keys import group_key, stream_key
 
-__all__ = ["TopicSpec", "topic_specs", "ensure_topics", "group_key", "stream_key"]
+__all__ = ["TopicSpec", "ensure_topics", "group_key", "stream_key", "topic_specs"]
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,13 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
     return [
         TopicSpec("launches", settings.topic_launches, "node:device/kernel", p, 7 * _DAY_MS),
         TopicSpec("windows", settings.topic_windows, "node:device/kernel", p, 30 * _DAY_MS),
-        TopicSpec("findings", settings.topic_findings, "device_model/workload/size", p, 30 * _DAY_MS),
+        TopicSpec(
+            "findings", settings.topic_findings, "device_model/workload/size", p, 30 * _DAY_MS
+        ),
         TopicSpec("recommendations", settings.topic_recommendations, "node", p, 30 * _DAY_MS),
-        TopicSpec("reconfig", settings.topic_reconfig, "device_model/workload/size", p, 90 * _DAY_MS),
+        TopicSpec(
+            "reconfig", settings.topic_reconfig, "device_model/workload/size", p, 90 * _DAY_MS
+        ),
         TopicSpec("late", settings.topic_late, "node:device/kernel", p, 7 * _DAY_MS),
         TopicSpec("deadletter", settings.topic_deadletter, "original key", 1, 30 * _DAY_MS),
     ]

@@ -12,8 +12,17 @@ from schemas import SchemaError, decode_any
 
 __all__ = ["format_row", "watch_topic"]
 
-_COLUMNS = ("node", "device_model", "kernel", "config_id", "classification", "status",
-            "duration_mean_us", "expected_gain", "reason")
+_COLUMNS = (
+    "node",
+    "device_model",
+    "kernel",
+    "config_id",
+    "classification",
+    "status",
+    "duration_mean_us",
+    "expected_gain",
+    "reason",
+)
 
 
 def format_row(record: dict[str, Any]) -> str:
@@ -27,15 +36,23 @@ def format_row(record: dict[str, Any]) -> str:
 
 
 async def watch_topic(
-    settings: Settings, topic: str, *, node: str | None = None, kernel: str | None = None,
-    as_json: bool = False, from_beginning: bool = False, limit: int | None = None,
+    settings: Settings,
+    topic: str,
+    *,
+    node: str | None = None,
+    kernel: str | None = None,
+    as_json: bool = False,
+    from_beginning: bool = False,
+    limit: int | None = None,
     out: TextIO = sys.stdout,
 ) -> int:
     """Print matching records of ``topic`` until ``limit`` or interruption; return the count."""
     from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=settings.bootstrap, enable_auto_commit=False,
+        topic,
+        bootstrap_servers=settings.bootstrap,
+        enable_auto_commit=False,
         auto_offset_reset="earliest" if from_beginning else "latest",
         **settings.kafka_client_kwargs(),
     )
@@ -46,8 +63,10 @@ async def watch_topic(
             try:
                 rec = decode_any(msg.value).to_wire()
             except SchemaError as exc:
-                print(f"# undecodable record at {msg.topic}[{msg.partition}]@{msg.offset}: {exc}",
-                      file=out)
+                print(
+                    f"# undecodable record at {msg.topic}[{msg.partition}]@{msg.offset}: {exc}",
+                    file=out,
+                )
                 continue
             if (node and rec.get("node") != node) or (kernel and rec.get("kernel") != kernel):
                 continue

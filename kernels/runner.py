@@ -23,7 +23,7 @@ import numpy as np
 from kernels.space import Config
 from schemas import DeviceSample, LaunchBatch
 
-__all__ = ["LaunchChunk", "LaunchBatcher", "WorkloadRunner"]
+__all__ = ["LaunchBatcher", "LaunchChunk", "WorkloadRunner"]
 
 #: Host-side gap between consecutive launches (queueing, Python, driver), in µs.
 _HOST_GAP_US = 4.0
@@ -120,8 +120,18 @@ class WorkloadRunner:
         chunks = []
         for j, name in enumerate(names):
             s = self.kernels[name]
-            chunks.append(LaunchChunk(name, s.workload, dict(s.config), s.config_id, s.seq,
-                                      t_end[:, j].copy(), durations[:, j].copy(), oks[:, j].copy()))
+            chunks.append(
+                LaunchChunk(
+                    name,
+                    s.workload,
+                    dict(s.config),
+                    s.config_id,
+                    s.seq,
+                    t_end[:, j].copy(),
+                    durations[:, j].copy(),
+                    oks[:, j].copy(),
+                )
+            )
             s.seq += n
         return chunks
 

@@ -7,7 +7,8 @@ enumerate.
 
 >>> s = SearchSpace("demo", {"block": (64, 128, 256), "tile": (1, 2, 4)},
 ...                 default={"block": 64, "tile": 1},
-...                 constraints=(Constraint("block*tile <= 512", lambda c: c["block"] * c["tile"] <= 512),))
+...                 constraints=(Constraint("block*tile <= 512",
+...                                         lambda c: c["block"] * c["tile"] <= 512),))
 >>> s.config_id({"tile": 2, "block": 128})
 'block=128,tile=2'
 >>> s.is_valid({"block": 256, "tile": 4})
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 
 from schemas.errors import KernelstreamError
 
-__all__ = ["Config", "Constraint", "SearchSpace", "SpaceError", "ParamValue"]
+__all__ = ["Config", "Constraint", "ParamValue", "SearchSpace", "SpaceError"]
 
 ParamValue = int | float | str | bool
 Config = dict[str, ParamValue]
@@ -63,7 +64,9 @@ class SearchSpace:
     default: Mapping[str, ParamValue]
     constraints: tuple[Constraint, ...] = ()
     allowed: frozenset[str] | None = None
-    _index: dict[str, dict[ParamValue, int]] = field(default_factory=dict, compare=False, repr=False)
+    _index: dict[str, dict[ParamValue, int]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         for p, values in self.params.items():

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from schemas.errors import SchemaError
 from schemas.records import RECORD_TYPES, Record
 
-__all__ = ["decode", "decode_any", "encode", "MAX_MESSAGE_BYTES"]
+__all__ = ["MAX_MESSAGE_BYTES", "decode", "decode_any", "encode"]
 
 R = TypeVar("R", bound=Record)
 
@@ -30,7 +30,9 @@ def encode(record: Record) -> bytes:
 
 def _loads(data: bytes) -> object:
     if len(data) > MAX_MESSAGE_BYTES:
-        raise SchemaError(f"message of {len(data)} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit")
+        raise SchemaError(
+            f"message of {len(data)} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit"
+        )
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -42,7 +44,9 @@ def _validate(cls: type[R], obj: object) -> R:
         raise SchemaError(f"expected a JSON object for {cls.SCHEMA}, got {type(obj).__name__}")
     found = obj.get("schema")
     if found != cls.SCHEMA:
-        raise SchemaError(f"unknown or unexpected schema {found!r}: this topic carries {cls.SCHEMA!r}")
+        raise SchemaError(
+            f"unknown or unexpected schema {found!r}: this topic carries {cls.SCHEMA!r}"
+        )
     try:
         return cls.model_validate(obj)
     except ValidationError as exc:

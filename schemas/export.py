@@ -9,7 +9,7 @@ import orjson
 
 from schemas.records import RECORD_TYPES
 
-__all__ = ["SCHEMA_DIR", "json_schema_of", "schema_filename", "main"]
+__all__ = ["SCHEMA_DIR", "json_schema_of", "main", "schema_filename"]
 
 SCHEMA_DIR = Path(__file__).with_name("json")
 

@@ -15,20 +15,21 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from schemas.keys import stream_key
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from schemas.keys import stream_key
+
 __all__ = [
+    "RECORD_TYPES",
     "Classification",
     "DeadLetter",
     "DeviceSample",
     "Finding",
     "LaunchBatch",
-    "ReconfigOutcome",
     "Recommendation",
+    "ReconfigOutcome",
     "Record",
     "WindowAggregate",
-    "RECORD_TYPES",
 ]
 
 ParamValue = int | float | str | bool
@@ -219,9 +220,7 @@ class Recommendation(Record):
     """
 
     SCHEMA: ClassVar[str] = "ks.recommendation/1"
-    schema_: Literal["ks.recommendation/1"] = Field(
-        default="ks.recommendation/1", alias="schema"
-    )
+    schema_: Literal["ks.recommendation/1"] = Field(default="ks.recommendation/1", alias="schema")
 
     id: _Name
     node: _Name

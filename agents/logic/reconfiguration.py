@@ -108,7 +108,9 @@ class Reconfigurator:
         if rec.node != self.node:
             return f"addressed to node {rec.node!r}, this is {self.node!r}"
         if rec.device_index != self.device_index:
-            return f"addressed to device {rec.device_index}, this node runs device {self.device_index}"
+            return (
+                f"addressed to device {rec.device_index}, this node runs device {self.device_index}"
+            )
         if rec.id in self._seen:
             return f"replayed: recommendation {rec.id!r} was seen before"
         if rec.expires_at <= now:
@@ -172,10 +174,13 @@ class Reconfigurator:
             del self._trials[kernel]
             b_mean = float(trial.before.mean()) if len(trial.before) else None
             a_mean = float(after.mean()) if len(after) else None
+            status: Literal["kept", "rolled_back"]
             if failed:
                 status, reason = "rolled_back", f"{trial.after_failures} launches failed"
-            elif b_mean is not None and a_mean is not None and a_mean > b_mean * (
-                1 + self.policy.tolerance
+            elif (
+                b_mean is not None
+                and a_mean is not None
+                and a_mean > b_mean * (1 + self.policy.tolerance)
             ):
                 status = "rolled_back"
                 reason = f"slower: {a_mean:.1f} us vs {b_mean:.1f} us before"
@@ -189,8 +194,18 @@ class Reconfigurator:
             else:
                 self.observe(kernel, after, np.ones(len(after), dtype=bool))
             out.append(
-                Evaluation(kernel, status, reason, trial.rec, trial.before_config,
-                           dict(trial.rec.config), b_mean, a_mean, len(trial.before), len(after))
+                Evaluation(
+                    kernel,
+                    status,
+                    reason,
+                    trial.rec,
+                    trial.before_config,
+                    dict(trial.rec.config),
+                    b_mean,
+                    a_mean,
+                    len(trial.before),
+                    len(after),
+                )
             )
         return out
 

@@ -37,9 +37,18 @@ def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
         web_port=free_port(),
         partitions=2,
         node_id=f"node-{tag}",
-        **{f"topic_{role}": f"t{tag}.{role}" for role in (
-            "launches", "windows", "findings", "recommendations", "reconfig", "late",
-            "deadletter")},
+        **{
+            f"topic_{role}": f"t{tag}.{role}"
+            for role in (
+                "launches",
+                "windows",
+                "findings",
+                "recommendations",
+                "reconfig",
+                "late",
+                "deadletter",
+            )
+        },
     )
 
 
@@ -51,7 +60,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
         if value is None or name.startswith(("sasl_", "ssl_")):
             continue
         env[f"KERNELSTREAM_{name.upper()}"] = (
-            "[" + ",".join(f'"{v}"' for v in value) + "]" if isinstance(value, tuple) else str(value)
+            "[" + ",".join(f'"{v}"' for v in value) + "]"
+            if isinstance(value, tuple)
+            else str(value)
         )
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -61,8 +72,12 @@ def settings_env(settings: Settings) -> dict[str, str]:
 def worker(settings: Settings, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A real ``kernelstream worker`` process on the test's topics."""
     log = (tmp_path / "worker.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], env=settings_env(settings),
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "worker"],
+        env=settings_env(settings),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         yield proc
     finally:

@@ -23,8 +23,12 @@ class TopicReader:
         self._consumer: AIOKafkaConsumer | None = None
 
     async def __aenter__(self) -> TopicReader:
-        self._consumer = AIOKafkaConsumer(*self.topics, bootstrap_servers=self.bootstrap,
-                                          auto_offset_reset="earliest", enable_auto_commit=False)
+        self._consumer = AIOKafkaConsumer(
+            *self.topics,
+            bootstrap_servers=self.bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
         await self._consumer.start()
         return self
 
@@ -48,8 +52,9 @@ class TopicReader:
         while not cond():
             if time.monotonic() > deadline:
                 counts = {t: len(v) for t, v in self.records.items()}
-                raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; "
-                                     f"records so far: {counts}")
+                raise AssertionError(
+                    f"timed out after {timeout_s} s waiting for {what}; records so far: {counts}"
+                )
             await self.poll()
 
 

@@ -16,7 +16,7 @@ import pytest
 from app.node import run_node
 from app.settings import Settings
 from app.topics import ensure_topics
-from schemas import DeadLetter, Finding, ReconfigOutcome, Recommendation, WindowAggregate
+from schemas import DeadLetter, Finding, Recommendation, ReconfigOutcome, WindowAggregate
 from tests.integration.helpers import TopicReader, produce
 
 pytestmark = pytest.mark.integration
@@ -29,24 +29,43 @@ def of(records: list[object], cls: type) -> list:  # type: ignore[type-arg]
 async def _scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None:
     bootstrap = str(settings.bootstrap)
     await ensure_topics(settings, bootstrap)
-    s = settings.model_copy(update={"workloads": ("matmul", "transpose"),
-                                    "device_model": "A100-SXM4-80GB", "backend": "sim"})
+    s = settings.model_copy(
+        update={
+            "workloads": ("matmul", "transpose"),
+            "device_model": "A100-SXM4-80GB",
+            "backend": "sim",
+        }
+    )
     stop = asyncio.Event()
     node = asyncio.create_task(run_node(s, bootstrap, stop=stop))
-    async with TopicReader(bootstrap, s.topic_windows, s.topic_findings,
-                           s.topic_recommendations, s.topic_reconfig,
-                           s.topic_deadletter) as r:
+    async with TopicReader(
+        bootstrap,
+        s.topic_windows,
+        s.topic_findings,
+        s.topic_recommendations,
+        s.topic_reconfig,
+        s.topic_deadletter,
+    ) as r:
         await r.until(lambda: of(r.records[s.topic_windows], WindowAggregate), 60, "a window")
         await r.until(lambda: of(r.records[s.topic_findings], Finding), 30, "a finding")
-        await r.until(lambda: of(r.records[s.topic_recommendations], Recommendation), 30,
-                      "a recommendation")
         await r.until(
-            lambda: any(o.status == "applied" for o in of(r.records[s.topic_reconfig],
-                                                          ReconfigOutcome)), 30, "an applied outcome")
+            lambda: of(r.records[s.topic_recommendations], Recommendation), 30, "a recommendation"
+        )
         await r.until(
-            lambda: any(o.status in ("kept", "rolled_back")
-                        for o in of(r.records[s.topic_reconfig], ReconfigOutcome)),
-            30, "a measured outcome")
+            lambda: any(
+                o.status == "applied" for o in of(r.records[s.topic_reconfig], ReconfigOutcome)
+            ),
+            30,
+            "an applied outcome",
+        )
+        await r.until(
+            lambda: any(
+                o.status in ("kept", "rolled_back")
+                for o in of(r.records[s.topic_reconfig], ReconfigOutcome)
+            ),
+            30,
+            "a measured outcome",
+        )
 
         # A bad record: the worker dead-letters it with the reason and keeps going.
         bad = b'{"schema": "ks.launch_batch/1", "node": 42}'
@@ -56,8 +75,11 @@ async def _scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None
         assert base64.b64decode(dl.value_b64) == bad
         assert "node" in dl.reason and dl.stage == "window"
         windows_before = len(r.records[s.topic_windows])
-        await r.until(lambda: len(r.records[s.topic_windows]) > windows_before + 2, 30,
-                      "windows after the bad record")
+        await r.until(
+            lambda: len(r.records[s.topic_windows]) > windows_before + 2,
+            30,
+            "windows after the bad record",
+        )
         assert worker.poll() is None, "the worker must keep running"
 
         w = of(r.records[s.topic_windows], WindowAggregate)[0]

@@ -13,8 +13,13 @@ def test_defaults_match_architecture_topic_names(monkeypatch: pytest.MonkeyPatch
     s = Settings()
     assert s.embedded
     assert [t.name for t in topic_specs(s)] == [
-        "ks.launches", "ks.windows", "ks.findings", "ks.recommendations", "ks.reconfig",
-        "ks.late", "ks.deadletter",
+        "ks.launches",
+        "ks.windows",
+        "ks.findings",
+        "ks.recommendations",
+        "ks.reconfig",
+        "ks.late",
+        "ks.deadletter",
     ]
 
 
@@ -45,8 +50,12 @@ def test_invalid_values_are_refused() -> None:
 
 
 def test_sasl_settings_reach_clients_and_secret_is_not_printed() -> None:
-    s = Settings(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512",
-                 sasl_username="ks", sasl_password="hunter2")  # type: ignore[arg-type]
+    s = Settings(
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="ks",
+        sasl_password="hunter2",
+    )  # type: ignore[arg-type]
     kw = s.kafka_client_kwargs()
     assert kw["sasl_mechanism"] == "SCRAM-SHA-512" and kw["sasl_plain_password"] == "hunter2"
     assert "hunter2" not in repr(s)

@@ -13,8 +13,8 @@ from schemas import (
     DeadLetter,
     Finding,
     LaunchBatch,
-    ReconfigOutcome,
     Recommendation,
+    ReconfigOutcome,
     SchemaError,
     WindowAggregate,
     decode,
@@ -26,12 +26,29 @@ from schemas.export import SCHEMA_DIR, json_schema_of, schema_filename
 
 def launch_batch(**over: object) -> LaunchBatch:
     base: dict[str, object] = dict(
-        node="n1", device_index=0, device_model="A100-SXM4-80GB", backend="sim",
-        kernel="matmul", workload="matmul", problem_size=[2048], config={"tile": 8, "shared": 0},
-        config_id="tile=8,shared=0", grid=[256, 256, 1], block=[8, 8, 1], dynamic_smem_bytes=0,
-        registers_per_thread=32, bytes_moved=1e8, flops=1.7e10, occupancy=0.5, waves=3.2,
-        peak_gbs=2039.0, peak_gflops=19500.0, seq_start=10, t_end=[1.0, 1.1, 1.2],
-        duration_us=[100.0, 101.5, 0.0], ok=[1, 1, 0],
+        node="n1",
+        device_index=0,
+        device_model="A100-SXM4-80GB",
+        backend="sim",
+        kernel="matmul",
+        workload="matmul",
+        problem_size=[2048],
+        config={"tile": 8, "shared": 0},
+        config_id="tile=8,shared=0",
+        grid=[256, 256, 1],
+        block=[8, 8, 1],
+        dynamic_smem_bytes=0,
+        registers_per_thread=32,
+        bytes_moved=1e8,
+        flops=1.7e10,
+        occupancy=0.5,
+        waves=3.2,
+        peak_gbs=2039.0,
+        peak_gflops=19500.0,
+        seq_start=10,
+        t_end=[1.0, 1.1, 1.2],
+        duration_us=[100.0, 101.5, 0.0],
+        ok=[1, 1, 0],
     )
     base.update(over)
     return LaunchBatch(**base)  # type: ignore[arg-type]
@@ -39,26 +56,83 @@ def launch_batch(**over: object) -> LaunchBatch:
 
 def samples() -> list[object]:
     b = launch_batch()
-    common = dict(node="n1", device_index=0, device_model="A100", kernel="matmul",
-                  workload="matmul", problem_size=[2048])
-    w = WindowAggregate(
-        **common, config={"a": 1}, config_id="a=1", window_start=0.0, window_end=1.0, count=3,
-        failures=0, duration_mean_us=1.0, duration_p50_us=1.0, duration_p95_us=1.0,
-        duration_min_us=1.0, duration_max_us=1.0, duration_std_us=0.0, busy_fraction=0.1,
-        idle_gap_mean_us=3.0, achieved_gbs=10.0, achieved_gflops=1.0, bw_fraction=0.1,
-        flops_fraction=0.01, arithmetic_intensity=0.1, occupancy=0.5, waves=1.0, peak_gbs=1.0,
-        peak_gflops=1.0, launch_overhead_us=3.0, seq_min=0, seq_max=2,
+    common = dict(
+        node="n1",
+        device_index=0,
+        device_model="A100",
+        kernel="matmul",
+        workload="matmul",
+        problem_size=[2048],
     )
-    f = Finding(**common, id="f1", config={"a": 1}, config_id="a=1", window_start=0.0,
-                window_end=1.0, classification="memory_bottleneck",
-                evidence={"bw_fraction": 0.1}, summary="slow", count=3, duration_mean_us=1.0)
-    r = Recommendation(**common, id="r1", from_config_id="a=1", config={"a": 2},
-                       config_id="a=2", reason="why", evidence={}, expected_gain=1.2,
-                       issued_at=0.0, expires_at=20.0)
-    o = ReconfigOutcome(**common, id="o1", recommendation_id="r1", status="kept", reason="ok",
-                        before_config={"a": 1}, before_config_id="a=1", after_config={"a": 2},
-                        after_config_id="a=2", before_mean_us=2.0, after_mean_us=1.0,
-                        speedup=2.0, at=1.0)
+    w = WindowAggregate(
+        **common,
+        config={"a": 1},
+        config_id="a=1",
+        window_start=0.0,
+        window_end=1.0,
+        count=3,
+        failures=0,
+        duration_mean_us=1.0,
+        duration_p50_us=1.0,
+        duration_p95_us=1.0,
+        duration_min_us=1.0,
+        duration_max_us=1.0,
+        duration_std_us=0.0,
+        busy_fraction=0.1,
+        idle_gap_mean_us=3.0,
+        achieved_gbs=10.0,
+        achieved_gflops=1.0,
+        bw_fraction=0.1,
+        flops_fraction=0.01,
+        arithmetic_intensity=0.1,
+        occupancy=0.5,
+        waves=1.0,
+        peak_gbs=1.0,
+        peak_gflops=1.0,
+        launch_overhead_us=3.0,
+        seq_min=0,
+        seq_max=2,
+    )
+    f = Finding(
+        **common,
+        id="f1",
+        config={"a": 1},
+        config_id="a=1",
+        window_start=0.0,
+        window_end=1.0,
+        classification="memory_bottleneck",
+        evidence={"bw_fraction": 0.1},
+        summary="slow",
+        count=3,
+        duration_mean_us=1.0,
+    )
+    r = Recommendation(
+        **common,
+        id="r1",
+        from_config_id="a=1",
+        config={"a": 2},
+        config_id="a=2",
+        reason="why",
+        evidence={},
+        expected_gain=1.2,
+        issued_at=0.0,
+        expires_at=20.0,
+    )
+    o = ReconfigOutcome(
+        **common,
+        id="o1",
+        recommendation_id="r1",
+        status="kept",
+        reason="ok",
+        before_config={"a": 1},
+        before_config_id="a=1",
+        after_config={"a": 2},
+        after_config_id="a=2",
+        before_mean_us=2.0,
+        after_mean_us=1.0,
+        speedup=2.0,
+        at=1.0,
+    )
     d = DeadLetter(stage="window", topic="ks.launches", value_b64="AAE=", reason="bad", at=1.0)
     return [b, w, f, r, o, d]
 
