@@ -1,0 +1,597 @@
+"""The fleet tuner: learns from every node's windows and outcomes, recommends configs.
+
+Nodes with the same device model, workload and problem size form a *group* and
+share one table of measured configs, so what one node measured, every node of the
+group benefits from. Per (node, device, kernel) the tuner keeps a *slot*: what that
+kernel runs now, what was rejected or rolled back there, and the one outstanding
+recommendation (there is never more than one, so measurements are not confounded).
+
+How to move is a :class:`Strategy`; :class:`GuidedLocalSearch` is the default. The
+tuner itself only decides *whether* to move (enough evidence, no outstanding
+recommendation) and shares the group's best directly when it is clearly better.
+
+>>> t = Tuner()
+>>> t.recommend_count
+0
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agents.logic.errors import LogicSettingsError, SnapshotError
+from kernels.space import Config, SearchSpace
+from schemas.records import (
+    Finding,
+    Recommendation,
+    ReconfigOutcome,
+    WindowAggregate,
+)
+
+__all__ = [
+    "GroupKey",
+    "GroupStats",
+    "GuidedLocalSearch",
+    "Measurement",
+    "Proposal",
+    "SlotKey",
+    "Strategy",
+    "Tuner",
+    "group_of",
+]
+
+_SNAPSHOT_VERSION = 1
+
+GroupKey = tuple[str, str, tuple[int, ...]]
+"""(device_model, workload, problem_size): nodes that share measurements."""
+SlotKey = tuple[str, int, str]
+"""(node, device_index, kernel): one tuned kernel instance."""
+
+
+def group_of(record: WindowAggregate | Finding | ReconfigOutcome | Recommendation) -> GroupKey:
+    """The fleet group a record belongs to."""
+    return (record.device_model, record.workload, tuple(record.problem_size))
+
+
+def _slot_of(record: WindowAggregate | Finding | ReconfigOutcome) -> SlotKey:
+    return (record.node, record.device_index, record.kernel)
+
+
+@dataclass
+class Measurement:
+    """Count-weighted duration of one config in one group."""
+
+    config: Config
+    count: int = 0
+    sum_us: float = 0.0
+    windows: int = 0  # windows with at least the tuner's ``min_launches``
+
+    @property
+    def mean_us(self) -> float:
+        return self.sum_us / self.count if self.count else math.inf
+
+
+@dataclass
+class GroupStats:
+    """What a fleet group measured: durations per config id, and configs that failed."""
+
+    configs: dict[str, Measurement] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)
+    # Configs some node of the group is trying now (config id -> expiry), so that
+    # nodes explore different candidates in parallel instead of the same one.
+    trying: dict[str, float] = field(default_factory=dict)
+
+    def measured(self, config_id: str) -> bool:
+        return config_id in self.configs or config_id in self.failed
+
+    def best(self, min_windows: int) -> tuple[str, Measurement] | None:
+        """Fastest non-failed config with at least ``min_windows`` good windows."""
+        ranked = [
+            (m.mean_us, cid, m)
+            for cid, m in self.configs.items()
+            if cid not in self.failed and m.windows >= min_windows
+        ]
+        if not ranked:
+            return None
+        _, cid, m = min(ranked, key=lambda r: (r[0], r[1]))
+        return cid, m
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A strategy's answer: where to go, why, and the expected relative speedup."""
+
+    config: Config
+    reason: str
+    expected_gain: float
+
+
+class Strategy(Protocol):
+    """Chooses the next config to try for one kernel instance."""
+
+    def propose(
+        self,
+        finding: Finding,
+        space: SearchSpace,
+        group: GroupStats,
+        current: Config,
+        allowed: Callable[[Config], bool],
+    ) -> Proposal | None:
+        """A config with ``allowed(config)`` true, or None when nothing is worth trying."""
+        ...
+
+
+# Which parameters are likely to help, by classification. Parameter names are the
+# workload's own, so these are substrings; the direction is +1 (raise the value),
+# -1 (lower it) or 0 (either). Earlier hints rank higher.
+_HINTS: dict[str, tuple[tuple[str, int], ...]] = {
+    "memory_bottleneck": (
+        ("smem", 0),
+        ("shared", 0),
+        ("tile", 0),
+        ("vec", 0),
+        ("coalesc", 0),
+        ("use_", 0),
+    ),
+    # More blocks and more resident warps: fewer items per thread, smaller tiles.
+    "under_utilization": (
+        ("per_thread", -1),
+        ("items", -1),
+        ("ipt", -1),
+        ("tile", -1),
+        ("grid", +1),
+        ("block", 0),
+        ("threads", 0),
+    ),
+    # Amortize the launch: more work per thread or per launch.
+    "launch_bound": (
+        ("per_thread", +1),
+        ("items", +1),
+        ("ipt", +1),
+        ("batch", +1),
+        ("work", +1),
+    ),
+    "compute_bound": (("unroll", 0), ("tile", 0), ("ilp", 0)),
+    "memory_efficient": (("vec", 0), ("items", 0), ("tile", 0)),
+}
+
+_EXPLORE_GAIN = 0.05
+"""Expected gain of an unmeasured neighbour: a small prior, not a promise."""
+
+
+@dataclass(frozen=True)
+class GuidedLocalSearch:
+    """Try unmeasured neighbours of the group's best config, most promising first.
+
+    Radius 1 first, then wider radii when every closer neighbour is measured.
+    Candidates are ranked by how well the changed parameter matches what the
+    finding suggests (see ``_HINTS``), then by enumeration order, so the choice is
+    deterministic.
+    """
+
+    radii: tuple[int, ...] = (1, 2)
+
+    def propose(
+        self,
+        finding: Finding,
+        space: SearchSpace,
+        group: GroupStats,
+        current: Config,
+        allowed: Callable[[Config], bool],
+    ) -> Proposal | None:
+        best = group.best(min_windows=1)
+        center = best[1].config if best is not None and space.is_valid(best[1].config) else current
+        hints = _HINTS.get(finding.classification, ())
+        for radius in self.radii:
+            candidates = [
+                c
+                for c in space.neighbors(center, radius)
+                if not group.measured(space.config_id(c)) and allowed(c)
+            ]
+            if candidates:
+                ranked = sorted(
+                    enumerate(candidates),
+                    key=lambda ic: (-_hint_score(space, center, ic[1], hints), ic[0]),
+                )
+                choice = ranked[0][1]
+                changed = _changed_param(center, choice)
+                return Proposal(
+                    config=choice,
+                    reason=(
+                        f"{finding.classification}: explore {changed}="
+                        f"{choice.get(changed)!r} next to {space.config_id(center)} "
+                        f"(radius {radius})"
+                    ),
+                    expected_gain=_EXPLORE_GAIN,
+                )
+        return None
+
+
+def _changed_param(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    return next((p for p in a if a[p] != b.get(p)), "")
+
+
+def _hint_score(
+    space: SearchSpace, center: Config, cand: Config, hints: tuple[tuple[str, int], ...]
+) -> int:
+    p = _changed_param(center, cand)
+    values = list(space.params[p])
+    direction = 1 if values.index(cand[p]) > values.index(center[p]) else -1
+    for rank, (needle, want) in enumerate(hints):
+        if needle in p.lower() and want in (0, direction):
+            return len(hints) - rank
+    return 0
+
+
+@dataclass
+class _Outstanding:
+    rec_id: str
+    config_id: str
+    expires_at: float
+
+
+@dataclass
+class _Slot:
+    current: Config | None = None
+    current_id: str | None = None
+    current_at: float = -math.inf
+    # Configs this node must not get again: rejected by it, or rolled back on it.
+    excluded: set[str] = field(default_factory=set)
+    outstanding: _Outstanding | None = None
+    # Last window start seen per config: a redelivered window is not counted twice.
+    last_window: dict[str, float] = field(default_factory=dict)
+
+
+class Tuner:
+    """Fleet-wide tuner state and the decision to recommend.
+
+    Args:
+        ttl_s: a recommendation expires (and frees its slot) this long after issue.
+        min_launches: a window needs this many successful launches to count as evidence.
+        min_windows: the current config needs this many such windows before moving.
+        share_min_gain: the group's best is sent to a node when it is at least this
+            much faster (relative mean duration) than what the node runs.
+        strategy: how to explore; :class:`GuidedLocalSearch` by default.
+    """
+
+    def __init__(
+        self,
+        *,
+        ttl_s: float = 20.0,
+        min_launches: int = 10,
+        min_windows: int = 1,
+        share_min_gain: float = 0.03,
+        strategy: Strategy | None = None,
+    ) -> None:
+        if not (math.isfinite(ttl_s) and ttl_s > 0):
+            raise LogicSettingsError(f"Tuner.ttl_s must be > 0, got {ttl_s!r}")
+        if min_launches < 1 or min_windows < 1:
+            raise LogicSettingsError("Tuner.min_launches and min_windows must be >= 1")
+        if not 0 <= share_min_gain < 1:
+            raise LogicSettingsError(
+                f"Tuner.share_min_gain must be in [0, 1), got {share_min_gain}"
+            )
+        self.ttl_s = ttl_s
+        self.min_launches = min_launches
+        self.min_windows = min_windows
+        self.share_min_gain = share_min_gain
+        self.strategy: Strategy = strategy or GuidedLocalSearch()
+        self.recommend_count = 0
+        self._groups: dict[GroupKey, GroupStats] = {}
+        self._slots: dict[SlotKey, _Slot] = {}
+
+    # -- learning -------------------------------------------------------------
+
+    def observe_window(self, agg: WindowAggregate) -> None:
+        """Learn from one window aggregate (idempotent for a redelivered window)."""
+        self._observe(
+            group_of(agg),
+            _slot_of(agg),
+            dict(agg.config),
+            agg.config_id,
+            agg.window_start,
+            agg.count,
+            agg.failures,
+            agg.duration_mean_us,
+        )
+
+    def observe_finding(self, finding: Finding) -> None:
+        """Learn from the measurement a finding carries (same as its window).
+
+        Feed each window through either this or :meth:`observe_window`; both at once
+        is harmless, since a window already seen is ignored.
+        """
+        self._observe(
+            group_of(finding),
+            _slot_of(finding),
+            dict(finding.config),
+            finding.config_id,
+            finding.window_start,
+            finding.count,
+            finding.failures,
+            finding.duration_mean_us,
+        )
+
+    def _observe(
+        self,
+        group: GroupKey,
+        slot_key: SlotKey,
+        config: Config,
+        config_id: str,
+        window_start: float,
+        count: int,
+        failures: int,
+        mean_us: float,
+    ) -> None:
+        slot = self._slot(slot_key)
+        last = slot.last_window.get(config_id)
+        if last is not None and window_start <= last:
+            return
+        slot.last_window[config_id] = window_start
+        g = self._group(group)
+        if count == 0 and failures > 0:
+            g.failed.add(config_id)
+        elif count > 0:
+            self._record(g, config_id, config, count, mean_us)
+        if window_start >= slot.current_at:
+            slot.current, slot.current_id, slot.current_at = config, config_id, window_start
+
+    def _record(
+        self, g: GroupStats, config_id: str, config: Config, count: int, mean: float
+    ) -> None:
+        m = g.configs.setdefault(config_id, Measurement(dict(config)))
+        m.count += count
+        m.sum_us += mean * count
+        m.windows += count >= self.min_launches
+
+    def observe_outcome(self, outcome: ReconfigOutcome) -> None:
+        """Learn what a node did with a recommendation."""
+        slot = self._slot(_slot_of(outcome))
+        g = self._group(group_of(outcome))
+        terminal = outcome.status in ("kept", "rolled_back", "rejected")
+        after_id = outcome.after_config_id
+        if terminal:
+            g.trying.pop(after_id, None)
+            if slot.outstanding and slot.outstanding.rec_id == outcome.recommendation_id:
+                slot.outstanding = None
+        if outcome.status == "rejected":
+            slot.excluded.add(after_id)
+            return
+        if outcome.after_mean_us is not None and after_id not in g.configs:
+            # Windows usually bring this measurement too; the outcome matters when the
+            # node rolled back before a window of the new config closed.
+            count = max(outcome.after_count, 1)
+            self._record(g, after_id, dict(outcome.after_config), count, outcome.after_mean_us)
+        if outcome.status == "rolled_back":
+            slot.excluded.add(after_id)
+            if outcome.after_mean_us is None and outcome.after_count == 0:
+                g.failed.add(after_id)  # rolled back with nothing measured: it failed
+            self._set_current(slot, outcome.before_config, outcome.before_config_id, outcome.at)
+        else:
+            self._set_current(slot, outcome.after_config, outcome.after_config_id, outcome.at)
+
+    @staticmethod
+    def _set_current(slot: _Slot, config: Config, config_id: str, at: float) -> None:
+        if at >= slot.current_at:
+            slot.current, slot.current_id, slot.current_at = dict(config), config_id, at
+
+    # -- deciding -------------------------------------------------------------
+
+    def recommend(self, finding: Finding, space: SearchSpace, now: float) -> Recommendation | None:
+        """A new config for the finding's kernel instance, or None.
+
+        None while a recommendation is outstanding, while the current config lacks
+        evidence, and when the strategy has nothing left to try.
+        """
+        slot = self._slot(_slot_of(finding))
+        if slot.outstanding is not None:
+            if now < slot.outstanding.expires_at:
+                return None
+            slot.outstanding = None
+        g = self._group(group_of(finding))
+        current = slot.current if slot.current is not None else dict(finding.config)
+        cur_id = slot.current_id or finding.config_id
+        cur = g.configs.get(cur_id)
+        cur_failed = cur_id in g.failed
+        if not cur_failed and (cur is None or cur.windows < self.min_windows):
+            return None
+
+        def allowed(config: Config) -> bool:
+            cid = space.config_id(config) if set(config) == set(space.names) else ""
+            return (
+                bool(cid)
+                and cid != cur_id
+                and cid not in g.failed
+                and cid not in slot.excluded
+                and space.is_valid(config)
+            )
+
+        def untried(config: Config) -> bool:
+            return allowed(config) and g.trying.get(space.config_id(config), -math.inf) <= now
+
+        proposal = self._share_best(g, cur, cur_id, cur_failed, allowed)
+        if proposal is None:
+            proposal = self.strategy.propose(finding, space, g, current, untried)
+        if proposal is None and cur_failed and allowed(space.start_config()):
+            proposal = Proposal(space.start_config(), "current config fails: back to start", 0.0)
+        if proposal is None or not allowed(proposal.config):
+            return None
+        return self._issue(finding, space, slot, g, cur, cur_id, proposal, now)
+
+    def _share_best(
+        self,
+        g: GroupStats,
+        cur: Measurement | None,
+        cur_id: str,
+        cur_failed: bool,
+        allowed: Callable[[Config], bool],
+    ) -> Proposal | None:
+        best = g.best(self.min_windows)
+        if best is None or best[0] == cur_id or not allowed(best[1].config):
+            return None
+        best_id, m = best
+        if cur_failed or cur is None:
+            return Proposal(m.config, f"current config fails; fleet best is {best_id}", 0.0)
+        if m.mean_us > cur.mean_us * (1.0 - self.share_min_gain):
+            return None
+        return Proposal(
+            m.config,
+            f"fleet best {best_id}: {m.mean_us:.1f} us vs {cur.mean_us:.1f} us on "
+            f"{m.count} launches",
+            cur.mean_us / m.mean_us - 1.0,
+        )
+
+    def _issue(
+        self,
+        finding: Finding,
+        space: SearchSpace,
+        slot: _Slot,
+        g: GroupStats,
+        cur: Measurement | None,
+        cur_id: str,
+        proposal: Proposal,
+        now: float,
+    ) -> Recommendation:
+        self.recommend_count += 1
+        config_id = space.config_id(proposal.config)
+        rec_id = (
+            f"rec/{finding.node}/{finding.device_index}/{finding.kernel}/{self.recommend_count}"
+        )
+        evidence = dict(finding.evidence)
+        evidence.update(
+            finding_id=finding.id,
+            classification=finding.classification,
+            measured_configs=len(g.configs),
+        )
+        if cur is not None and cur.count:
+            evidence["current_mean_us"] = cur.mean_us
+        target = g.configs.get(config_id)
+        if target is not None and target.count:
+            evidence["target_mean_us"] = target.mean_us
+        slot.outstanding = _Outstanding(rec_id, config_id, now + self.ttl_s)
+        g.trying[config_id] = now + self.ttl_s
+        return Recommendation(
+            id=rec_id,
+            node=finding.node,
+            device_index=finding.device_index,
+            device_model=finding.device_model,
+            kernel=finding.kernel,
+            workload=finding.workload,
+            problem_size=list(finding.problem_size),
+            from_config_id=cur_id,
+            config=dict(proposal.config),
+            config_id=config_id,
+            reason=proposal.reason,
+            evidence=evidence,
+            expected_gain=max(0.0, proposal.expected_gain),
+            issued_at=now,
+            expires_at=now + self.ttl_s,
+        )
+
+    # -- queries --------------------------------------------------------------
+
+    def best(self, group: GroupKey) -> tuple[Config, float] | None:
+        """The group's fastest measured config and its mean duration (us)."""
+        g = self._groups.get(group)
+        found = g.best(self.min_windows) if g else None
+        return (dict(found[1].config), found[1].mean_us) if found else None
+
+    def group(self, group: GroupKey) -> GroupStats | None:
+        return self._groups.get(group)
+
+    def outstanding(self, node: str, device_index: int, kernel: str) -> str | None:
+        """Id of the outstanding recommendation of a kernel instance (expiry not applied)."""
+        slot = self._slots.get((node, device_index, kernel))
+        return slot.outstanding.rec_id if slot and slot.outstanding else None
+
+    def _group(self, key: GroupKey) -> GroupStats:
+        return self._groups.setdefault(key, GroupStats())
+
+    def _slot(self, key: SlotKey) -> _Slot:
+        return self._slots.setdefault(key, _Slot())
+
+    # -- state ----------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-able state; the strategy is not part of it (pass it to :meth:`restore`)."""
+        return {
+            "version": _SNAPSHOT_VERSION,
+            "settings": {
+                "ttl_s": self.ttl_s,
+                "min_launches": self.min_launches,
+                "min_windows": self.min_windows,
+                "share_min_gain": self.share_min_gain,
+            },
+            "recommend_count": self.recommend_count,
+            "groups": [
+                {
+                    "key": [k[0], k[1], list(k[2])],
+                    "configs": {
+                        cid: {
+                            "config": m.config,
+                            "count": m.count,
+                            "sum_us": m.sum_us,
+                            "windows": m.windows,
+                        }
+                        for cid, m in g.configs.items()
+                    },
+                    "failed": sorted(g.failed),
+                    "trying": g.trying,
+                }
+                for k, g in self._groups.items()
+            ],
+            "slots": [
+                {
+                    "key": list(k),
+                    "current": s.current,
+                    "current_id": s.current_id,
+                    "current_at": s.current_at if math.isfinite(s.current_at) else None,
+                    "excluded": sorted(s.excluded),
+                    "outstanding": None
+                    if s.outstanding is None
+                    else {
+                        "rec_id": s.outstanding.rec_id,
+                        "config_id": s.outstanding.config_id,
+                        "expires_at": s.outstanding.expires_at,
+                    },
+                    "last_window": s.last_window,
+                }
+                for k, s in self._slots.items()
+            ],
+        }
+
+    @classmethod
+    def restore(cls, snapshot: Mapping[str, Any], strategy: Strategy | None = None) -> Tuner:
+        """Rebuild a tuner from :meth:`snapshot` output."""
+        if snapshot.get("version") != _SNAPSHOT_VERSION:
+            raise SnapshotError(
+                f"tuner snapshot version {snapshot.get('version')!r} is not "
+                f"{_SNAPSHOT_VERSION}; discard it and replay the findings and reconfig topics"
+            )
+        try:
+            self = cls(strategy=strategy, **snapshot["settings"])
+            self.recommend_count = int(snapshot["recommend_count"])
+            for raw in snapshot["groups"]:
+                model, workload, size = raw["key"]
+                self._groups[(model, workload, tuple(size))] = GroupStats(
+                    configs={cid: Measurement(**m) for cid, m in raw["configs"].items()},
+                    failed=set(raw["failed"]),
+                    trying=dict(raw["trying"]),
+                )
+            for raw in snapshot["slots"]:
+                node, device_index, kernel = raw["key"]
+                out = raw["outstanding"]
+                self._slots[(node, int(device_index), kernel)] = _Slot(
+                    current=raw["current"],
+                    current_id=raw["current_id"],
+                    current_at=-math.inf if raw["current_at"] is None else raw["current_at"],
+                    excluded=set(raw["excluded"]),
+                    outstanding=None if out is None else _Outstanding(**out),
+                    last_window=dict(raw["last_window"]),
+                )
+        except (KeyError, TypeError, ValueError) as ex:
+            raise SnapshotError(f"malformed tuner snapshot: {ex!r}") from ex
+        return self

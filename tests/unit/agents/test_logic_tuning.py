@@ -1,0 +1,325 @@
+"""The fleet tuner: constraints, one outstanding recommendation, sharing, convergence."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agents.logic.detection import Detector
+from agents.logic.errors import LogicSettingsError, SnapshotError
+from agents.logic.tuning import GuidedLocalSearch, Tuner, group_of
+from agents.logic.windowing import Windower, WindowSpec, make_example_batch
+from kernels.space import Config, Constraint, SearchSpace
+from schemas.records import Finding, Recommendation, ReconfigOutcome
+
+SPACE = SearchSpace(
+    "tiny",
+    {"block": (64, 128, 256, 512), "tile": (1, 2, 4), "use_smem": (False, True)},
+    default={"block": 128, "tile": 1, "use_smem": False},
+    constraints=(Constraint("block*tile <= 1024", lambda c: c["block"] * c["tile"] <= 1024),),
+)
+START: Config = {"block": 128, "tile": 1, "use_smem": False}
+GROUP = ("A100", "k", (1024,))
+
+
+def finding(
+    config: Config = START,
+    mean: float = 100.0,
+    *,
+    node: str = "n1",
+    count: int = 100,
+    failures: int = 0,
+    t: float = 0.0,
+    classification: str = "memory_bottleneck",
+) -> Finding:
+    return Finding(
+        id=f"{node}/{t}",
+        node=node,
+        device_index=0,
+        device_model="A100",
+        kernel="k",
+        workload="k",
+        problem_size=[1024],
+        config=dict(config),
+        config_id=SPACE.config_id(config),
+        window_start=t,
+        window_end=t + 1.0,
+        classification=classification,  # type: ignore[arg-type]
+        evidence={"bw_fraction": 0.2},
+        summary="s.",
+        count=count,
+        failures=failures,
+        duration_mean_us=mean,
+    )
+
+
+def outcome(
+    rec: Recommendation, status: str, before: Config, space: SearchSpace = SPACE, **kw: Any
+) -> ReconfigOutcome:
+    return ReconfigOutcome(
+        id=f"{rec.id}/{status}",
+        recommendation_id=rec.id,
+        node=rec.node,
+        device_index=rec.device_index,
+        device_model=rec.device_model,
+        kernel=rec.kernel,
+        workload=rec.workload,
+        problem_size=rec.problem_size,
+        status=status,  # type: ignore[arg-type]
+        reason="test",
+        before_config=before,
+        before_config_id=space.config_id(before),
+        after_config=rec.config,
+        after_config_id=rec.config_id,
+        at=kw.pop("at", rec.issued_at + 1.0),
+        **kw,
+    )
+
+
+def seen(tuner: Tuner, f: Finding, now: float = 0.0) -> Recommendation | None:
+    tuner.observe_finding(f)
+    return tuner.recommend(f, SPACE, now)
+
+
+def test_needs_evidence_before_moving() -> None:
+    t = Tuner()
+    assert seen(t, finding(count=3)) is None  # too few launches in the window
+    rec = seen(t, finding(t=1.0))
+    assert rec is not None and rec.from_config_id == SPACE.config_id(START)
+
+
+def test_recommendation_fields() -> None:
+    rec = seen(Tuner(ttl_s=20.0), finding(), now=50.0)
+    assert rec is not None
+    assert rec.id == "rec/n1/0/k/1"
+    assert (rec.issued_at, rec.expires_at) == (50.0, 70.0)
+    assert rec.config_id == SPACE.config_id(rec.config) and SPACE.is_valid(rec.config)
+    assert SPACE.steps(START, rec.config) == 1
+    assert rec.evidence["classification"] == "memory_bottleneck"
+    assert rec.evidence["current_mean_us"] == 100.0
+    assert rec.expected_gain >= 0
+    # memory_bottleneck prefers shared memory / tile changes over block size
+    assert rec.config != {**START, "block": 64} and rec.config != {**START, "block": 256}
+
+
+def test_one_outstanding_per_kernel_instance_and_expiry() -> None:
+    t = Tuner(ttl_s=20.0)
+    first = seen(t, finding(), now=0.0)
+    assert first is not None
+    assert seen(t, finding(t=1.0), now=10.0) is None
+    assert t.outstanding("n1", 0, "k") == first.id
+    # another node of the same group has its own slot
+    assert seen(t, finding(node="n2"), now=10.0) is not None
+    # "applied" is not the end of a trial; expiry frees the slot
+    t.observe_outcome(outcome(first, "applied", START, at=5.0))
+    assert seen(t, finding(first.config, 90.0, t=2.0), now=19.9) is None
+    again = seen(t, finding(first.config, 90.0, t=3.0), now=20.0)
+    assert again is not None and again.id != first.id
+
+
+def test_terminal_outcome_frees_slot_and_moves_current() -> None:
+    t = Tuner()
+    rec = seen(t, finding())
+    assert rec is not None
+    t.observe_outcome(outcome(rec, "kept", START, before_mean_us=100.0, after_mean_us=80.0))
+    assert t.outstanding("n1", 0, "k") is None
+    nxt = seen(t, finding(rec.config, 80.0, t=2.0), now=1.0)
+    assert nxt is not None and nxt.from_config_id == rec.config_id
+
+
+def test_never_invalid_failed_rejected_or_current() -> None:
+    t = Tuner()
+    failed = {"block": 128, "tile": 2, "use_smem": False}
+    seen(t, finding(failed, 0.0, count=0, failures=5, node="n9"))
+    recommended: list[str] = []
+    now = 0.0
+    while (rec := seen(t, finding(t=now), now=now)) is not None:
+        assert SPACE.is_valid(rec.config)
+        assert rec.config_id != SPACE.config_id(START)
+        assert rec.config_id != SPACE.config_id(failed)
+        assert rec.config_id not in recommended
+        recommended.append(rec.config_id)
+        t.observe_outcome(outcome(rec, "rejected", START, at=now))
+        now += 1.0
+    # every valid config within radius 2 of the start, except the failed one
+    reachable = {SPACE.config_id(c) for c in SPACE.neighbors(START, 2)} - {SPACE.config_id(failed)}
+    assert set(recommended) == reachable
+    assert "block=512,tile=4,use_smem=False" not in recommended  # violates the constraint
+
+
+def test_failed_current_config_moves_to_fleet_best() -> None:
+    t = Tuner()
+    good = {"block": 256, "tile": 1, "use_smem": False}
+    seen(t, finding(good, 50.0, node="n2"))
+    rec = seen(t, finding(START, 0.0, count=0, failures=10, t=1.0))
+    assert rec is not None and rec.config == good
+
+
+def test_fleet_sharing_node_b_gets_node_a_best() -> None:
+    t = Tuner()
+    best = {"block": 256, "tile": 2, "use_smem": True}
+    seen(t, finding(START, 100.0, node="a"))
+    t.observe_finding(finding(best, 60.0, node="a", t=1.0))
+    assert t.best(GROUP) == (best, 60.0)
+    rec = seen(t, finding(START, 100.0, node="b", t=5.0))
+    assert rec is not None and rec.node == "b"
+    assert rec.config == best and "fleet best" in rec.reason
+    assert rec.expected_gain == pytest.approx(100.0 / 60.0 - 1.0)
+
+
+def test_best_within_noise_is_not_shared() -> None:
+    t = Tuner(share_min_gain=0.03)
+    other = {"block": 256, "tile": 1, "use_smem": False}
+    t.observe_finding(finding(other, 99.0, node="a"))
+    rec = seen(t, finding(START, 100.0, node="b"))
+    assert rec is None or rec.config != other
+
+
+def test_rolled_back_config_not_sent_again_to_that_node() -> None:
+    t = Tuner()
+    rec = seen(t, finding())
+    assert rec is not None
+    t.observe_outcome(
+        outcome(
+            rec, "rolled_back", START, before_mean_us=100.0, after_mean_us=130.0, after_count=50
+        )
+    )
+    group = t.group(GROUP)
+    assert group is not None and group.configs[rec.config_id].mean_us == 130.0
+    nxt = seen(t, finding(t=2.0), now=1.0)
+    assert nxt is not None and nxt.config_id != rec.config_id
+    assert nxt.from_config_id == SPACE.config_id(START)
+
+
+def test_redelivered_window_is_counted_once() -> None:
+    t = Tuner()
+    f = finding()
+    t.observe_finding(f)
+    t.observe_finding(f)
+    group = t.group(group_of(f))
+    assert group is not None and group.configs[f.config_id].count == 100
+
+
+def test_settings_validated() -> None:
+    with pytest.raises(LogicSettingsError):
+        Tuner(ttl_s=0.0)
+    with pytest.raises(LogicSettingsError):
+        Tuner(share_min_gain=1.5)
+
+
+# -- closed loop: windows -> detector -> tuner -> simulated node ---------------------
+
+LOOP_SPACE = SearchSpace(
+    "loop",
+    {"block": (32, 64, 128, 256, 512, 1024), "tile": (1, 2, 4, 8)},
+    default={"block": 32, "tile": 1},
+    constraints=(Constraint("block*tile <= 2048", lambda c: c["block"] * c["tile"] <= 2048),),
+)
+OPTIMUM = {"block": 256, "tile": 2}
+
+
+def _cost(c: Config) -> float:
+    """Convex bowl with its minimum at OPTIMUM (50 us)."""
+    b, t = math.log2(int(c["block"])), math.log2(int(c["tile"]))
+    return 50.0 * (1 + 0.3 * (b - 8) ** 2 + 0.2 * (t - 1) ** 2)
+
+
+def _run_loop(nodes: list[str], steps: int) -> tuple[Tuner, list[Recommendation], dict[str, int]]:
+    """Each step: one window per node; a trial is judged on the next window."""
+    w = Windower(WindowSpec(size_s=1.0, out_of_orderness_s=0.0, allowed_lateness_s=0.0))
+    det, tuner = Detector(), Tuner(ttl_s=5.0)
+    current = {n: LOOP_SPACE.start_config() for n in nodes}
+    trial: dict[str, tuple[Recommendation, Config, float]] = {}
+    reached: dict[str, int] = {}
+    recs: list[Recommendation] = []
+    seq = dict.fromkeys(nodes, 0)
+    rng = np.random.default_rng(3)
+    for step in range(steps):
+        for n in nodes:
+            d = _cost(current[n]) * (1 + 0.01 * rng.standard_normal(20))
+            ts = step + 0.01 + 0.04 * np.arange(20)
+            b = make_example_batch(
+                ts.tolist(), d.tolist(), node=n, kernel="k", config=current[n], seq_start=seq[n]
+            )
+            seq[n] += 20
+            w.add(b, now=float(step))
+        for agg in w.flush_all():
+            f = det.classify(agg)
+            tuner.observe_finding(f)
+            n = agg.node
+            if n in trial:  # the node judges its trial like the reconfiguration agent
+                rec, before, before_mean = trial.pop(n)
+                worse = agg.duration_mean_us > before_mean * 1.02
+                status = "rolled_back" if worse else "kept"
+                if worse:
+                    current[n] = before
+                tuner.observe_outcome(
+                    outcome(
+                        rec,
+                        status,
+                        before,
+                        LOOP_SPACE,
+                        before_mean_us=before_mean,
+                        after_mean_us=agg.duration_mean_us,
+                        after_count=agg.count,
+                        at=float(step) + 0.99,
+                    )
+                )
+                continue
+            rec = tuner.recommend(f, LOOP_SPACE, now=float(step))
+            if rec is not None:
+                recs.append(rec)
+                trial[n] = (rec, current[n], agg.duration_mean_us)
+                current[n] = dict(rec.config)
+        for n in nodes:
+            if current[n] == OPTIMUM and n not in trial:
+                reached.setdefault(n, step)
+    return tuner, recs, reached
+
+
+def test_single_node_converges_to_optimum() -> None:
+    tuner, recs, reached = _run_loop(["n1"], steps=80)
+    assert "n1" in reached and reached["n1"] <= 60, reached
+    best = tuner.best(("A100-SXM4-80GB", "k", (1 << 20,)))
+    assert best is not None and best[0] == OPTIMUM
+    # once converged, it stops moving the node
+    assert max(r.issued_at for r in recs) < 40
+    for r in recs:
+        assert LOOP_SPACE.is_valid(r.config)
+
+
+def test_fleet_converges_faster_than_one_node() -> None:
+    _, _, alone = _run_loop(["n1"], steps=80)
+    _, recs, fleet = _run_loop(["n1", "n2", "n3"], steps=80)
+    assert set(fleet) == {"n1", "n2", "n3"}
+    assert min(fleet.values()) < alone["n1"]
+    assert max(fleet.values()) <= alone["n1"]
+    assert any("fleet best" in r.reason for r in recs)
+    # nodes explore different candidates at the same time
+    first_round = [r.config_id for r in recs if r.issued_at == recs[0].issued_at]
+    assert len(first_round) == len(set(first_round)) == 3
+
+
+def test_loop_is_deterministic() -> None:
+    a = _run_loop(["n1", "n2"], steps=30)
+    b = _run_loop(["n1", "n2"], steps=30)
+    assert a[1] == b[1]
+    assert a[0].snapshot() == b[0].snapshot()
+
+
+def test_snapshot_restore_continues_identically() -> None:
+    t = Tuner()
+    rec = seen(t, finding())
+    assert rec is not None
+    t.observe_outcome(outcome(rec, "kept", START, after_mean_us=90.0, after_count=40))
+    seen(t, finding(node="n2"))
+    r = Tuner.restore(json.loads(json.dumps(t.snapshot())), strategy=GuidedLocalSearch())
+    assert r.snapshot() == t.snapshot()
+    f = finding(rec.config, 90.0, t=3.0)
+    assert seen(r, f, now=2.0) == seen(t, f, now=2.0)
+    with pytest.raises(SnapshotError):
+        Tuner.restore({"version": 2})
