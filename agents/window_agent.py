@@ -55,8 +55,7 @@ def register(app: Any, ctx: WorkerContext) -> Windower:
                 continue
             now = time.time()
             ctx.counters["launches.in"] += len(batch.t_end)
-            too_late = windower.add(batch, now)
-            if too_late is not None:
+            for too_late in windower.add_runs(batch, now):
                 ctx.counters["launches.late"] += len(too_late.t_end)
                 await late.send(key=batch.stream_key.encode(), value=encode(too_late))
             await publish_closed(now)
