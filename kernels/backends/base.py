@@ -1,0 +1,135 @@
+"""The device interface every backend (sim, trace, cupy) implements.
+
+A node asks a :class:`Device` for the static facts of a configuration
+(:meth:`Device.plan`), launches it ``n`` times back to back
+(:meth:`Device.launch`), and now and then takes a device sample
+(:meth:`Device.sample`, off the hot path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from kernels.devices import DeviceSpec, theoretical_occupancy, waves
+from kernels.space import Config, ParamValue, SearchSpace, SpaceError
+from kernels.workloads.base import Workload
+
+__all__ = ["Device", "LaunchPlan", "LaunchResult", "make_plan", "well_formed"]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Static facts of one (workload, config) on one device."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    dynamic_smem_bytes: int
+    registers_per_thread: int | None
+    occupancy: float
+    waves: float
+    bytes_moved: float
+    flops: float
+    resident_blocks_per_sm: int = 0
+
+    @property
+    def blocks(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+    @property
+    def threads_per_block(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """``n`` launches: durations in microseconds (0 where a launch failed) and success flags."""
+
+    duration_us: np.ndarray
+    ok: np.ndarray
+
+    @classmethod
+    def failed(cls, n: int) -> LaunchResult:
+        return cls(np.zeros(n, dtype=np.float64), np.zeros(n, dtype=bool))
+
+    def __len__(self) -> int:
+        return int(self.duration_us.shape[0])
+
+
+@runtime_checkable
+class Device(Protocol):
+    """One GPU (real, simulated or trace-driven) that runs workloads."""
+
+    backend: str
+    spec: DeviceSpec
+    device_index: int
+
+    def workloads(self) -> list[Workload]:
+        """The workloads this device can run."""
+        ...
+
+    def plan(self, workload: Workload, config: Mapping[str, ParamValue]) -> LaunchPlan:
+        """Geometry, occupancy, waves and the analytic cost of ``config``."""
+        ...
+
+    def launch(self, workload: Workload, config: Mapping[str, ParamValue], n: int) -> LaunchResult:
+        """Run ``n`` launches back to back; configurations the device cannot run fail."""
+        ...
+
+    def sample(self) -> dict[str, float] | None:
+        """Device sample fields (``sm_util_pct``, ``power_w``, ...), or None."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def make_plan(
+    spec: DeviceSpec,
+    workload: Workload,
+    config: Mapping[str, ParamValue],
+    *,
+    registers_per_thread: int | None = None,
+    static_smem_bytes: int | None = None,
+) -> LaunchPlan:
+    """A plan from the workload's own geometry and model; backends may pass measured
+    register and shared-memory counts (the cupy backend reads them off the compiled kernel)."""
+    geo = workload.geometry(config)
+    regs = geo.registers_per_thread if registers_per_thread is None else registers_per_thread
+    static = (
+        workload.traits(config).static_smem_bytes
+        if static_smem_bytes is None
+        else static_smem_bytes
+    )
+    occ, resident = theoretical_occupancy(
+        spec, geo.threads_per_block, regs, geo.dynamic_smem_bytes + static
+    )
+    return LaunchPlan(
+        grid=geo.grid,
+        block=geo.block,
+        dynamic_smem_bytes=geo.dynamic_smem_bytes,
+        registers_per_thread=regs,
+        occupancy=occ,
+        waves=waves(spec, geo.blocks, resident),
+        bytes_moved=float(workload.bytes_moved(config)),
+        flops=float(workload.flops(config)),
+        resident_blocks_per_sm=resident,
+    )
+
+
+def well_formed(space: SearchSpace, config: Mapping[str, ParamValue]) -> Config:
+    """``config`` with exactly the space's parameters, each a declared value.
+
+    Constraints and measured validity are not checked: a plan can be made for a
+    configuration that then fails to launch. Raises :class:`SpaceError` otherwise.
+    """
+    problems = [
+        v
+        for v in space.violations(config)
+        if not v.startswith("constraint violated") and "valid points" not in v
+    ]
+    if problems:
+        raise SpaceError(f"space {space.name!r}: {'; '.join(problems)}")
+    return {p: config[p] for p in space.params}

@@ -1,0 +1,266 @@
+"""Trace-driven device: durations drawn from measured Kernel Tuner cache files.
+
+A cache file (``.json`` or ``.json.gz``) holds every configuration of one kernel
+measured on one GPU. :func:`load_cache` turns it into a :class:`TraceSpace`, a
+workload whose valid points are the configurations with a numeric ``time``.
+Launching a configuration draws durations (seeded) from its measured ``times``;
+a configuration that failed when measured (a string ``time``) or was never
+measured fails to launch.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kernels.backends.base import LaunchPlan, LaunchResult, make_plan, well_formed
+from kernels.devices import DeviceSpec, device_spec_for_name
+from kernels.errors import TraceFileError
+from kernels.space import Config, ParamValue, SearchSpace
+from kernels.workloads.base import Geometry, Traits, Workload
+
+__all__ = ["TraceDevice", "TraceSpace", "default_tuning_spaces_dir", "load_cache"]
+
+_ENV_DIR = "KERNELSTREAM_TUNING_SPACES"
+
+
+def default_tuning_spaces_dir() -> Path:
+    """``$KERNELSTREAM_TUNING_SPACES``, else ``<repo>/../shared/data/tuning-spaces``."""
+    env = os.environ.get(_ENV_DIR)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tuning-spaces"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rt", encoding="utf-8") as fh:
+                return json.load(fh)
+        with path.open(encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError, EOFError) as ex:
+        raise TraceFileError(f"cannot read Kernel Tuner cache {path}: {ex}") from ex
+
+
+def _t1_default(directory: Path, kernel_name: str, params: Sequence[str]) -> dict[str, Any] | None:
+    """``Default`` values from a T1 file next to the cache describing the same kernel."""
+    for t1 in sorted(directory.glob("*.T1.json")):
+        try:
+            doc = json.loads(t1.read_text(encoding="utf-8"))
+            if doc["KernelSpecification"]["KernelName"] != kernel_name:
+                continue
+            tps = doc["ConfigurationSpace"]["TuningParameters"]
+            default = {tp["Name"]: tp["Default"] for tp in tps}
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if set(default) == set(params):
+            return default
+    return None
+
+
+def _prod(xs: Sequence[int]) -> int:
+    return math.prod(int(x) for x in xs)
+
+
+class TraceSpace:
+    """A measured search space, usable wherever a :class:`Workload` is.
+
+    ``start_note`` says where the starting configuration came from (and why it is
+    not the declared default when that default is invalid).
+    """
+
+    source: Path | None = None
+
+    def __init__(self, path: Path, doc: Mapping[str, Any]) -> None:
+        try:
+            self.kernel_name: str = str(doc["kernel_name"])
+            self.device_name: str = str(doc["device_name"])
+            self.problem_size: tuple[int, ...] = tuple(int(x) for x in doc["problem_size"])
+            keys: list[str] = list(doc["tune_params_keys"])
+            tune_params: dict[str, list[ParamValue]] = {
+                k: list(doc["tune_params"][k]) for k in keys
+            }
+            cache: Mapping[str, Mapping[str, Any]] = doc["cache"]
+        except (KeyError, TypeError, ValueError) as ex:
+            raise TraceFileError(f"{path}: not a Kernel Tuner cache file ({ex!r})") from ex
+        self.name = self.kernel_name
+        self.path = path
+        self.times_us: dict[str, np.ndarray] = {}
+        self.failed: dict[str, str] = {}
+        first_valid: Config | None = None
+        probe = SearchSpace(
+            self.name, tune_params, default={k: v[0] for k, v in tune_params.items()}
+        )
+        for rec in cache.values():
+            config = {k: rec[k] for k in keys}
+            cid = probe.config_id(config)
+            t = rec.get("time")
+            times = rec.get("times")
+            if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
+                values = times if isinstance(times, list) and times else [t]
+                self.times_us[cid] = np.asarray(values, dtype=np.float64) * 1000.0
+                first_valid = first_valid or config
+            else:
+                self.failed[cid] = str(t)
+        declared = _t1_default(path.parent, self.kernel_name, keys)
+        origin = "the T1 file's Default"
+        if declared is None:
+            if first_valid is None:
+                raise TraceFileError(f"{path}: no configuration has a numeric time")
+            declared, origin = dict(first_valid), "the first valid cache entry (no T1 file)"
+        self._space = SearchSpace(
+            self.name, tune_params, default=declared, allowed=frozenset(self.times_us)
+        )
+        self._default = self._space.start_config()
+        if self._space.is_valid(declared):
+            self.start_note = f"starting from {origin}"
+        else:
+            self.start_note = (
+                f"default from {origin} is not valid "
+                f"({'; '.join(self._space.violations(declared))}); starting from the valid "
+                f"configuration closest to it: {self._space.config_id(self._default)}"
+            )
+
+    def __repr__(self) -> str:
+        return f"TraceSpace({self.kernel_name!r}, {self.device_name!r}, {self.path.name!r})"
+
+    @property
+    def space(self) -> SearchSpace:
+        return self._space
+
+    @property
+    def default(self) -> Config:
+        return dict(self._default)
+
+    def _p(self, config: Mapping[str, ParamValue], name: str, fallback: int = 1) -> int:
+        return int(config.get(name, fallback))
+
+    def flops(self, config: Mapping[str, ParamValue]) -> float:
+        """Convolution: ``2 W H fw fh``. Dedispersion: one add per (sample, DM, channel),
+        ``samples * DMs * 1536`` (1536 channels: the count the benchmark's own ``GB/s``
+        column implies). Unknown kernels: 0."""
+        kind = self.kernel_name.split("_")[0]
+        if kind == "convolution":
+            w, h = self.problem_size[:2]
+            fw, fh = self._p(config, "filter_width", 15), self._p(config, "filter_height", 15)
+            return 2.0 * w * h * fw * fh
+        if kind == "dedispersion":
+            return float(_prod(self.problem_size)) * _DEDISP_CHANNELS
+        return 0.0
+
+    def bytes_moved(self, config: Mapping[str, ParamValue]) -> float:
+        """Convolution: input (with filter halo) + output + filter floats, each once.
+        Dedispersion: ``samples * DMs * 1536`` bytes (8-bit input samples read once per
+        DM and channel), the byte count behind the cache's ``GB/s`` column. Unknown: 0."""
+        kind = self.kernel_name.split("_")[0]
+        if kind == "convolution":
+            w, h = self.problem_size[:2]
+            fw, fh = self._p(config, "filter_width", 15), self._p(config, "filter_height", 15)
+            return 4.0 * ((w + fw - 1) * (h + fh - 1) + w * h + fw * fh)
+        if kind == "dedispersion":
+            return float(_prod(self.problem_size)) * _DEDISP_CHANNELS
+        return 0.0
+
+    def geometry(self, config: Mapping[str, ParamValue]) -> Geometry:
+        """Block from ``block_size_x/y/z``; grid = problem size / (block * tile) per axis."""
+        block = (
+            self._p(config, "block_size_x"),
+            self._p(config, "block_size_y"),
+            self._p(config, "block_size_z"),
+        )
+        tiles = (self._p(config, "tile_size_x"), self._p(config, "tile_size_y"), 1)
+        size = (*self.problem_size, 1, 1)[:3]
+        grid = (
+            max(1, math.ceil(size[0] / (block[0] * tiles[0]))),
+            max(1, math.ceil(size[1] / (block[1] * tiles[1]))),
+            max(1, math.ceil(size[2] / block[2])),
+        )
+        return Geometry(grid, block, 0, None)
+
+    def traits(self, config: Mapping[str, ParamValue]) -> Traits:
+        smem = 0
+        if self.kernel_name.startswith("convolution") and self._p(config, "use_shmem", 0):
+            fw, fh = self._p(config, "filter_width", 15), self._p(config, "filter_height", 15)
+            bx = self._p(config, "block_size_x") * self._p(config, "tile_size_x")
+            by = self._p(config, "block_size_y") * self._p(config, "tile_size_y")
+            smem = 4 * (bx + fw - 1) * (by + fh - 1)
+        return Traits(static_smem_bytes=smem)
+
+
+# Input channels of the dedispersion benchmark, inferred from its GB/s column:
+# GB/s * time / (samples * DMs) = 1536 for every entry of the cache files.
+_DEDISP_CHANNELS = 1536
+
+
+def load_cache(path: str | Path) -> TraceSpace:
+    """Load a Kernel Tuner cache file (``.json`` or ``.json.gz``) as a :class:`TraceSpace`."""
+    p = Path(path)
+    if not p.is_file():
+        raise TraceFileError(f"Kernel Tuner cache {p} does not exist")
+    doc = _read_json(p)
+    if not isinstance(doc, dict):
+        raise TraceFileError(f"{p}: top level is not a JSON object")
+    return TraceSpace(p, doc)
+
+
+class TraceDevice:
+    """A device replaying one or more cache files measured on the same GPU model."""
+
+    backend = "trace"
+
+    def __init__(
+        self,
+        trace_files: str | Path | Sequence[str | Path],
+        *,
+        device_index: int = 0,
+        seed: int = 0,
+    ) -> None:
+        files = [trace_files] if isinstance(trace_files, (str, Path)) else list(trace_files)
+        if not files:
+            raise TraceFileError("trace device needs at least one cache file")
+        self._spaces = [load_cache(f) for f in files]
+        names = {s.device_name for s in self._spaces}
+        if len(names) != 1:
+            raise TraceFileError(f"trace files were measured on different GPUs: {sorted(names)}")
+        self.spec: DeviceSpec = device_spec_for_name(names.pop())
+        self.device_index = device_index
+        self._seed = seed
+        self._rngs: dict[tuple[str, str], np.random.Generator] = {}
+
+    def workloads(self) -> list[Workload]:
+        return list(self._spaces)
+
+    def plan(self, workload: Workload, config: Mapping[str, ParamValue]) -> LaunchPlan:
+        return make_plan(self.spec, workload, well_formed(workload.space, config))
+
+    def _times(self, workload: Workload, config: Mapping[str, ParamValue]) -> np.ndarray | None:
+        if not isinstance(workload, TraceSpace) or workload.space.violations(config):
+            return None
+        return workload.times_us.get(workload.space.config_id(config))
+
+    def launch(self, workload: Workload, config: Mapping[str, ParamValue], n: int) -> LaunchResult:
+        times = self._times(workload, config)
+        if times is None:
+            return LaunchResult.failed(max(n, 0))
+        cid = workload.space.config_id(config)
+        key = (workload.name, cid)
+        rng = self._rngs.get(key)
+        if rng is None:
+            words = [self._seed, zlib.crc32(workload.name.encode()), zlib.crc32(cid.encode())]
+            rng = self._rngs[key] = np.random.default_rng(np.random.SeedSequence(words))
+        return LaunchResult(rng.choice(times, size=max(n, 0)), np.ones(max(n, 0), dtype=bool))
+
+    def sample(self) -> dict[str, float] | None:
+        return None  # cache files carry no device samples
+
+    def close(self) -> None:
+        self._rngs.clear()

@@ -1,0 +1,250 @@
+"""Named GPU models: published peaks and the per-SM limits occupancy depends on.
+
+Peaks come from NVIDIA datasheets; per-SM limits from the CUDA C++ Programming
+Guide, "Features and Technical Specifications" table (per compute capability).
+``launch_overhead_us`` is not a datasheet number: it is the commonly measured
+few-microsecond launch latency of a CUDA kernel, used as a modelling constant.
+
+>>> spec = get_device_spec("A100-SXM4-80GB")
+>>> theoretical_occupancy(spec, threads_per_block=256, regs_per_thread=32, smem_per_block=0)
+(1.0, 8)
+>>> waves(spec, blocks=1728, resident_blocks_per_sm=8)
+2.0
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from kernels.errors import UnknownDeviceError
+
+__all__ = [
+    "DEVICE_SPECS",
+    "DeviceSpec",
+    "device_spec_for_name",
+    "get_device_spec",
+    "theoretical_occupancy",
+    "waves",
+]
+
+_KIB = 1024
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One GPU model: peaks, per-SM resource limits, and where the numbers come from."""
+
+    name: str
+    sms: int
+    peak_gbs: float
+    peak_gflops_fp32: float
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
+    regs_per_sm: int
+    smem_per_sm_bytes: int
+    max_smem_per_block_bytes: int
+    l2_bytes: int
+    launch_overhead_us: float = 3.0
+    warp_size: int = 32
+    max_threads_per_block: int = 1024
+    compute_capability: tuple[int, int] = (8, 0)
+    tdp_w: float = 300.0
+    idle_w: float = 50.0
+    # CUDA reserves 1 KiB of shared memory per resident block on cc >= 8.0
+    # (CUDA C++ Programming Guide, "Shared Memory" for compute capability 8.x/9.0).
+    smem_reserved_per_block_bytes: int = 1 * _KIB
+    # Registers are allocated per warp in units of 256 (CUDA occupancy calculator).
+    reg_alloc_unit: int = 256
+    source: str = ""
+
+    @property
+    def max_warps_per_sm(self) -> int:
+        return self.max_threads_per_sm // self.warp_size
+
+
+# Per-compute-capability limits: CUDA C++ Programming Guide, "Features and Technical
+# Specifications", table "Technical Specifications per Compute Capability".
+_CC80 = {
+    "max_threads_per_sm": 2048,
+    "max_blocks_per_sm": 32,
+    "regs_per_sm": 65536,
+    "smem_per_sm_bytes": 164 * _KIB,
+    "max_smem_per_block_bytes": 163 * _KIB,
+}
+_CC86 = {
+    "max_threads_per_sm": 1536,
+    "max_blocks_per_sm": 16,
+    "regs_per_sm": 65536,
+    "smem_per_sm_bytes": 100 * _KIB,
+    "max_smem_per_block_bytes": 99 * _KIB,
+}
+_CC89 = {
+    "max_threads_per_sm": 1536,
+    "max_blocks_per_sm": 24,
+    "regs_per_sm": 65536,
+    "smem_per_sm_bytes": 100 * _KIB,
+    "max_smem_per_block_bytes": 99 * _KIB,
+}
+_CC90 = {
+    "max_threads_per_sm": 2048,
+    "max_blocks_per_sm": 32,
+    "regs_per_sm": 65536,
+    "smem_per_sm_bytes": 228 * _KIB,
+    "max_smem_per_block_bytes": 227 * _KIB,
+}
+
+DEVICE_SPECS: dict[str, DeviceSpec] = {
+    s.name: s
+    for s in (
+        # NVIDIA A100 Tensor Core GPU datasheet: 2,039 GB/s (80GB SXM), FP32 19.5 TFLOPS,
+        # 400 W; 108 SMs and 40 MB L2 from the NVIDIA A100 architecture whitepaper.
+        DeviceSpec(
+            name="A100-SXM4-80GB",
+            sms=108,
+            peak_gbs=2039.0,
+            peak_gflops_fp32=19500.0,
+            l2_bytes=40 * _MIB,
+            compute_capability=(8, 0),
+            tdp_w=400.0,
+            idle_w=60.0,
+            source="NVIDIA A100 datasheet; A100 whitepaper; CUDA Programming Guide cc 8.0",
+            **_CC80,
+        ),
+        # NVIDIA A100 datasheet: 1,555 GB/s (40GB PCIe), FP32 19.5 TFLOPS, 250 W.
+        DeviceSpec(
+            name="A100-PCIE-40GB",
+            sms=108,
+            peak_gbs=1555.0,
+            peak_gflops_fp32=19500.0,
+            l2_bytes=40 * _MIB,
+            compute_capability=(8, 0),
+            tdp_w=250.0,
+            idle_w=35.0,
+            source="NVIDIA A100 datasheet; A100 whitepaper; CUDA Programming Guide cc 8.0",
+            **_CC80,
+        ),
+        # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 3.35 TB/s, FP32 67 TFLOPS, 700 W;
+        # 132 SMs and 50 MB L2 from the NVIDIA H100 (Hopper) architecture whitepaper.
+        DeviceSpec(
+            name="H100-SXM5-80GB",
+            sms=132,
+            peak_gbs=3350.0,
+            peak_gflops_fp32=67000.0,
+            l2_bytes=50 * _MIB,
+            compute_capability=(9, 0),
+            tdp_w=700.0,
+            idle_w=70.0,
+            source="NVIDIA H100 datasheet; Hopper whitepaper; CUDA Programming Guide cc 9.0",
+            **_CC90,
+        ),
+        # NVIDIA RTX A4000 datasheet: 448 GB/s, FP32 19.2 TFLOPS, 140 W, 48 SMs
+        # (6144 CUDA cores / 128 per SM); 4 MB L2 (NVIDIA Ampere GA104 whitepaper).
+        DeviceSpec(
+            name="RTX-A4000",
+            sms=48,
+            peak_gbs=448.0,
+            peak_gflops_fp32=19200.0,
+            l2_bytes=4 * _MIB,
+            compute_capability=(8, 6),
+            tdp_w=140.0,
+            idle_w=15.0,
+            source="NVIDIA RTX A4000 datasheet; GA102/GA104 whitepaper; CUDA Guide cc 8.6",
+            **_CC86,
+        ),
+        # NVIDIA L4 datasheet: 300 GB/s, FP32 30.3 TFLOPS, 72 W; 58 SMs and 48 MB L2
+        # (NVIDIA Ada Lovelace architecture whitepaper, AD104).
+        DeviceSpec(
+            name="L4",
+            sms=58,
+            peak_gbs=300.0,
+            peak_gflops_fp32=30300.0,
+            l2_bytes=48 * _MIB,
+            compute_capability=(8, 9),
+            tdp_w=72.0,
+            idle_w=16.0,
+            source="NVIDIA L4 datasheet; Ada whitepaper; CUDA Programming Guide cc 8.9",
+            **_CC89,
+        ),
+    )
+}
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower().replace("nvidia", ""))
+
+
+def get_device_spec(name: str) -> DeviceSpec:
+    """The spec of a named GPU model (exact key of :data:`DEVICE_SPECS`, or a loose match).
+
+    >>> get_device_spec("a100-pcie-40gb").peak_gbs
+    1555.0
+    """
+    if name in DEVICE_SPECS:
+        return DEVICE_SPECS[name]
+    return device_spec_for_name(name)
+
+
+def device_spec_for_name(device_name: str) -> DeviceSpec:
+    """Map a driver / Kernel Tuner ``device_name`` (e.g. ``"NVIDIA RTX A4000"``) to a spec.
+
+    Matching ignores case, punctuation and an ``NVIDIA`` prefix; a name that
+    carries the model but not the memory variant (``"NVIDIA H100"``) matches
+    when exactly one known model starts with it.
+
+    >>> device_spec_for_name("NVIDIA A100-PCIE-40GB").name
+    'A100-PCIE-40GB'
+    >>> device_spec_for_name("NVIDIA RTX A4000").name
+    'RTX-A4000'
+    """
+    key = _normalise(device_name)
+    by_key = {_normalise(n): s for n, s in DEVICE_SPECS.items()}
+    if key in by_key:
+        return by_key[key]
+    prefixed = [s for k, s in by_key.items() if key and (k.startswith(key) or key.startswith(k))]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    raise UnknownDeviceError(
+        f"unknown GPU model {device_name!r}; known models: {sorted(DEVICE_SPECS)}. "
+        "Add a DeviceSpec with its datasheet peaks to kernels/devices.py."
+    )
+
+
+def theoretical_occupancy(
+    spec: DeviceSpec,
+    threads_per_block: int,
+    regs_per_thread: int | None,
+    smem_per_block: int,
+) -> tuple[float, int]:
+    """Theoretical occupancy in [0, 1] and resident blocks per SM (the CUDA occupancy rules).
+
+    Limits: warps per SM, blocks per SM, registers (per-warp allocation in units of
+    ``reg_alloc_unit``) and shared memory (plus the per-block reservation). Unknown
+    register counts (``None``) are taken as 32 per thread. A block that cannot fit
+    at all gives ``(0.0, 0)``.
+
+    >>> theoretical_occupancy(get_device_spec("A100-SXM4-80GB"), 1024, 64, 0)
+    (0.5, 1)
+    """
+    if threads_per_block <= 0 or threads_per_block > spec.max_threads_per_block:
+        return 0.0, 0
+    if smem_per_block > spec.max_smem_per_block_bytes:
+        return 0.0, 0
+    warps = math.ceil(threads_per_block / spec.warp_size)
+    by_warps = spec.max_warps_per_sm // warps
+    regs = 32 if regs_per_thread is None else max(1, regs_per_thread)
+    regs_per_warp = math.ceil(regs * spec.warp_size / spec.reg_alloc_unit) * spec.reg_alloc_unit
+    by_regs = spec.regs_per_sm // (regs_per_warp * warps)
+    smem = smem_per_block + spec.smem_reserved_per_block_bytes
+    by_smem = spec.smem_per_sm_bytes // smem
+    resident = max(0, min(spec.max_blocks_per_sm, by_warps, by_regs, by_smem))
+    occupancy = min(1.0, resident * warps / spec.max_warps_per_sm)
+    return occupancy, resident
+
+
+def waves(spec: DeviceSpec, blocks: int, resident_blocks_per_sm: int) -> float:
+    """Blocks divided by how many blocks the whole GPU holds at once (0 when none fit)."""
+    capacity = spec.sms * resident_blocks_per_sm
+    return blocks / capacity if capacity > 0 else 0.0

@@ -1,0 +1,36 @@
+"""Exceptions of the kernels package.
+
+Every error names what failed (workload, device, file) and what to do about it.
+"""
+
+from __future__ import annotations
+
+from schemas.errors import KernelstreamError
+
+__all__ = [
+    "BackendUnavailableError",
+    "KernelsError",
+    "TraceFileError",
+    "UnknownDeviceError",
+    "UnknownWorkloadError",
+]
+
+
+class KernelsError(KernelstreamError):
+    """Base of the errors raised by ``kernels``."""
+
+
+class UnknownWorkloadError(KernelsError, LookupError):
+    """A workload name is not registered; the message lists the names that are."""
+
+
+class UnknownDeviceError(KernelsError, LookupError):
+    """A GPU model or backend name is not known; the message lists the known ones."""
+
+
+class BackendUnavailableError(KernelsError, RuntimeError):
+    """A backend cannot run here (e.g. CuPy not installed); the message says how to fix it."""
+
+
+class TraceFileError(KernelsError, ValueError):
+    """A Kernel Tuner cache file is missing, unreadable or malformed; the message names it."""
