@@ -159,15 +159,18 @@ class TraceSpace:
 
     def bytes_moved(self, config: Mapping[str, ParamValue]) -> float:
         """Convolution: input (with filter halo) + output + filter floats, each once.
-        Dedispersion: ``samples * DMs * 1536`` bytes (8-bit input samples read once per
-        DM and channel), the byte count behind the cache's ``GB/s`` column. Unknown: 0."""
+        Dedispersion: float32 output ``4 * samples * DMs`` plus the 8-bit input
+        ``samples * 1536`` channels read once from DRAM (the per-DM re-reads that the
+        benchmark's own ``GB/s`` column counts are served by caches; counting them
+        would exceed the A4000's DRAM peak). Unknown kernels: 0."""
         kind = self.kernel_name.split("_")[0]
         if kind == "convolution":
             w, h = self.problem_size[:2]
             fw, fh = self._p(config, "filter_width", 15), self._p(config, "filter_height", 15)
             return 4.0 * ((w + fw - 1) * (h + fh - 1) + w * h + fw * fh)
         if kind == "dedispersion":
-            return float(_prod(self.problem_size)) * _DEDISP_CHANNELS
+            samples, dms = self.problem_size[0], self.problem_size[1]
+            return 4.0 * samples * dms + float(samples) * _DEDISP_CHANNELS
         return 0.0
 
     def geometry(self, config: Mapping[str, ParamValue]) -> Geometry:

@@ -71,7 +71,7 @@ class Matmul(CudaWorkload):
                 "block_x": (8, 16, 32),
                 "block_y": (2, 4, 8, 16, 32),
                 "items_per_thread": (1, 2, 4, 8),
-                "tile_k": (8, 16, 32),
+                "tile_k": (8, 16, 32, 64),
                 "use_shared": (0, 1),
                 "unroll": (1, 2, 4),
             },

@@ -1,0 +1,123 @@
+"""Trace device: durations from measured times, failures, defaults, real cache files."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kernels import load_cache, open_device
+from kernels.errors import TraceFileError
+
+
+def _cache(path: Path, *, gz: bool = False, device: str = "NVIDIA A100-PCIE-40GB") -> Path:
+    """A small convolution-like cache: 3x2 configs, one failed, one missing."""
+    params = {
+        "block_size_x": [16, 32, 64],
+        "block_size_y": [1, 2],
+        "filter_width": [15],
+        "filter_height": [15],
+    }
+    cache: dict[str, Any] = {}
+    for i, values in enumerate(itertools.product(*params.values())):
+        rec: dict[str, Any] = dict(zip(params, values, strict=True))
+        key = ",".join(str(v) for v in values)
+        if values[:2] == (64, 2):
+            continue  # never measured
+        if values[:2] == (32, 2):
+            rec.update(time="RuntimeFailedConfig")
+        else:
+            rec.update(time=1.0 + i, times=[1.0 + i, 1.1 + i, 0.9 + i])
+        cache[key] = rec
+    doc = {
+        "device_name": device,
+        "kernel_name": "convolution_kernel",
+        "problem_size": [256, 128],
+        "tune_params_keys": list(params),
+        "tune_params": params,
+        "objective": "time",
+        "cache": cache,
+    }
+    if gz:
+        with gzip.open(path, "wt") as fh:
+            json.dump(doc, fh)
+    else:
+        path.write_text(json.dumps(doc))
+    return path
+
+
+def test_durations_come_from_times(tmp_path: Path) -> None:
+    f = _cache(tmp_path / "conv.json.gz", gz=True)
+    dev = open_device("trace", trace_file=f, seed=3)
+    (w,) = dev.workloads()
+    assert w.name == "convolution_kernel" and w.problem_size == (256, 128)
+    assert dev.spec.name == "A100-PCIE-40GB"
+    assert w.space.size() == 4
+    config = {"block_size_x": 32, "block_size_y": 1, "filter_width": 15, "filter_height": 15}
+    r = dev.launch(w, config, 200)
+    assert r.ok.all()
+    assert set(np.round(r.duration_us, 6)) == {3000.0, 3100.0, 2900.0}  # config #2: 3.0 ms
+    again = open_device("trace", trace_file=f, seed=3).launch(w, config, 200)
+    np.testing.assert_array_equal(r.duration_us, again.duration_us)
+
+
+def test_failed_and_missing_configs_fail(tmp_path: Path) -> None:
+    dev = open_device("trace", trace_file=_cache(tmp_path / "c.json"))
+    (w,) = dev.workloads()
+    base = {"filter_width": 15, "filter_height": 15}
+    for bx, by in ((32, 2), (64, 2)):
+        r = dev.launch(w, {"block_size_x": bx, "block_size_y": by, **base}, 4)
+        assert not r.ok.any() and (r.duration_us == 0).all()
+    assert dev.plan(w, {"block_size_x": 32, "block_size_y": 2, **base}).block == (32, 2, 1)
+    assert "cannot" not in w.start_note and w.space.is_valid(w.default)
+
+
+def test_models_and_geometry(tmp_path: Path) -> None:
+    w = load_cache(_cache(tmp_path / "c.json"))
+    c = w.default
+    assert w.flops(c) == 2 * 256 * 128 * 15 * 15
+    assert w.bytes_moved(c) == 4 * ((256 + 14) * (128 + 14) + 256 * 128 + 225)
+    assert w.geometry(c).grid == (256 // c["block_size_x"], 128 // c["block_size_y"], 1)
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    with pytest.raises(TraceFileError):
+        load_cache(tmp_path / "absent.json")
+    (tmp_path / "x.json").write_text("{not json")
+    with pytest.raises(TraceFileError):
+        load_cache(tmp_path / "x.json")
+    with pytest.raises(TraceFileError, match="different GPUs"):
+        open_device(
+            "trace",
+            trace_file=[
+                _cache(tmp_path / "a.json"),
+                _cache(tmp_path / "b.json", device="NVIDIA RTX A4000"),
+            ],
+        )
+
+
+@pytest.mark.realdata
+def test_real_tuning_spaces(real_spaces: Path) -> None:
+    files = sorted(real_spaces.glob("*.json.gz"))
+    assert len(files) >= 4
+    for f in files:
+        w = load_cache(f)
+        dev = open_device("trace", trace_file=f)
+        assert dev.spec.name in {"A100-PCIE-40GB", "RTX-A4000"}
+        assert w.space.is_valid(w.default)
+        r = dev.launch(w, w.default, 10)
+        assert r.ok.all()
+        t = r.duration_us.min() * 1e-6
+        plan = dev.plan(w, w.default)
+        assert plan.bytes_moved / t <= dev.spec.peak_gbs * 1e9
+        assert plan.flops / t <= dev.spec.peak_gflops_fp32 * 1e9
+        if w.name.startswith("dedispersion"):
+            assert "not valid" in w.start_note  # the T1 default breaks its own conditions
+            assert w.default["tile_stride_x"] == 0
+        else:
+            assert w.space.size() == 4201
