@@ -45,3 +45,17 @@ def test_waves() -> None:
     assert waves(a100, 108 * 8, 8) == 1.0
     assert waves(a100, 54, 1) == 0.5
     assert waves(a100, 10, 0) == 0.0
+
+
+def test_cupy_backend_without_cupy_names_the_extra() -> None:
+    import importlib.util
+
+    from kernels import open_device
+    from kernels.errors import BackendUnavailableError, UnknownDeviceError
+
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here; the missing-CuPy path cannot be exercised")
+    with pytest.raises(BackendUnavailableError, match=r"pip install 'kernelstream\[gpu\]'"):
+        open_device("cupy")
+    with pytest.raises(UnknownDeviceError):
+        open_device("opencl")
