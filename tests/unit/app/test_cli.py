@@ -20,14 +20,38 @@ def test_help(command: str) -> None:
 def window(start: float, config_id: str, mean: float, count: int = 100) -> WindowAggregate:
     z = 0.0
     return WindowAggregate(
-        node="n1", device_index=0, device_model="A100", kernel="matmul", workload="matmul",
-        problem_size=[2048], config={"c": config_id}, config_id=config_id, window_start=start,
-        window_end=start + 1, count=count, failures=0, duration_mean_us=mean,
-        duration_p50_us=mean, duration_p95_us=mean, duration_min_us=mean, duration_max_us=mean,
-        duration_std_us=z, busy_fraction=z, idle_gap_mean_us=z, achieved_gbs=z,
-        achieved_gflops=z, bw_fraction=z, flops_fraction=z, arithmetic_intensity=z,
-        occupancy=z, waves=z, peak_gbs=1.0, peak_gflops=1.0, launch_overhead_us=3.0,
-        seq_min=0, seq_max=count,
+        node="n1",
+        device_index=0,
+        device_model="A100",
+        kernel="matmul",
+        workload="matmul",
+        problem_size=[2048],
+        config={"c": config_id},
+        config_id=config_id,
+        window_start=start,
+        window_end=start + 1,
+        count=count,
+        failures=0,
+        duration_mean_us=mean,
+        duration_p50_us=mean,
+        duration_p95_us=mean,
+        duration_min_us=mean,
+        duration_max_us=mean,
+        duration_std_us=z,
+        busy_fraction=z,
+        idle_gap_mean_us=z,
+        achieved_gbs=z,
+        achieved_gflops=z,
+        bw_fraction=z,
+        flops_fraction=z,
+        arithmetic_intensity=z,
+        occupancy=z,
+        waves=z,
+        peak_gbs=1.0,
+        peak_gflops=1.0,
+        launch_overhead_us=3.0,
+        seq_min=0,
+        seq_max=count,
     )
 
 
@@ -38,11 +62,25 @@ def test_summary_uses_measured_windows() -> None:
     b.add(window(2, "mid", 150.0))
     for t in range(3, 8):
         b.add(window(t, "best", 50.0 if t >= 5 else 500.0))  # only the last 3 windows count
-    b.add(ReconfigOutcome(
-        id="o", recommendation_id="r", node="n1", device_index=0, device_model="A100",
-        kernel="matmul", workload="matmul", problem_size=[2048], status="rolled_back",
-        reason="slower", before_config={}, before_config_id="a", after_config={},
-        after_config_id="b", at=1.0))
+    b.add(
+        ReconfigOutcome(
+            id="o",
+            recommendation_id="r",
+            node="n1",
+            device_index=0,
+            device_model="A100",
+            kernel="matmul",
+            workload="matmul",
+            problem_size=[2048],
+            status="rolled_back",
+            reason="slower",
+            before_config={},
+            before_config_id="a",
+            after_config={},
+            after_config_id="b",
+            at=1.0,
+        )
+    )
     [row] = b.rows()
     assert row["default_config_id"] == "default" and row["default_mean_us"] == 200.0
     assert row["final_config_id"] == "best" and row["final_mean_us"] == 50.0
