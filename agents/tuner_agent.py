@@ -10,10 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kernels.resolve import SpaceResolver
-
 from agents.context import WorkerContext
 from agents.logic.tuning import Tuner
+from kernels.resolve import SpaceResolver
 from schemas import Finding, ReconfigOutcome, SchemaError, decode, encode
 
 __all__ = ["register"]
