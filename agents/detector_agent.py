@@ -11,7 +11,7 @@ from typing import Any
 
 from agents.context import WorkerContext
 from agents.logic.detection import Detector
-from schemas import SchemaError, WindowAggregate, decode, encode
+from schemas import WindowAggregate, encode
 from schemas.keys import group_key
 
 __all__ = ["register"]
@@ -24,19 +24,8 @@ def register(app: Any, ctx: WorkerContext) -> Detector:
     @app.agent(windows, name="detector")
     async def detector_agent(stream: Any) -> None:
         async for event in stream.events():
-            msg = event.message
-            try:
-                agg = decode(event.value, WindowAggregate)
-            except SchemaError as exc:
-                await ctx.dead_letter(
-                    "detector",
-                    msg.topic,
-                    event.value,
-                    str(exc),
-                    key=event.key,
-                    partition=msg.partition,
-                    offset=msg.offset,
-                )
+            agg = await ctx.decode("detector", event, WindowAggregate)
+            if agg is None:
                 continue
             finding = detector.classify(agg)
             ctx.counters[f"findings.{finding.classification}"] += 1

@@ -10,13 +10,12 @@ Undecodable recommendations go to the dead-letter topic with their reason.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
-import time
 from typing import Any, Literal
 
-from schemas import DeadLetter, Recommendation, ReconfigOutcome, SchemaError, decode, encode
+from agents.context import dead_letter_record
+from schemas import Recommendation, ReconfigOutcome, SchemaError, decode, encode
 
 __all__ = ["RecommendationInbox", "outcome_record", "partition_for_key"]
 
@@ -76,15 +75,14 @@ class RecommendationInbox:
             try:
                 self._queue.append(decode(msg.value, Recommendation))
             except SchemaError as exc:
-                dl = DeadLetter(
-                    stage="node.reconfig",
-                    topic=msg.topic,
+                dl = dead_letter_record(
+                    "node.reconfig",
+                    msg.topic,
+                    msg.value,
+                    str(exc),
+                    key=msg.key,
                     partition=msg.partition,
                     offset=msg.offset,
-                    key_b64=base64.b64encode(msg.key).decode() if msg.key is not None else None,
-                    value_b64=base64.b64encode(msg.value or b"").decode(),
-                    reason=str(exc),
-                    at=time.time(),
                 )
                 await self.producer.send(self.settings.topic_deadletter, encode(dl), key=msg.key)
 

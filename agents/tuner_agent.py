@@ -13,7 +13,7 @@ from typing import Any
 from agents.context import WorkerContext
 from agents.logic.tuning import Tuner
 from kernels.resolve import SpaceResolver
-from schemas import Finding, ReconfigOutcome, SchemaError, decode, encode
+from schemas import Finding, ReconfigOutcome, encode
 
 __all__ = ["register"]
 
@@ -27,20 +27,13 @@ def register(app: Any, ctx: WorkerContext) -> Tuner:
     @app.agent(findings, name="tuner")
     async def tuner_agent(stream: Any) -> None:
         async for event in stream.events():
-            msg = event.message
+            finding = await ctx.decode("tuner", event, Finding)
+            if finding is None:
+                continue
             try:
-                finding = decode(event.value, Finding)
                 space = spaces.space_for(finding.workload, tuple(finding.problem_size))
-            except (SchemaError, LookupError) as exc:
-                await ctx.dead_letter(
-                    "tuner",
-                    msg.topic,
-                    event.value,
-                    str(exc),
-                    key=event.key,
-                    partition=msg.partition,
-                    offset=msg.offset,
-                )
+            except LookupError as exc:
+                await ctx.dead_letter("tuner", event, str(exc))
                 continue
             tuner.observe_finding(finding)
             rec = tuner.recommend(finding, space, time.time())
@@ -51,19 +44,8 @@ def register(app: Any, ctx: WorkerContext) -> Tuner:
     @app.agent(reconfig, name="outcomes")
     async def outcome_agent(stream: Any) -> None:
         async for event in stream.events():
-            msg = event.message
-            try:
-                outcome = decode(event.value, ReconfigOutcome)
-            except SchemaError as exc:
-                await ctx.dead_letter(
-                    "outcomes",
-                    msg.topic,
-                    event.value,
-                    str(exc),
-                    key=event.key,
-                    partition=msg.partition,
-                    offset=msg.offset,
-                )
+            outcome = await ctx.decode("outcomes", event, ReconfigOutcome)
+            if outcome is None:
                 continue
             ctx.counters[f"outcomes.{outcome.status}"] += 1
             tuner.observe_outcome(outcome)

@@ -13,7 +13,7 @@ from typing import Any
 
 from agents.context import WorkerContext
 from agents.logic.windowing import Windower, WindowSpec
-from schemas import LaunchBatch, SchemaError, decode, encode
+from schemas import LaunchBatch, encode
 
 __all__ = ["register"]
 
@@ -39,19 +39,8 @@ def register(app: Any, ctx: WorkerContext) -> Windower:
     @app.agent(launches, name="window")
     async def window_agent(stream: Any) -> None:
         async for event in stream.events():
-            msg = event.message
-            try:
-                batch = decode(event.value, LaunchBatch)
-            except SchemaError as exc:
-                await ctx.dead_letter(
-                    "window",
-                    msg.topic,
-                    event.value,
-                    str(exc),
-                    key=event.key,
-                    partition=msg.partition,
-                    offset=msg.offset,
-                )
+            batch = await ctx.decode("window", event, LaunchBatch)
+            if batch is None:
                 continue
             now = time.time()
             ctx.counters["launches.in"] += len(batch.t_end)

@@ -74,6 +74,15 @@ async def _scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None
         dl = of(r.records[s.topic_deadletter], DeadLetter)[0]
         assert base64.b64decode(dl.value_b64) == bad
         assert "node" in dl.reason and dl.stage == "window"
+        # A bad recommendation addressed to the node: dead-lettered by the node itself.
+        await produce(bootstrap, s.topic_recommendations, [(s.node_id.encode(), b"{not json")])
+        await r.until(
+            lambda: any(
+                d.stage == "node.reconfig" for d in of(r.records[s.topic_deadletter], DeadLetter)
+            ),
+            30,
+            "the node's dead letter",
+        )
         windows_before = len(r.records[s.topic_windows])
         await r.until(
             lambda: len(r.records[s.topic_windows]) > windows_before + 2,
