@@ -21,7 +21,7 @@ from types import TracebackType
 
 from app.errors import BrokerError
 
-__all__ = ["EmbeddedBroker", "free_port", "wait_for_kafka"]
+__all__ = ["EmbeddedBroker", "die_with_parent", "free_port", "wait_for_kafka"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -33,7 +33,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
@@ -110,7 +110,7 @@ class EmbeddedBroker:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
             )
         try:
             asyncio.run(self._wait(timeout_s))

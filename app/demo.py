@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from app.broker import EmbeddedBroker, free_port
+from app.broker import EmbeddedBroker, die_with_parent, free_port
 from app.settings import Settings
 from app.topics import ensure_topics
 from schemas import Finding, ReconfigOutcome, SchemaError, WindowAggregate, decode_any
@@ -178,15 +178,13 @@ class _Children:
 
     def spawn(self, name: str, args: list[str], **env: str) -> None:
         log = (self.run_dir / f"{name}.log").open("wb")
-        from app.broker import _die_with_parent
-
         proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env={**self.env, **env},
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         self.procs.append((name, proc))
 
