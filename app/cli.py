@@ -1,4 +1,4 @@
-"""The ``kernelstream`` command line: demo, broker, worker, node, watch.
+"""The ``kernelstream`` command line: demo, broker, worker, node, watch, bench.
 
 Every command builds the settings once (environment ``KERNELSTREAM_*``, optional
 TOML file in ``KERNELSTREAM_CONFIG``, then the command's own options) and passes
@@ -251,6 +251,34 @@ def watch(
                 limit=limit,
             )
         )
+
+
+class _LazyBenchGroup(click.Group):
+    """``kernelstream bench NAME``: each benchmark is ``bench/<name>.py``'s ``command``.
+
+    Modules are imported only when their benchmark runs, so the CLI stays fast and
+    a benchmark's extra dependencies are needed only by that benchmark.
+    """
+
+    names = ("pipeline", "tuning")
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.names)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.names:
+            return None
+        import importlib
+
+        module = importlib.import_module(f"bench.{cmd_name}")
+        command = module.command
+        assert isinstance(command, click.Command)
+        return command
+
+
+@main.group(cls=_LazyBenchGroup)
+def bench() -> None:
+    """Benchmarks: figures measured side by side in one run, kept under bench/results/."""
 
 
 if __name__ == "__main__":
