@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from agents import detector_agent, tuner_agent, window_agent
 from agents.context import WorkerContext
+from agents.logic.windowing import Windower
 
-__all__ = ["register_agents"]
+__all__ = ["WorkerAgents", "register_agents"]
 
 
-def register_agents(app: Any, settings: Any, topics: dict[str, Any]) -> WorkerContext:
-    """Register the window, detector and tuner agents on ``app``; return their context."""
+@dataclass
+class WorkerAgents:
+    """What the app factory gets back: the shared context and the window agent's state."""
+
+    ctx: WorkerContext
+    windower: Windower
+    window_stats: window_agent.WindowAgentStats
+
+
+def register_agents(app: Any, settings: Any, topics: dict[str, Any]) -> WorkerAgents:
+    """Register the window, detector and tuner agents on ``app``."""
     ctx = WorkerContext(settings=settings, topics=topics)
-    window_agent.register(app, ctx)
+    windower, stats = window_agent.register(app, ctx)
     detector_agent.register(app, ctx)
     tuner_agent.register(app, ctx)
-    return ctx
+    return WorkerAgents(ctx, windower, stats)

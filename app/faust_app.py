@@ -8,6 +8,7 @@ store backed by rocksdict).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import faust
@@ -52,6 +53,7 @@ def _credentials(settings: Settings) -> Any:
 
 def create_app(settings: Settings, bootstrap: str, *, web: bool = True) -> faust.App:
     """Build the worker's Faust app with every agent registered."""
+    from agents.window_agent import state_topic
     from agents.worker import register_agents
 
     app = faust.App(
@@ -69,6 +71,10 @@ def create_app(settings: Settings, bootstrap: str, *, web: bool = True) -> faust
         web_port=settings.web_port,
         web_bind="127.0.0.1" if settings.embedded else "0.0.0.0",
         stream_wait_empty=False,
+        # Few events buffered per agent so memory stays flat (launch batches bypass
+        # Faust's streams; see agents/window_agent.py).
+        consumer_max_fetch_size=4 << 20,
+        stream_buffer_maxsize=64,
         **faust_broker_kwargs(settings),
     )
     topics = {
@@ -77,5 +83,35 @@ def create_app(settings: Settings, bootstrap: str, *, web: bool = True) -> faust
         )
         for s in topic_specs(settings)
     }
-    register_agents(app, settings, topics)
+    # The window agent's partition handover: co-partitioned with the launches topic,
+    # declared by the agent itself (a few records per rebalance).
+    topics["window_state"] = app.topic(
+        state_topic(settings),
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=settings.partitions,
+    )
+    agents = register_agents(app, settings, topics)
+    _stats_page(app, agents)
     return app
+
+
+def _stats_page(app: faust.App, agents: Any) -> None:
+    """``GET /ks/stats/``: the worker's progress as JSON (benchmarks and operators read it)."""
+    import resource
+    import time
+
+    started_at = time.time()
+
+    @app.page("/ks/stats/")
+    async def stats(web: Any, request: Any) -> Any:
+        return web.json(
+            {
+                "pid": os.getpid(),
+                "started_at": started_at,
+                "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                "open_windows": agents.windower.open_windows(),
+                "window": agents.window_stats.as_dict(),
+                "counters": dict(agents.ctx.counters),
+            }
+        )

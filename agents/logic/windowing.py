@@ -453,6 +453,34 @@ class Windower:
             "keys": keys,
         }
 
+    def export_keys(self, keys: Iterable[str]) -> dict[str, Any]:
+        """Snapshot of some keys only (a partition handed to another worker)."""
+        full = self._keys
+        try:
+            self._keys = {k: full[k] for k in keys if k in full}
+            return dict(self.snapshot()["keys"])
+        finally:
+            self._keys = full
+
+    def drop_keys(self, keys: Iterable[str]) -> None:
+        """Forget keys without emitting their open windows (their new owner will)."""
+        for k in keys:
+            self._keys.pop(k, None)
+
+    def import_keys(self, keys: Mapping[str, Any], now: float) -> None:
+        """Adopt keys exported by :meth:`export_keys`; they count as seen at ``now``."""
+        other = Windower.restore(
+            {
+                "version": _SNAPSHOT_VERSION,
+                "spec": asdict(self.spec),
+                "metrics": asdict(WindowerMetrics()),
+                "keys": keys,
+            }
+        )
+        for k, st in other._keys.items():
+            st.last_seen = now  # a handover is not idleness
+            self._keys[k] = st
+
     @classmethod
     def restore(cls, snapshot: Mapping[str, Any]) -> Windower:
         """Rebuild a windower from :meth:`snapshot` output."""

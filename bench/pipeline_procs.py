@@ -1,0 +1,123 @@
+"""Benchmark helpers: settings for one run, worker processes, RSS sampling, stats polling."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from app.broker import die_with_parent, free_port
+from app.settings import Settings
+
+__all__ = ["WorkerProc", "bench_settings", "settings_env"]
+
+
+def bench_settings(bootstrap: str, data_dir: Path, **overrides: Any) -> Settings:
+    """Settings with topics, app id and state directory unique to one benchmark phase."""
+    tag = uuid.uuid4().hex[:8]
+    roles = ("launches", "windows", "findings", "recommendations", "reconfig", "late", "deadletter")
+    base: dict[str, Any] = {
+        "bootstrap": bootstrap,
+        "app_id": f"ks-bench-{tag}",
+        "data_dir": data_dir / tag,
+        "web_port": free_port(),
+        **{f"topic_{r}": f"bench-{tag}.{r}" for r in roles},
+    }
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return Settings(**(base | overrides))
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that gives a child process exactly these settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELSTREAM_")}
+    env["KAFKA_BOOTSTRAP"] = str(settings.bootstrap)
+    for name, value in settings.model_dump(exclude={"bootstrap"}).items():
+        if value is None or name.startswith(("sasl_", "ssl_")):
+            continue
+        env[f"KERNELSTREAM_{name.upper()}"] = (
+            "[" + ",".join(f'"{v}"' for v in value) + "]"
+            if isinstance(value, tuple)
+            else str(value)
+        )
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class WorkerProc:
+    """A real ``kernelstream worker`` process; its stats page and its RSS."""
+
+    def __init__(self, settings: Settings, log_path: Path, argv: list[str] | None = None) -> None:
+        self.settings = settings
+        self.log_path = log_path
+        self.argv = argv or [sys.executable, "-m", "app.cli", "worker"]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.spawned_at = 0.0
+
+    def start(self) -> WorkerProc:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.spawned_at = time.time()
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=settings_env(self.settings),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+            )
+        return self
+
+    def stats(self) -> dict[str, Any] | None:
+        url = f"http://127.0.0.1:{self.settings.web_port}/ks/stats/"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return dict(orjson.loads(r.read()))
+        except OSError:
+            return None
+
+    def rss_bytes(self) -> int:
+        import psutil
+
+        assert self.proc is not None
+        return int(psutil.Process(self.proc.pid).memory_info().rss)
+
+    async def wait_stats(self, cond: Any, timeout_s: float, what: str) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = await asyncio.to_thread(self.stats)
+            if st is not None and cond(st):
+                return st
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited ({self.proc.returncode}); see {self.log_path}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker: no {what} within {timeout_s} s; last stats {st}")
+            await asyncio.sleep(0.05)
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def running(worker: WorkerProc) -> Iterator[WorkerProc]:
+    worker.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
