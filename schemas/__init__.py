@@ -1,7 +1,7 @@
 """Record types of kernelstream's topics, their JSON Schemas and the wire codec."""
 
 from schemas.codec import MAX_MESSAGE_BYTES, decode, decode_any, encode
-from schemas.errors import KernelstreamError, SchemaError
+from schemas.errors import KernelstreamError, SchemaError, SigningKeyError
 from schemas.records import (
     RECORD_TYPES,
     DeadLetter,
@@ -26,6 +26,7 @@ __all__ = [
     "ReconfigOutcome",
     "Record",
     "SchemaError",
+    "SigningKeyError",
     "WindowAggregate",
     "decode",
     "decode_any",

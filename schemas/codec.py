@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TypeVar
 
 import orjson
@@ -10,12 +11,40 @@ from pydantic import ValidationError
 from schemas.errors import SchemaError
 from schemas.records import RECORD_TYPES, Record
 
-__all__ = ["MAX_MESSAGE_BYTES", "decode", "decode_any", "encode"]
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "REASON_CODES",
+    "check_key",
+    "decode",
+    "decode_any",
+    "encode",
+    "json_problem",
+]
 
 R = TypeVar("R", bound=Record)
 
 #: Messages larger than this are refused before parsing (dead-lettered by callers).
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+#: Classes of invalid input, the ``code`` of a :class:`SchemaError` and the
+#: ``reason_code`` of a dead letter. The last four are decided by the stages.
+REASON_CODES = (
+    "oversized",  # larger than the message size limit
+    "invalid_json",  # not JSON at all, or not UTF-8 text
+    "truncated",  # cut off: JSON ends early, or a batch's columns differ in length
+    "non_finite",  # NaN or infinity where a finite number is required
+    "not_object",  # JSON, but not an object
+    "unknown_schema",  # no or another ``schema`` (e.g. an unknown version)
+    "missing_field",
+    "unknown_field",
+    "wrong_type",
+    "out_of_range",  # e.g. negative or absurd durations, empty batches
+    "bad_key",  # a Kafka key that is not UTF-8, or not the record's stream key
+    "unknown_kernel",  # a workload the worker does not know
+    "bad_timestamp",  # event time far in the future or the past
+    "duplicate",  # a batch whose (node, device, kernel, seq) was already counted
+    "outbox_full",  # a node dropped its oldest launch batches (the value lists them)
+)
 
 
 def encode(record: Record) -> bytes:
@@ -28,46 +57,96 @@ def encode(record: Record) -> bytes:
     return orjson.dumps(record.model_dump(by_alias=True, mode="python"))
 
 
-def _loads(data: bytes) -> object:
-    if len(data) > MAX_MESSAGE_BYTES:
+def _loads(data: bytes, max_bytes: int) -> object:
+    if len(data) > max_bytes:
         raise SchemaError(
-            f"message of {len(data)} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit"
+            f"message of {len(data)} bytes exceeds the {max_bytes}-byte limit", "oversized"
         )
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise SchemaError(f"invalid JSON: {exc}") from exc
+        raise SchemaError(f"invalid JSON: {exc}", json_problem(data, str(exc))) from exc
+
+
+def json_problem(data: bytes, message: str) -> str:
+    """Classify a JSON parse failure (only on the error path, so cost does not matter)."""
+    if "infinity" in message:
+        return "non_finite"  # e.g. 1e999
+    if "end of data" in message:
+        return "truncated"
+    try:  # the standard library accepts NaN and Infinity, which JSON does not have
+        json.loads(data)
+    except (ValueError, RecursionError):
+        return "invalid_json"
+    return "non_finite"
+
+
+_TYPE_CODES = {
+    "missing": "missing_field",
+    "extra_forbidden": "unknown_field",
+    "finite_number": "non_finite",
+}
+_RANGE_WORDS = ("greater_than", "less_than", "too_short", "too_long")
+
+
+def _error_code(err: dict[str, object]) -> str:
+    kind = str(err["type"])
+    if kind in _TYPE_CODES:
+        return _TYPE_CODES[kind]
+    if any(w in kind for w in _RANGE_WORDS):
+        return "out_of_range"
+    if kind == "value_error" and "columns differ" in str(err.get("msg")):
+        return "truncated"
+    return "wrong_type"
 
 
 def _validate(cls: type[R], obj: object) -> R:
     if not isinstance(obj, dict):
-        raise SchemaError(f"expected a JSON object for {cls.SCHEMA}, got {type(obj).__name__}")
+        raise SchemaError(
+            f"expected a JSON object for {cls.SCHEMA}, got {type(obj).__name__}", "not_object"
+        )
     found = obj.get("schema")
     if found != cls.SCHEMA:
         raise SchemaError(
-            f"unknown or unexpected schema {found!r}: this topic carries {cls.SCHEMA!r}"
+            f"unknown or unexpected schema {found!r}: this topic carries {cls.SCHEMA!r}",
+            "unknown_schema",
         )
     try:
         return cls.model_validate(obj)
     except ValidationError as exc:
+        errors = exc.errors()
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '<record>'}: {err['msg']}"
-            for err in exc.errors()[:5]
+            for err in errors[:5]
         )
-        raise SchemaError(f"invalid {cls.SCHEMA}: {problems}") from exc
+        code = _error_code(dict(errors[0])) if errors else "wrong_type"
+        raise SchemaError(f"invalid {cls.SCHEMA}: {problems}", code) from exc
 
 
-def decode(data: bytes, cls: type[R]) -> R:
+def check_key(key: bytes | None) -> str | None:
+    """The Kafka key as text; :class:`SchemaError` (``bad_key``) if it is not UTF-8."""
+    if key is None:
+        return None
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SchemaError(f"the message key is not UTF-8 text: {exc}", "bad_key") from exc
+
+
+def decode(data: bytes, cls: type[R], *, max_bytes: int = MAX_MESSAGE_BYTES) -> R:
     """Parse and validate ``data`` as a ``cls`` record; raise :class:`SchemaError` if not."""
-    return _validate(cls, _loads(data))
+    return _validate(cls, _loads(data, max_bytes))
 
 
-def decode_any(data: bytes) -> Record:
+def decode_any(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Record:
     """Parse a record of any known type, dispatching on its ``schema`` field."""
-    obj = _loads(data)
+    obj = _loads(data, max_bytes)
     if not isinstance(obj, dict):
-        raise SchemaError(f"expected a JSON object, got {type(obj).__name__}")
+        raise SchemaError(f"expected a JSON object, got {type(obj).__name__}", "not_object")
     cls = RECORD_TYPES.get(str(obj.get("schema")))
     if cls is None:
-        raise SchemaError(f"unknown schema {obj.get('schema')!r}; known: {sorted(RECORD_TYPES)}")
+        raise SchemaError(
+            f"unknown schema {obj.get('schema')!r}; known: {sorted(RECORD_TYPES)}",
+            "unknown_schema",
+        )
     return _validate(cls, obj)

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from schemas.codec import MAX_MESSAGE_BYTES, decode
+from schemas.codec import MAX_MESSAGE_BYTES, decode, json_problem
 from schemas.errors import SchemaError
 from schemas.records import LaunchBatch
 
@@ -80,12 +80,13 @@ def decode_launch_columns(data: bytes) -> LaunchColumns:
     """Parse and validate one ``ks.launch_batch/1`` message; raise :class:`SchemaError` if bad."""
     if len(data) > MAX_MESSAGE_BYTES:
         raise SchemaError(
-            f"message of {len(data)} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit"
+            f"message of {len(data)} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit",
+            "oversized",
         )
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise SchemaError(f"invalid JSON: {exc}") from exc
+        raise SchemaError(f"invalid JSON: {exc}", json_problem(data, str(exc))) from exc
     cols = _fast_columns(obj) if isinstance(obj, dict) else None
     if cols is None:
         return LaunchColumns.from_batch(decode(data, LaunchBatch))  # slow path, exact verdict

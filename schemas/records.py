@@ -237,6 +237,10 @@ class Recommendation(Record):
     expected_gain: _NonNegFloat
     issued_at: _FiniteFloat
     expires_at: _FiniteFloat
+    # Ed25519 signature (base64) by the recommender over every other field
+    # (see app.signing); ``key_id`` names the signing key. Absent when signing is off.
+    signature: str | None = Field(default=None, max_length=200)
+    key_id: str | None = Field(default=None, max_length=200)
 
     @field_validator("expires_at")
     @classmethod
@@ -287,6 +291,8 @@ class DeadLetter(Record):
     key_b64: str | None = None
     value_b64: str
     reason: str
+    # Machine-readable class of the reason (invalid_json, wrong_type, ...), for counters.
+    reason_code: str | None = Field(default=None, max_length=64)
     at: _FiniteFloat
 
 
