@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any, Literal
 
 from agents.context import dead_letter_record
@@ -30,63 +31,105 @@ def partition_for_key(key: bytes, partitions: list[int]) -> int:
 
 
 class RecommendationInbox:
-    """Consumes this node's recommendations in the background; ``drain`` hands them over."""
+    """Consumes this node's recommendations in the background; ``drain`` hands them over.
 
-    def __init__(self, settings: Any, bootstrap: str, producer: Any) -> None:
+    ``publish(topic, key, value)`` must not block (the node's outbox): the inbox
+    dead-letters undecodable recommendations through it. ``handled(id, offset)``
+    tells whether this very message (same id at the same offset) was already
+    decided before a restart: re-reading the partition from the beginning then
+    skips it silently, while the same id at another offset is a replay and goes
+    to the reconfiguration logic to be rejected in public. The consumer connects
+    in the background, retrying, so a node may start while the broker is down.
+    """
+
+    def __init__(
+        self,
+        settings: Any,
+        bootstrap: str,
+        publish: Callable[[str, bytes | None, bytes], None],
+        *,
+        handled: Callable[[str, int], bool] | None = None,
+        retry_s: float = 1.0,
+    ) -> None:
         self.settings = settings
         self.bootstrap = bootstrap
-        self.producer = producer
-        self._queue: list[Recommendation] = []
+        self.publish = publish
+        self.handled = handled
+        self.retry_s = retry_s
+        self._queue: list[tuple[Recommendation, int]] = []
         self._task: asyncio.Task[None] | None = None
         self._consumer: Any = None
         self.ready = asyncio.Event()
+        self.dead_letters = 0
 
     async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="recommendation-inbox")
+
+    async def _connect(self) -> None:
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
         topic = self.settings.topic_recommendations
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            **self.settings.kafka_client_kwargs(),
-        )
-        await self._consumer.start()
-        parts = None
-        for _ in range(50):
-            parts = self._consumer.partitions_for_topic(topic)
-            if parts:
-                break
-            await self._consumer._client.force_metadata_update()
-            await asyncio.sleep(0.1)
-        if not parts:
-            raise SchemaError(f"topic {topic!r} has no partitions; was it created?")
-        part = partition_for_key(self.settings.node_id.encode(), list(parts))
-        tp = TopicPartition(topic, part)
-        self._consumer.assign([tp])
-        await self._consumer.seek_to_beginning(tp)
-        self._task = asyncio.create_task(self._run(), name="recommendation-inbox")
-        self.ready.set()
+        while True:
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                **self.settings.kafka_client_kwargs(),
+            )
+            try:
+                await consumer.start()
+                parts = None
+                for _ in range(50):
+                    parts = consumer.partitions_for_topic(topic)
+                    if parts:
+                        break
+                    await consumer._client.force_metadata_update()
+                    await asyncio.sleep(0.1)
+                if not parts:
+                    raise SchemaError(f"topic {topic!r} has no partitions; was it created?")
+                part = partition_for_key(self.settings.node_id.encode(), list(parts))
+                tp = TopicPartition(topic, part)
+                consumer.assign([tp])
+                await consumer.seek_to_beginning(tp)
+                self._consumer = consumer
+                self.ready.set()
+                return
+            except Exception as exc:
+                log.warning("recommendation inbox: cannot connect (%s); retrying", exc)
+                with contextlib.suppress(Exception):
+                    await consumer.stop()
+                await asyncio.sleep(self.retry_s)
 
     async def _run(self) -> None:
+        await self._connect()
         async for msg in self._consumer:
-            if msg.key is not None and msg.key != self.settings.node_id.encode():
-                continue  # another node hashed to the same partition
-            try:
-                self._queue.append(decode(msg.value, Recommendation))
-            except SchemaError as exc:
-                dl = dead_letter_record(
-                    "node.reconfig",
-                    msg.topic,
-                    msg.value,
-                    str(exc),
-                    key=msg.key,
-                    partition=msg.partition,
-                    offset=msg.offset,
-                )
-                await self.producer.send(self.settings.topic_deadletter, encode(dl), key=msg.key)
+            self._receive(msg)
 
-    def drain(self) -> list[Recommendation]:
+    def _receive(self, msg: Any) -> None:
+        if msg.key is not None and msg.key != self.settings.node_id.encode():
+            return  # another node hashed to the same partition
+        try:
+            rec = decode(msg.value, Recommendation)
+        except SchemaError as exc:
+            self.dead_letters += 1
+            dl = dead_letter_record(
+                "node.reconfig",
+                msg.topic,
+                msg.value,
+                str(exc),
+                key=msg.key,
+                partition=msg.partition,
+                offset=msg.offset,
+                reason_code=exc.code,
+            )
+            self.publish(self.settings.topic_deadletter, msg.key, encode(dl))
+            return
+        if self.handled is not None and self.handled(rec.id, msg.offset):
+            return  # decided before this node restarted; not a replay
+        self._queue.append((rec, msg.offset))
+
+    def drain(self) -> list[tuple[Recommendation, int]]:
+        """The recommendations received since the last call, with their offsets."""
         out, self._queue = self._queue, []
         return out
 

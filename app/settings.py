@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -47,6 +47,12 @@ class Settings(BaseSettings):
     ssl_cafile: Path | None = None
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
+    ssl_password: SecretStr | None = Field(
+        default=None, description="Password of an encrypted ssl_keyfile."
+    )
+    ssl_check_hostname: bool = Field(
+        default=True, description="Check the broker's certificate matches its host name."
+    )
 
     # --- topics (names and partition counts) ------------------------------------
     topic_launches: str = "ks.launches"
@@ -69,6 +75,21 @@ class Settings(BaseSettings):
     web_port: int = Field(default=6066, ge=0, le=65535)
     session_timeout_s: float = Field(default=6.0, gt=0)
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    max_message_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        gt=0,
+        description="Larger input messages are dead-lettered before parsing.",
+    )
+    max_event_future_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Launches stamped further than this ahead of the worker's clock are refused.",
+    )
+    max_event_age_s: float = Field(
+        default=7 * 24 * 3600.0,
+        gt=0,
+        description="Launches older than this (the launches topic's retention) are refused.",
+    )
 
     # --- node -------------------------------------------------------------------
     node_id: str = Field(default_factory=lambda: os.uname().nodename)
@@ -86,6 +107,57 @@ class Settings(BaseSettings):
     max_launches_per_s: float = Field(default=20_000.0, gt=0)
     rollback_min_launches: int = Field(default=30, ge=1)
     max_step: int = Field(default=8, ge=1, description="Largest per-parameter move a node accepts.")
+    node_state_dir: Path = Field(
+        default=Path("var/node"),
+        description="Root of the nodes' durable state (outbox, sequence numbers, replay "
+        "memory); each node uses <root>/<node_id>.",
+    )
+    outbox_max_bytes: int = Field(
+        default=256 * 1024 * 1024, gt=0, description="Outbox size bound; oldest launches drop."
+    )
+    outbox_max_records: int = Field(
+        default=100_000, gt=0, description="Outbox message bound; oldest launches drop."
+    )
+    outbox_drain_s: float = Field(
+        default=5.0, ge=0, description="On shutdown, wait this long for the outbox to empty."
+    )
+
+    # --- control plane (recommendation signing, Ed25519) --------------------------
+    signing_private_key: SecretStr | None = Field(
+        default=None, description="Tuner: PEM private key that signs recommendations."
+    )
+    signing_private_key_file: Path | None = Field(
+        default=None, description="Tuner: file holding the PEM private key."
+    )
+    signing_public_key: str | None = Field(
+        default=None,
+        description="Node: PEM public key of the recommender; when set, unsigned or "
+        "badly signed recommendations are rejected.",
+    )
+    signing_public_key_file: Path | None = Field(
+        default=None, description="Node: file holding the recommender's PEM public key."
+    )
+
+    @model_validator(mode="after")
+    def _security_complete(self) -> Settings:
+        if self.security_protocol.startswith("SASL_"):
+            missing = [
+                n
+                for n in ("sasl_mechanism", "sasl_username", "sasl_password")
+                if getattr(self, n) is None
+            ]
+            if missing:
+                raise ValueError(
+                    f"security_protocol={self.security_protocol} needs {', '.join(missing)} "
+                    f"(KERNELSTREAM_{missing[0].upper()})"
+                )
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise ValueError("ssl_keyfile needs ssl_certfile (the client certificate)")
+        if self.signing_private_key and self.signing_private_key_file:
+            raise ValueError("set signing_private_key or signing_private_key_file, not both")
+        if self.signing_public_key and self.signing_public_key_file:
+            raise ValueError("set signing_public_key or signing_public_key_file, not both")
+        return self
 
     @classmethod
     def settings_customise_sources(
@@ -108,23 +180,41 @@ class Settings(BaseSettings):
         return not self.bootstrap
 
     def kafka_client_kwargs(self) -> dict[str, Any]:
-        """Security keyword arguments shared by aiokafka producers, consumers and admin."""
+        """Security keyword arguments shared by aiokafka producers, consumers and admin.
+
+        aiokafka takes the SASL user name and password as ``sasl_plain_*`` for every
+        mechanism (PLAIN and SCRAM alike).
+        """
         kw: dict[str, Any] = {"security_protocol": self.security_protocol}
-        if self.sasl_mechanism:
+        if self.security_protocol.startswith("SASL_") and self.sasl_mechanism:
             kw["sasl_mechanism"] = self.sasl_mechanism
             kw["sasl_plain_username"] = self.sasl_username
             kw["sasl_plain_password"] = (
                 self.sasl_password.get_secret_value() if self.sasl_password else None
             )
-        if self.security_protocol in ("SSL", "SASL_SSL"):
-            from aiokafka.helpers import create_ssl_context
-
-            kw["ssl_context"] = create_ssl_context(
-                cafile=str(self.ssl_cafile) if self.ssl_cafile else None,
-                certfile=str(self.ssl_certfile) if self.ssl_certfile else None,
-                keyfile=str(self.ssl_keyfile) if self.ssl_keyfile else None,
-            )
+        ssl_context = self.ssl_context()
+        if ssl_context is not None:
+            kw["ssl_context"] = ssl_context
         return kw
+
+    def ssl_context(self) -> Any:
+        """The TLS context of an ``SSL``/``SASL_SSL`` connection, else None."""
+        if self.security_protocol not in ("SSL", "SASL_SSL"):
+            return None
+        from aiokafka.helpers import create_ssl_context
+
+        ctx = create_ssl_context(
+            cafile=str(self.ssl_cafile) if self.ssl_cafile else None,
+            certfile=str(self.ssl_certfile) if self.ssl_certfile else None,
+            keyfile=str(self.ssl_keyfile) if self.ssl_keyfile else None,
+            password=self.ssl_password.get_secret_value() if self.ssl_password else None,
+        )
+        ctx.check_hostname = self.ssl_check_hostname
+        return ctx
+
+    def node_dir(self) -> Path:
+        """This node's own state directory."""
+        return self.node_state_dir / self.node_id
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -2,9 +2,12 @@
 
 Pure: the node's adapter (:mod:`agents.reconfig_agent`) feeds it recommendations
 and measured durations and carries out what it decides. A recommendation is
-applied only if it is for this node and device, unexpired, not seen before,
-inside the workload's declared space and within the allowed step size; anything
-else is rejected with a reason. After a change the node measures the new
+applied only if its signature is valid (when the node is given a verifier), it is
+for this node and device, unexpired, not seen before, inside the workload's
+declared space and within the allowed step size; anything else is rejected with
+a reason. Ids are remembered only once the signature checked out, so a forged
+copy of an id cannot block the genuine recommendation; the memory of ids seen is
+pluggable so a node keeps it on disk across restarts. After a change the node measures the new
 configuration on at least ``min_launches`` launches over ``min_eval_s`` seconds
 and rolls back when it is slower than the configuration it replaced.
 """
@@ -12,16 +15,50 @@ and rolls back when it is slower than the configuration it replaced.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from kernels.space import Config, SearchSpace
 from schemas import Recommendation
 
-__all__ = ["Decision", "Evaluation", "ReconfigPolicy", "Reconfigurator"]
+__all__ = [
+    "Decision",
+    "Evaluation",
+    "MemorySeenIds",
+    "ReconfigPolicy",
+    "Reconfigurator",
+    "SeenIds",
+]
+
+
+class SeenIds(Protocol):
+    """The ids of recommendations a node has considered (replay protection)."""
+
+    def __contains__(self, rec_id: object) -> bool: ...
+
+    def add(self, rec_id: str, expires_at: float, offset: int | None) -> None: ...
+
+
+class MemorySeenIds:
+    """In-memory :class:`SeenIds`, bounded: the oldest ids are forgotten first."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self.capacity = capacity
+        self._ids: dict[str, None] = {}
+
+    def __contains__(self, rec_id: object) -> bool:
+        return rec_id in self._ids
+
+    def add(self, rec_id: str, expires_at: float, offset: int | None) -> None:
+        self._ids[rec_id] = None
+        if len(self._ids) > self.capacity:
+            self._ids.pop(next(iter(self._ids)))
+
+    def __iter__(self) -> Any:
+        return iter(self._ids)
 
 
 @dataclass(frozen=True)
@@ -81,6 +118,9 @@ class Reconfigurator:
         spaces: Mapping[str, SearchSpace],
         current: Mapping[str, Config],
         policy: ReconfigPolicy | None = None,
+        *,
+        verify: Callable[[Recommendation], str] | None = None,
+        seen: SeenIds | None = None,
     ) -> None:
         self.node = node
         self.device_index = device_index
@@ -90,16 +130,23 @@ class Reconfigurator:
         self._recent: dict[str, deque[np.ndarray]] = {k: deque() for k in self.spaces}
         self._recent_n: dict[str, int] = dict.fromkeys(self.spaces, 0)
         self._trials: dict[str, _Trial] = {}
-        self._seen: dict[str, None] = {}
+        self.verify = verify
+        self._seen: SeenIds = seen if seen is not None else MemorySeenIds(self.policy.seen_capacity)
 
     # -- recommendations --------------------------------------------------------
-    def consider(self, rec: Recommendation, now: float) -> Decision:
-        """Decide whether ``rec`` may be applied. Marks its id as seen either way."""
+    def consider(self, rec: Recommendation, now: float, offset: int | None = None) -> Decision:
+        """Decide whether ``rec`` may be applied.
+
+        Marks its id as seen whether applied or rejected, but only when its
+        signature is valid: an id carried by a forged message is not burnt.
+        ``offset`` (where the node read it) is remembered with the id.
+        """
+        bad_signature = self.verify(rec) if self.verify is not None else ""
+        if bad_signature:
+            return Decision("reject", bad_signature, rec)
         reason = self._reject_reason(rec, now)
         if rec.id not in self._seen:
-            self._seen[rec.id] = None
-            if len(self._seen) > self.policy.seen_capacity:
-                self._seen.pop(next(iter(self._seen)))
+            self._seen.add(rec.id, rec.expires_at, offset)
         if reason:
             return Decision("reject", reason, rec)
         return Decision("apply", "valid recommendation", rec)
@@ -213,7 +260,8 @@ class Reconfigurator:
         return kernel in self._trials
 
     def snapshot(self) -> dict[str, Any]:
-        return {"current": self.current, "seen": list(self._seen)}
+        seen = list(self._seen) if isinstance(self._seen, MemorySeenIds) else None
+        return {"current": self.current, "seen": seen}
 
 
 def _kept_reason(before: float | None, after: float | None) -> str:

@@ -34,6 +34,7 @@ def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
         bootstrap=broker.bootstrap,
         app_id=f"ks-test-{tag}",
         data_dir=tmp_path / "worker",
+        node_state_dir=tmp_path / "nodes",
         web_port=free_port(),
         partitions=2,
         node_id=f"node-{tag}",
