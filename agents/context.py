@@ -1,4 +1,14 @@
-"""What the worker's agents share: settings, topics, counters, the edge decoder."""
+"""What the worker's agents share: settings, topics, counters, the edge decoder.
+
+Every record a worker consumes passes :meth:`WorkerContext.decode`: the key must
+be UTF-8 text, the value a valid record of the topic's type (size limit, JSON,
+schema and version, fields, types, finite numbers, ranges, column lengths), and a
+launch batch must also be keyed by its own stream, name a workload the worker
+knows and carry event times within bounds of the worker's clock. Anything else
+goes to the dead-letter topic with its original bytes, a reason and a reason code,
+and is counted in ``counters`` under ``deadletter.<stage>`` and
+``deadletter.<stage>.<code>``; the agent carries on with the next record.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +16,15 @@ import base64
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from schemas import DeadLetter, Record, SchemaError, decode, encode
+from schemas import DeadLetter, LaunchBatch, Record, SchemaError, decode, encode
+from schemas.codec import MAX_MESSAGE_BYTES, check_key
 
-__all__ = ["WorkerContext", "dead_letter_record"]
+if TYPE_CHECKING:
+    from schemas.columnar import LaunchColumns
+
+__all__ = ["LaunchLimits", "WorkerContext", "dead_letter_record", "launch_batch_problem"]
 
 R = TypeVar("R", bound=Record)
 
@@ -24,6 +38,7 @@ def dead_letter_record(
     key: bytes | None = None,
     partition: int | None = None,
     offset: int | None = None,
+    reason_code: str | None = None,
 ) -> DeadLetter:
     """The dead letter for input ``stage`` could not accept: original bytes and the reason."""
     return DeadLetter(
@@ -34,8 +49,62 @@ def dead_letter_record(
         key_b64=base64.b64encode(key).decode() if key is not None else None,
         value_b64=base64.b64encode(value or b"").decode(),
         reason=reason[:2000],
+        reason_code=reason_code,
         at=time.time(),
     )
+
+
+@dataclass(frozen=True)
+class LaunchLimits:
+    """Bounds on a launch batch's event times, relative to the worker's clock."""
+
+    max_future_s: float = 300.0
+    max_age_s: float = 7 * 24 * 3600.0
+
+
+def launch_batch_problem(
+    batch: LaunchBatch,
+    key: str | None,
+    now: float,
+    limits: LaunchLimits,
+    known_workload: Any = None,
+    t_range: tuple[float, float] | None = None,
+) -> SchemaError | None:
+    """Why a well-formed launch batch must still be refused, or None.
+
+    ``known_workload(workload, problem_size) -> bool``, when given, says whether
+    the worker knows the workload (a node running a kernel no worker can place in
+    a search space is misconfigured, not a source of windows to tune).
+    ``t_range`` is the batch's (earliest, latest) event time when the caller has
+    the columns elsewhere (columnar decoding), else taken from ``batch.t_end``.
+    """
+    if key != batch.stream_key:
+        return SchemaError(
+            f"key {key!r} is not the batch's stream key {batch.stream_key!r}: its launches "
+            "would be windowed on the wrong partition",
+            "bad_key",
+        )
+    lo, hi = t_range if t_range is not None else (min(batch.t_end), max(batch.t_end))
+    if hi > now + limits.max_future_s:
+        return SchemaError(
+            f"event time {hi:.3f} is {hi - now:.0f} s ahead of the worker's clock "
+            f"(limit {limits.max_future_s:.0f} s): check the node's clock",
+            "bad_timestamp",
+        )
+    if lo < now - limits.max_age_s:
+        return SchemaError(
+            f"event time {lo:.3f} is {now - lo:.0f} s in the past "
+            f"(limit {limits.max_age_s:.0f} s): check the node's clock",
+            "bad_timestamp",
+        )
+    if known_workload is not None and not known_workload(batch.workload, batch.problem_size):
+        return SchemaError(
+            f"unknown kernel: workload {batch.workload!r} with problem size "
+            f"{batch.problem_size} is not built in (or refuses that size) and has no "
+            "tuning-space file on this worker",
+            "unknown_kernel",
+        )
+    return None
 
 
 @dataclass
@@ -45,10 +114,47 @@ class WorkerContext:
     settings: Any  # app.settings.Settings (not imported: agents must not depend on app)
     topics: dict[str, Any]  # role -> faust topic
     counters: Counter[str] = field(default_factory=Counter)
+    _known: dict[tuple[str, tuple[int, ...]], bool] = field(default_factory=dict, repr=False)
+    _resolver: Any = field(default=None, repr=False)
 
-    async def dead_letter(self, stage: str, event: Any, reason: str) -> None:
+    @property
+    def launch_limits(self) -> LaunchLimits:
+        s = self.settings
+        return LaunchLimits(
+            max_future_s=getattr(s, "max_event_future_s", LaunchLimits.max_future_s),
+            max_age_s=getattr(s, "max_event_age_s", LaunchLimits.max_age_s),
+        )
+
+    def known_workload(self, workload: str, problem_size: Any) -> bool:
+        """Whether this worker can place ``workload`` in a search space (cached)."""
+        key = (workload, tuple(problem_size))
+        if key not in self._known:
+            if self._resolver is None:
+                from kernels.resolve import SpaceResolver
+
+                self._resolver = SpaceResolver(getattr(self.settings, "tuning_spaces_dir", None))
+            try:
+                self._resolver.space_for(workload, key[1])
+                self._known[key] = True
+            except Exception:  # LookupError, or ValueError for a size the workload refuses
+                self._known[key] = False
+        return self._known[key]
+
+    def dead_letter_counts(self) -> dict[str, int]:
+        """Dead letters so far by ``<stage>.<reason code>`` (for metrics endpoints)."""
+        prefix = "deadletter."
+        return {
+            k[len(prefix) :]: v
+            for k, v in self.counters.items()
+            if k.startswith(prefix) and k.count(".") >= 2
+        }
+
+    async def dead_letter(
+        self, stage: str, event: Any, reason: str, code: str | None = None
+    ) -> None:
         """Publish the event's original bytes with the reason to the dead-letter topic."""
         self.counters[f"deadletter.{stage}"] += 1
+        self.counters[f"deadletter.{stage}.{code or 'invalid'}"] += 1
         msg = event.message
         record = dead_letter_record(
             stage,
@@ -58,13 +164,55 @@ class WorkerContext:
             key=event.key,
             partition=msg.partition,
             offset=msg.offset,
+            reason_code=code,
         )
         await self.topics["deadletter"].send(key=event.key, value=encode(record))
 
+    async def decode_launches(self, stage: str, event: Any) -> LaunchColumns | None:
+        """:meth:`decode` for launch batches, straight to columns (the worker's hot path)."""
+        from schemas.columnar import decode_launch_columns
+
+        max_bytes = getattr(self.settings, "max_message_bytes", MAX_MESSAGE_BYTES)
+        try:
+            value = _value(event, max_bytes)
+            key = check_key(event.key)
+            cols = decode_launch_columns(value)
+            t_range = (float(cols.t_end.min()), float(cols.t_end.max()))
+            problem = launch_batch_problem(
+                cols.meta, key, time.time(), self.launch_limits, self.known_workload, t_range
+            )
+            if problem is not None:
+                raise problem
+        except SchemaError as exc:
+            await self.dead_letter(stage, event, str(exc), exc.code)
+            return None
+        return cols
+
     async def decode(self, stage: str, event: Any, cls: type[R]) -> R | None:
         """Validate an event at the edge; dead-letter it and return None when invalid."""
+        max_bytes = getattr(self.settings, "max_message_bytes", MAX_MESSAGE_BYTES)
         try:
-            return decode(event.value, cls)
+            value = _value(event, max_bytes)
+            key = check_key(event.key)
+            record = decode(value, cls, max_bytes=max_bytes)
+            if isinstance(record, LaunchBatch):
+                problem = launch_batch_problem(
+                    record, key, time.time(), self.launch_limits, self.known_workload
+                )
+                if problem is not None:
+                    raise problem
         except SchemaError as exc:
-            await self.dead_letter(stage, event, str(exc))
+            await self.dead_letter(stage, event, str(exc), exc.code)
             return None
+        return record
+
+
+def _value(event: Any, max_bytes: int) -> bytes:
+    value = event.value
+    if value is None:
+        raise SchemaError("the message has no value (a tombstone)", "invalid_json")
+    if len(value) > max_bytes:
+        raise SchemaError(
+            f"message of {len(value)} bytes exceeds the {max_bytes}-byte limit", "oversized"
+        )
+    return bytes(value)

@@ -32,8 +32,8 @@ def register(app: Any, ctx: WorkerContext) -> Tuner:
                 continue
             try:
                 space = spaces.space_for(finding.workload, tuple(finding.problem_size))
-            except LookupError as exc:
-                await ctx.dead_letter("tuner", event, str(exc))
+            except (LookupError, ValueError) as exc:  # unknown workload, or a size it refuses
+                await ctx.dead_letter("tuner", event, str(exc), "unknown_kernel")
                 continue
             tuner.observe_finding(finding)
             rec = tuner.recommend(finding, space, time.time())

@@ -40,8 +40,7 @@ from mode import Service
 
 from agents.context import WorkerContext
 from agents.logic.windowing import Windower, WindowSpec
-from schemas import SchemaError, WindowAggregate, encode
-from schemas.columnar import decode_launch_columns
+from schemas import WindowAggregate, encode
 
 __all__ = ["WindowAgentStats", "WindowIngest", "register", "state_topic", "window_spec"]
 
@@ -149,11 +148,10 @@ class WindowIngest(Service):
 
     async def _process(self, msg: Any, keys: set[str]) -> None:
         stats, ctx = self.stats, self.ctx
-        try:
-            cols = decode_launch_columns(msg.value)
-        except SchemaError as exc:
-            event = SimpleNamespace(message=msg, key=msg.key, value=msg.value)
-            await ctx.dead_letter("window", event, str(exc))
+        # The edge checks (schema, key, event-time bounds, known workload) dead-letter bad input.
+        event = SimpleNamespace(message=msg, key=msg.key, value=msg.value)
+        cols = await ctx.decode_launches("window", event)
+        if cols is None:
             return
         now = time.time()
         n = len(cols)

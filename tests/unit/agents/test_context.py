@@ -1,0 +1,70 @@
+"""The worker's edge decoder: every class of bad input is dead-lettered, coded and counted."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from agents.context import WorkerContext
+from app.settings import Settings
+from schemas import DeadLetter, LaunchBatch, decode
+from tests.bad_input import bad_inputs, good_batch
+
+
+class FakeTopic:
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes | None, bytes]] = []
+
+    async def send(self, key: bytes | None = None, value: bytes = b"") -> None:
+        self.sent.append((key, value))
+
+
+def event(key: bytes | None, value: bytes, offset: int = 0) -> Any:
+    msg = SimpleNamespace(topic="ks.launches", partition=0, offset=offset)
+    return SimpleNamespace(message=msg, key=key, value=value)
+
+
+def context() -> tuple[WorkerContext, FakeTopic]:
+    dlq = FakeTopic()
+    return WorkerContext(Settings(max_message_bytes=50_000), {"deadletter": dlq}), dlq
+
+
+NOW = time.time()
+TEMPLATE = good_batch("n1", "matmul", NOW - 1.0, 20, 0)
+CASES = bad_inputs(TEMPLATE, NOW, oversize_bytes=60_000)
+
+
+def test_at_least_the_twelve_classes_of_the_issue_are_covered() -> None:
+    codes = {code for _, code, _, _ in CASES}
+    assert len(CASES) >= 12 and len(codes) >= 11  # + duplicates, decided by the window agent
+
+
+@pytest.mark.parametrize(("name", "code", "key", "value"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_dead_lettered_with_original_bytes_reason_and_code(
+    name: str, code: str, key: bytes | None, value: bytes
+) -> None:
+    ctx, dlq = context()
+    for decoder in (ctx.decode_launches, lambda s, e: ctx.decode(s, e, LaunchBatch)):
+        dlq.sent.clear()
+        assert asyncio.run(decoder("window", event(key, value, offset=7))) is None
+        [(dl_key, dl_value)] = dlq.sent
+        dl = decode(dl_value, DeadLetter)
+        assert base64.b64decode(dl.value_b64) == value and dl_key == key
+        assert dl.reason_code == code, f"{name}: {dl.reason}"
+        assert dl.reason and dl.stage == "window" and dl.offset == 7
+    assert ctx.counters[f"deadletter.window.{code}"] == 2
+    assert ctx.dead_letter_counts() == {f"window.{code}": 2}
+
+
+def test_good_batch_passes_both_decoders() -> None:
+    ctx, dlq = context()
+    ev = event(TEMPLATE.stream_key.encode(), TEMPLATE.model_dump_json(by_alias=True).encode())
+    cols = asyncio.run(ctx.decode_launches("window", ev))
+    assert cols is not None and len(cols) == 20
+    assert asyncio.run(ctx.decode("window", ev, LaunchBatch)) == TEMPLATE
+    assert not dlq.sent and not ctx.dead_letter_counts()
