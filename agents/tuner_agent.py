@@ -3,6 +3,9 @@
 Findings and reconfiguration outcomes are both keyed by fleet group
 (device model, workload, problem size), so one worker owns a group's whole
 history: every node of the group learns from every other node's measurements.
+With a signing key configured (``signing_private_key[_file]``) every
+recommendation is signed (Ed25519) so nodes holding the public key can tell it
+from a forgery.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ from agents.context import WorkerContext
 from agents.logic.tuning import Tuner
 from kernels.resolve import SpaceResolver
 from schemas import Finding, ReconfigOutcome, encode
+from schemas.signing import signer_from_settings
 
 __all__ = ["register"]
 
 
 def register(app: Any, ctx: WorkerContext) -> Tuner:
     tuner = Tuner(ttl_s=ctx.settings.recommendation_ttl_s)
+    signer = signer_from_settings(ctx.settings)
     spaces = SpaceResolver(ctx.settings.tuning_spaces_dir)
     findings, reconfig = ctx.topics["findings"], ctx.topics["reconfig"]
     recommendations = ctx.topics["recommendations"]
@@ -38,6 +43,8 @@ def register(app: Any, ctx: WorkerContext) -> Tuner:
             tuner.observe_finding(finding)
             rec = tuner.recommend(finding, space, time.time())
             if rec is not None:
+                if signer is not None:
+                    rec = signer.sign(rec)
                 ctx.counters["recommendations.out"] += 1
                 await recommendations.send(key=rec.node.encode(), value=encode(rec))
 

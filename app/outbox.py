@@ -67,6 +67,7 @@ _META = b"m/"  # counters and the pending drop report
 _NO_KEY = 0xFFFFFFFF
 _HEADER = struct.Struct(">BHIQI")  # flags, topic len, key len, seq_start, count
 _DROPPABLE = 1
+_MAX_OFFSETS_PER_ID = 100
 
 
 @dataclass(frozen=True)
@@ -193,9 +194,9 @@ class DurableSeenIds:
     """Recommendation ids seen, in the node's store: replay protection across restarts.
 
     Implements :class:`agents.logic.reconfiguration.SeenIds`. Each id keeps the
-    offset it was first read at, so a node re-reading its partition after a
-    restart can tell its own re-read (same id, same offset: skip quietly) from a
-    replay (same id at another offset: reject in public).
+    offsets it was read and decided at, so a node re-reading its partition after
+    a restart can tell its own re-read (same id, an offset already decided: skip
+    quietly) from a new replay (same id at a new offset: reject in public).
     """
 
     def __init__(self, store: NodeStore) -> None:
@@ -205,13 +206,18 @@ class DurableSeenIds:
         return isinstance(rec_id, str) and self.store.get(_SEEN + rec_id.encode()) is not None
 
     def add(self, rec_id: str, expires_at: float, offset: int | None) -> None:
-        value = orjson.dumps({"exp": expires_at, "off": offset})
-        self.store.write([(_SEEN + rec_id.encode(), value)])
+        """Remember ``rec_id`` and every offset it was read at (a replay is decided too)."""
+        k = _SEEN + rec_id.encode()
+        raw = self.store.get(k)
+        offsets: list[int] = orjson.loads(raw)["offs"] if raw else []
+        if offset is not None and offset not in offsets:
+            offsets = [*offsets, offset][-_MAX_OFFSETS_PER_ID:]
+        self.store.write([(k, orjson.dumps({"exp": expires_at, "offs": offsets}))])
 
     def handled(self, rec_id: str, offset: int) -> bool:
-        """True if this id was first read at this very offset (decided before a restart)."""
+        """True if this id was already decided at this very offset (before a restart)."""
         raw = self.store.get(_SEEN + rec_id.encode())
-        return raw is not None and orjson.loads(raw).get("off") == offset
+        return raw is not None and offset in orjson.loads(raw)["offs"]
 
     def forget_expired(self, before: float) -> int:
         """Drop ids that expired before ``before``: an expired replay is refused as expired."""

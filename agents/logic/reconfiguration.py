@@ -39,7 +39,8 @@ class SeenIds(Protocol):
 
     def __contains__(self, rec_id: object) -> bool: ...
 
-    def add(self, rec_id: str, expires_at: float, offset: int | None) -> None: ...
+    def add(self, rec_id: str, expires_at: float, offset: int | None) -> None:
+        """Remember ``rec_id`` (read at ``offset``); called again for each replay."""
 
 
 class MemorySeenIds:
@@ -53,6 +54,8 @@ class MemorySeenIds:
         return rec_id in self._ids
 
     def add(self, rec_id: str, expires_at: float, offset: int | None) -> None:
+        if rec_id in self._ids:
+            return
         self._ids[rec_id] = None
         if len(self._ids) > self.capacity:
             self._ids.pop(next(iter(self._ids)))
@@ -145,8 +148,7 @@ class Reconfigurator:
         if bad_signature:
             return Decision("reject", bad_signature, rec)
         reason = self._reject_reason(rec, now)
-        if rec.id not in self._seen:
-            self._seen.add(rec.id, rec.expires_at, offset)
+        self._seen.add(rec.id, rec.expires_at, offset)
         if reason:
             return Decision("reject", reason, rec)
         return Decision("apply", "valid recommendation", rec)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
 from app.broker import EmbeddedBroker, free_port
 from app.settings import Settings
@@ -60,6 +61,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     for name, value in settings.model_dump(exclude={"bootstrap"}).items():
         if value is None or name.startswith(("sasl_", "ssl_")):
             continue
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
         env[f"KERNELSTREAM_{name.upper()}"] = (
             "[" + ",".join(f'"{v}"' for v in value) + "]"
             if isinstance(value, tuple)

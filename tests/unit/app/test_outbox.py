@@ -114,4 +114,6 @@ def test_seen_ids_remember_their_first_offset(tmp_path: Path) -> None:
     seen.add("r1", expires_at=100.0, offset=7)
     assert "r1" in seen and "r2" not in seen
     assert seen.handled("r1", 7) and not seen.handled("r1", 8) and not seen.handled("r2", 0)
+    seen.add("r1", expires_at=100.0, offset=8)  # a replay, decided too
+    assert seen.handled("r1", 8) and seen.handled("r1", 7)
     assert seen.forget_expired(before=101.0) == 1 and "r1" not in seen
