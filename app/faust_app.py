@@ -40,8 +40,8 @@ def faust_broker_kwargs(settings: Settings) -> dict[str, Any]:
 def _credentials(settings: Settings) -> Any:
     from faust.auth import SASLCredentials, SSLCredentials
 
-    ssl_context = settings.kafka_client_kwargs().get("ssl_context")
-    if settings.sasl_mechanism:
+    ssl_context = settings.ssl_context()
+    if settings.security_protocol.startswith("SASL_"):
         return SASLCredentials(
             username=settings.sasl_username,
             password=settings.sasl_password.get_secret_value() if settings.sasl_password else None,

@@ -1,0 +1,169 @@
+"""SASL/SSL settings reach every Kafka client: aiokafka producers, consumers, admin, Faust.
+
+The embedded broker cannot check TLS or SASL (see ARCHITECTURE.md), so these tests
+check the plumbing: the keyword arguments and Faust credentials built from the
+settings, and that aiokafka accepts them. Against a real secured cluster they are
+exercised by pointing KAFKA_BOOTSTRAP at it with the same settings.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ssl
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from app.faust_app import create_app, faust_broker_kwargs
+from app.settings import Settings
+
+
+def _pki(d: Path) -> tuple[Path, Path, Path]:
+    """A CA and a client certificate signed by it; the client key encrypted with 'pw'."""
+    now = dt.datetime.now(dt.UTC)
+
+    def cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: str, signer: object) -> bytes:
+        c = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now)
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=subject == issuer, path_length=None), True)
+            .sign(signer, hashes.SHA256())  # type: ignore[arg-type]
+        )
+        return c.public_bytes(serialization.Encoding.PEM)
+
+    ca_key, client_key = (
+        ec.generate_private_key(ec.SECP256R1()),
+        ec.generate_private_key(ec.SECP256R1()),
+    )
+    ca, cert_file, key_file = d / "ca.pem", d / "client.pem", d / "client.key"
+    ca.write_bytes(cert("ks-test-ca", ca_key, "ks-test-ca", ca_key))
+    cert_file.write_bytes(cert("ks-node", client_key, "ks-test-ca", ca_key))
+    key_file.write_bytes(
+        client_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"pw"),
+        )
+    )
+    return ca, cert_file, key_file
+
+
+def _aiokafka_accepts(kw: dict[str, object]) -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    async def build() -> None:  # aiokafka validates the security options in its constructors
+        AIOKafkaProducer(bootstrap_servers="kafka:9093", **kw)  # type: ignore[arg-type]
+        AIOKafkaConsumer(bootstrap_servers="kafka:9093", **kw)  # type: ignore[arg-type]
+        AIOKafkaAdminClient(bootstrap_servers="kafka:9093", **kw)  # type: ignore[arg-type]
+
+    import asyncio
+
+    asyncio.run(build())
+
+
+def _faust_auth(s: Settings) -> dict[str, object]:
+    from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
+
+    app = create_app(s, "kafka:9093", web=False)
+    return dict(credentials_to_aiokafka_auth(app.conf.broker_credentials, app.conf.ssl_context))
+
+
+def test_plaintext_by_default() -> None:
+    s = Settings()
+    assert s.kafka_client_kwargs() == {"security_protocol": "PLAINTEXT"}
+    assert "broker_credentials" not in faust_broker_kwargs(s)
+    assert _faust_auth(s) == {"security_protocol": "PLAINTEXT"}
+
+
+def test_sasl_plaintext_scram_reaches_aiokafka_and_faust() -> None:
+    s = Settings(
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-256",
+        sasl_username="ks",
+        sasl_password="s3cret",  # type: ignore[arg-type]
+    )
+    kw = s.kafka_client_kwargs()
+    assert kw == {
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "SCRAM-SHA-256",
+        "sasl_plain_username": "ks",
+        "sasl_plain_password": "s3cret",
+    }
+    _aiokafka_accepts(kw)
+    auth = _faust_auth(s)
+    assert {k: auth[k] for k in kw} == kw and auth["ssl_context"] is None
+    assert "s3cret" not in repr(s) and "s3cret" not in str(s.model_dump())
+
+
+def test_sasl_ssl_with_a_private_ca(tmp_path: Path) -> None:
+    ca, _, _ = _pki(tmp_path)
+    s = Settings(
+        security_protocol="SASL_SSL",
+        sasl_mechanism="PLAIN",
+        sasl_username="ks",
+        sasl_password="s3cret",  # type: ignore[arg-type]
+        ssl_cafile=ca,
+    )
+    kw = s.kafka_client_kwargs()
+    ctx = kw["ssl_context"]
+    assert isinstance(ctx, ssl.SSLContext) and ctx.check_hostname
+    assert [c["subject"] for c in ctx.get_ca_certs()] == [((("commonName", "ks-test-ca"),),)]
+    assert kw["security_protocol"] == "SASL_SSL" and kw["sasl_mechanism"] == "PLAIN"
+    _aiokafka_accepts(kw)
+    auth = _faust_auth(s)
+    assert auth["security_protocol"] == "SASL_SSL" and auth["sasl_plain_username"] == "ks"
+    assert isinstance(auth["ssl_context"], ssl.SSLContext)
+
+
+def test_mutual_tls_with_an_encrypted_client_key(tmp_path: Path) -> None:
+    ca, cert, key = _pki(tmp_path)
+    s = Settings(
+        security_protocol="SSL",
+        ssl_cafile=ca,
+        ssl_certfile=cert,
+        ssl_keyfile=key,
+        ssl_password="pw",  # type: ignore[arg-type]
+        ssl_check_hostname=False,
+        sasl_mechanism="PLAIN",  # ignored: not a SASL protocol
+    )
+    kw = s.kafka_client_kwargs()
+    assert set(kw) == {"security_protocol", "ssl_context"} and kw["security_protocol"] == "SSL"
+    assert not kw["ssl_context"].check_hostname  # type: ignore[attr-defined]
+    _aiokafka_accepts(kw)
+    auth = _faust_auth(s)
+    assert auth["security_protocol"] == "SSL" and isinstance(auth["ssl_context"], ssl.SSLContext)
+    with pytest.raises(ssl.SSLError):
+        Settings(
+            security_protocol="SSL",
+            ssl_certfile=cert,
+            ssl_keyfile=key,
+            ssl_password="wrong",  # type: ignore[arg-type]
+        ).kafka_client_kwargs()
+
+
+def test_incomplete_security_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="sasl_mechanism, sasl_username, sasl_password"):
+        Settings(security_protocol="SASL_SSL")
+    with pytest.raises(ValueError, match="sasl_password"):
+        Settings(security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN", sasl_username="u")
+    with pytest.raises(ValueError, match="ssl_keyfile needs ssl_certfile"):
+        Settings(security_protocol="SSL", ssl_keyfile=Path("k.pem"))
+
+
+def test_security_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KERNELSTREAM_SECURITY_PROTOCOL", "SASL_PLAINTEXT")
+    monkeypatch.setenv("KERNELSTREAM_SASL_MECHANISM", "SCRAM-SHA-512")
+    monkeypatch.setenv("KERNELSTREAM_SASL_USERNAME", "ks")
+    monkeypatch.setenv("KERNELSTREAM_SASL_PASSWORD", "from-env")
+    kw = Settings().kafka_client_kwargs()
+    assert kw["sasl_plain_password"] == "from-env" and kw["sasl_mechanism"] == "SCRAM-SHA-512"
