@@ -391,6 +391,10 @@ class Outbox:
             await asyncio.wait_for(self._changed.wait(), timeout_s)
         self._changed.clear()
 
+    def entries(self) -> list[OutboxEntry]:
+        """Every entry waiting for the broker, oldest first."""
+        return list(self._order.values())
+
     def __len__(self) -> int:
         return self.stats.pending
 
