@@ -221,8 +221,8 @@ def test_batched_equals_reference(seed: int) -> None:
     got.sort(key=key)
     want = aggregate_reference(launch_rows(batches), spec)
     assert len(got) == len(want) > 5
-    for a, b in zip(got, want, strict=True):
-        _close(a, b)
+    for g, r in zip(got, want, strict=True):
+        _close(g, r)
     assert w.metrics.late_dropped_to_topic == sum(len(b.t_end) for b in batches) - sum(
         a.count + a.failures for a in want
     )
@@ -319,8 +319,8 @@ def test_in_order_fast_path_equals_reference(seed: int, monkeypatch: Any) -> Non
     assert sum(a.late_accepted for a in want) > 0, "the input must exercise accepted late rows"
     assert sum(a.failures for a in want) > 0
     assert len({a.config_id for a in want}) == 2
-    for a, b in zip(got, want, strict=True):
-        da, db = a.model_dump(), b.model_dump()
+    for g, r in zip(got, want, strict=True):
+        da, db = g.model_dump(), r.model_dump()
         for k, va in da.items():
             if isinstance(va, float):
                 assert math.isclose(va, db[k], rel_tol=1e-12, abs_tol=1e-12), (k, va, db[k])
