@@ -49,6 +49,8 @@ from typing import Any
 
 import orjson
 
+from app.errors import ConfigError
+
 __all__ = [
     "DurableSeenIds",
     "NodeStore",
@@ -148,7 +150,14 @@ class NodeStore:
         self.path.mkdir(parents=True, exist_ok=True)
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
-        self._db = Rdict(str(self.path), opts)
+        try:
+            self._db = Rdict(str(self.path), opts)
+        except Exception as exc:  # rocksdict raises plain Exception, e.g. for a held lock
+            raise ConfigError(
+                f"cannot open the node's state in {self.path}: {exc}. Is another node with "
+                "the same id running? Each node needs its own --node-id (or "
+                "KERNELSTREAM_NODE_STATE_DIR)."
+            ) from exc
         self._wopts = WriteOptions()  # WAL on, no fsync: survives a process crash
 
     # -- raw access (used by Outbox) ---------------------------------------------

@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
+from app.errors import ConfigError
 from app.outbox import DurableSeenIds, NodeStore, Outbox, OutboxSender
 
 
@@ -117,3 +119,10 @@ def test_seen_ids_remember_their_first_offset(tmp_path: Path) -> None:
     seen.add("r1", expires_at=100.0, offset=8)  # a replay, decided too
     assert seen.handled("r1", 8) and seen.handled("r1", 7)
     assert seen.forget_expired(before=101.0) == 1 and "r1" not in seen
+
+
+def test_a_second_process_on_the_same_node_state_is_refused_clearly(tmp_path: Path) -> None:
+    store = NodeStore(tmp_path / "n")
+    with pytest.raises(ConfigError, match="another node with the same id"):
+        NodeStore(tmp_path / "n")
+    store.close()
