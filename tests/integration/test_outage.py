@@ -1,6 +1,6 @@
 """Broker outage while two nodes run: nothing produced during it is lost, the loop keeps pace.
 
-The test owns its embedded broker (the session's is shared), kills it for
+The test owns its embedded broker (the session's is shared), stops it for
 ``KS_TEST_OUTAGE_S`` seconds (30 by default, the issue's figure) while two nodes
 run, and starts it again on the same port. Then every launch the nodes produced
 from the moment the broker went down must be on the new broker, each
@@ -61,9 +61,9 @@ async def _scenario(base: Settings, broker: EmbeddedBroker, gate: Gate) -> None:
         nodes[s.node_id] = (stop, report, task)
 
     await asyncio.sleep(4.0)  # the nodes run and publish normally
-    gate.close()
-    await asyncio.to_thread(broker.stop)
+    gate.close()  # from here on nothing the nodes send can reach a broker
     at_down = {n: dict(r.next_seq) for n, (_, r, _) in nodes.items()}
+    await asyncio.to_thread(broker.stop)
     assert all(at_down.values()), "the nodes had not started launching before the outage"
     await asyncio.sleep(OUTAGE_S)
     during = {n: dict(r.next_seq) for n, (_, r, _) in nodes.items()}
