@@ -100,6 +100,11 @@ class WorkloadRunner:
         min_iter_us = len(names) * 1e6 / self.max_launches_per_s
         iter_us = max(est_iter_us, min_iter_us)
         n = max(1, min(self.max_iterations_per_tick, math.floor(span_s * 1e6 / iter_us)))
+        if any(s.mean_us <= 0.0 for s in self.kernels.values()):
+            # A kernel's duration is unknown (first tick, or a new configuration): one
+            # iteration measures it, so the tick cannot lay out more device time than
+            # the wall clock allows (which would put event times in the future).
+            n = 1
         durations = np.empty((n, len(names)))
         oks = np.empty((n, len(names)), dtype=bool)
         for j, name in enumerate(names):

@@ -6,9 +6,12 @@ group benefits from. Per (node, device, kernel) the tuner keeps a *slot*: what t
 kernel runs now, what was rejected or rolled back there, and the one outstanding
 recommendation (there is never more than one, so measurements are not confounded).
 
-How to move is a :class:`Strategy`; :class:`GuidedLocalSearch` is the default. The
-tuner itself only decides *whether* to move (enough evidence, no outstanding
-recommendation) and shares the group's best directly when it is clearly better.
+How to move is a :class:`Strategy`; :class:`agents.logic.search.ModelGuidedSearch`
+(a tree-ensemble model of the group's measurements) is the default and
+:class:`GuidedLocalSearch` (hint-ranked neighbours) the simple alternative. The tuner
+itself only decides *whether* to move (enough evidence, no outstanding
+recommendation), keeps every proposal within the nodes' step limit, and shares the
+group's best directly when it is clearly better.
 
 >>> t = Tuner()
 >>> t.recommend_count
@@ -18,7 +21,7 @@ recommendation) and shares the group's best directly when it is clearly better.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -119,8 +122,14 @@ class Strategy(Protocol):
         group: GroupStats,
         current: Config,
         allowed: Callable[[Config], bool],
+        related: Sequence[GroupStats] = (),
     ) -> Proposal | None:
-        """A config with ``allowed(config)`` true, or None when nothing is worth trying."""
+        """A config with ``allowed(config)`` true, or None when nothing is worth trying.
+
+        ``related`` are the groups of the same workload and problem size on other
+        device models: a strategy may warm-start from them, but only ``group``'s own
+        measurements say what is fast here.
+        """
         ...
 
 
@@ -181,6 +190,7 @@ class GuidedLocalSearch:
         group: GroupStats,
         current: Config,
         allowed: Callable[[Config], bool],
+        related: Sequence[GroupStats] = (),
     ) -> Proposal | None:
         best = group.best(min_windows=1)
         center = best[1].config if best is not None and space.is_valid(best[1].config) else current
@@ -254,7 +264,11 @@ class Tuner:
         min_windows: the current config needs this many such windows before moving.
         share_min_gain: the group's best is sent to a node when it is at least this
             much faster (relative mean duration) than what the node runs.
-        strategy: how to explore; :class:`GuidedLocalSearch` by default.
+        strategy: how to explore; :class:`agents.logic.search.ModelGuidedSearch` by
+            default.
+        max_step: the nodes' step limit (positions any one parameter may move in one
+            change, ``ReconfigPolicy.max_step``); None for no limit. Proposals beyond it
+            would only be rejected.
     """
 
     def __init__(
@@ -265,7 +279,10 @@ class Tuner:
         min_windows: int = 1,
         share_min_gain: float = 0.03,
         strategy: Strategy | None = None,
+        max_step: int | None = None,
     ) -> None:
+        if max_step is not None and max_step < 1:
+            raise LogicSettingsError(f"Tuner.max_step must be >= 1 or None, got {max_step}")
         if not (math.isfinite(ttl_s) and ttl_s > 0):
             raise LogicSettingsError(f"Tuner.ttl_s must be > 0, got {ttl_s!r}")
         if min_launches < 1 or min_windows < 1:
@@ -278,7 +295,12 @@ class Tuner:
         self.min_launches = min_launches
         self.min_windows = min_windows
         self.share_min_gain = share_min_gain
-        self.strategy: Strategy = strategy or GuidedLocalSearch()
+        if strategy is None:
+            from agents.logic.search import ModelGuidedSearch
+
+            strategy = ModelGuidedSearch()
+        self.strategy: Strategy = strategy
+        self.max_step = max_step
         self.recommend_count = 0
         self._groups: dict[GroupKey, GroupStats] = {}
         self._slots: dict[SlotKey, _Slot] = {}
@@ -406,15 +428,27 @@ class Tuner:
                 and cid != cur_id
                 and cid not in g.failed
                 and cid not in slot.excluded
+                and (self.max_step is None or space.steps(current, config) <= self.max_step)
                 and space.is_valid(config)
             )
 
         def untried(config: Config) -> bool:
-            return allowed(config) and g.trying.get(space.config_id(config), -math.inf) <= now
+            # Strategies propose from the space's own enumeration or neighbours, which
+            # are valid by construction; validity is checked once, on the proposal.
+            cid = space.config_id(config)
+            return (
+                cid != cur_id
+                and cid not in g.failed
+                and cid not in slot.excluded
+                and g.trying.get(cid, -math.inf) <= now
+                and (self.max_step is None or space.steps(current, config) <= self.max_step)
+            )
 
         proposal = self._share_best(g, cur, cur_id, cur_failed, allowed)
         if proposal is None:
-            proposal = self.strategy.propose(finding, space, g, current, untried)
+            key = group_of(finding)
+            related = [o for k, o in self._groups.items() if k[1:] == key[1:] and k != key]
+            proposal = self.strategy.propose(finding, space, g, current, untried, related)
         if proposal is None and cur_failed and allowed(space.start_config()):
             proposal = Proposal(space.start_config(), "current config fails: back to start", 0.0)
         if proposal is None or not allowed(proposal.config):
@@ -524,6 +558,7 @@ class Tuner:
                 "min_launches": self.min_launches,
                 "min_windows": self.min_windows,
                 "share_min_gain": self.share_min_gain,
+                "max_step": self.max_step,
             },
             "recommend_count": self.recommend_count,
             "groups": [

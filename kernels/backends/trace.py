@@ -2,7 +2,8 @@
 
 A cache file (``.json`` or ``.json.gz``) holds every configuration of one kernel
 measured on one GPU. :func:`load_cache` turns it into a :class:`TraceSpace`, a
-workload whose valid points are the configurations with a numeric ``time``.
+workload whose points are the configurations the file holds (its constraints are
+taken from the entries, as Kernel Tuner's simulation mode takes them).
 Launching a configuration draws durations (seeded) from its measured ``times``;
 a configuration that failed when measured (a string ``time``) or was never
 measured fails to launch.
@@ -117,18 +118,44 @@ class TraceSpace:
             if first_valid is None:
                 raise TraceFileError(f"{path}: no configuration has a numeric time")
             declared, origin = dict(first_valid), "the first valid cache entry (no T1 file)"
+        # The space is every configuration the cache holds, the ones that failed when
+        # measured included (as Kernel Tuner's own simulation mode has it): a tuner
+        # learns that they fail by launching them, not from the table.
         self._space = SearchSpace(
-            self.name, tune_params, default=declared, allowed=frozenset(self.times_us)
+            self.name,
+            tune_params,
+            default=declared,
+            allowed=frozenset(self.times_us) | frozenset(self.failed),
         )
-        self._default = self._space.start_config()
-        if self._space.is_valid(declared):
+        self._default = self._start(declared, [{k: r[k] for k in keys} for r in cache.values()])
+        problems = self._space.violations(declared)
+        if not problems and self._space.config_id(declared) in self.failed:
+            problems = [f"it failed when measured ({self.failed[self._space.config_id(declared)]})"]
+        if not problems:
             self.start_note = f"starting from {origin}"
         else:
             self.start_note = (
                 f"default from {origin} is not valid "
-                f"({'; '.join(self._space.violations(declared))}); starting from the valid "
+                f"({'; '.join(problems)}); starting from the valid measured "
                 f"configuration closest to it: {self._space.config_id(self._default)}"
             )
+
+    def _start(self, declared: Mapping[str, ParamValue], entries: list[Config]) -> Config:
+        """The declared default when it was measured fine, else the measured-fine config
+        differing from it in the fewest parameters (ties: first in cache-key order)."""
+        if self._space.is_valid(declared) and self._space.config_id(declared) in self.times_us:
+            return dict(declared)
+        best: Config | None = None
+        best_diff = len(self._space.names) + 1
+        for config in entries:
+            if self._space.config_id(config) not in self.times_us:
+                continue
+            diff = sum(config[p] != declared.get(p) for p in self._space.names)
+            if diff < best_diff:
+                best, best_diff = dict(config), diff
+        if best is None:
+            raise TraceFileError(f"{self.path}: no configuration has a numeric time")
+        return best
 
     def __repr__(self) -> str:
         return f"TraceSpace({self.kernel_name!r}, {self.device_name!r}, {self.path.name!r})"

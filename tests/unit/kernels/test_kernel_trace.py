@@ -57,7 +57,7 @@ def test_durations_come_from_times(tmp_path: Path) -> None:
     (w,) = dev.workloads()
     assert w.name == "convolution_kernel" and w.problem_size == (256, 128)
     assert dev.spec.name == "A100-PCIE-40GB"
-    assert w.space.size() == 4
+    assert w.space.size() == 5  # 4 measured + 1 that failed when measured
     config = {"block_size_x": 32, "block_size_y": 1, "filter_width": 15, "filter_height": 15}
     r = dev.launch(w, config, 200)
     assert r.ok.all()
@@ -120,4 +120,4 @@ def test_real_tuning_spaces(real_spaces: Path) -> None:
             assert "not valid" in w.start_note  # the T1 default breaks its own conditions
             assert w.default["tile_stride_x"] == 0
         else:
-            assert w.space.size() == 4201
+            assert w.space.size() == 4362  # 4201 measured + 161 that failed

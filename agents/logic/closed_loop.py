@@ -1,0 +1,234 @@
+"""The tuning loop without Kafka: nodes, windows, detector, tuner, reconfiguration.
+
+:class:`ClosedLoop` wires the pipeline's own parts the way the worker and the nodes
+do, with simulated time in place of the broker: each round every node runs its
+kernel for one window (:class:`kernels.runner.WorkloadRunner`), its launches are
+batched (:class:`kernels.runner.LaunchBatcher`) and windowed
+(:class:`agents.logic.windowing.Windower`), each closed window is classified
+(:class:`agents.logic.detection.Detector`) and handed to the
+:class:`agents.logic.tuning.Tuner`, whose recommendations the nodes vet, apply at
+the next round and keep or roll back (:class:`agents.logic.reconfiguration.Reconfigurator`).
+
+It is how ``kernelstream bench tuning`` scores the tuner on measured search spaces,
+and how tests check tuning behaviour quickly. The tuner sees the device only through
+measured launches; ``truth`` (a config id -> mean duration map, e.g. a cache file's
+own means) is used for scoring alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.logic.detection import Detector
+from agents.logic.reconfiguration import ReconfigPolicy, Reconfigurator
+from agents.logic.tuning import Tuner, group_of
+from agents.logic.windowing import Windower, WindowSpec
+from kernels.runner import LaunchBatcher, WorkloadRunner
+from schemas.records import Recommendation, ReconfigOutcome
+
+__all__ = ["ClosedLoop", "LoopNode", "LoopTrace"]
+
+
+@dataclass
+class LoopTrace:
+    """What happened, in the order it happened.
+
+    ``evaluated`` lists each config id the group measured (or saw fail) for the first
+    time, with the round it happened in; ``best_true`` the scoring truth of the best
+    config evaluated so far after each evaluation (None without a truth).
+    """
+
+    evaluated: list[tuple[str, int]] = field(default_factory=list)
+    best_true: list[float] = field(default_factory=list)
+    outcomes: dict[str, int] = field(default_factory=dict)
+    rounds: int = 0
+
+    def evaluations_to(self, target: float) -> int | None:
+        """Evaluations until the best evaluated config's truth is at most ``target``."""
+        return next((i + 1 for i, b in enumerate(self.best_true) if b <= target), None)
+
+    def rounds_to(self, target: float) -> int | None:
+        """Rounds (windows per node) until that happened."""
+        n = self.evaluations_to(target)
+        return None if n is None else self.evaluated[n - 1][1]
+
+
+@dataclass
+class LoopNode:
+    """One simulated node: a device, its runner and batcher, its reconfigurator."""
+
+    name: str
+    device: Any
+    workload: Any
+    runner: WorkloadRunner
+    batcher: LaunchBatcher
+    reconf: Reconfigurator
+    pending: list[Recommendation] = field(default_factory=list)
+
+
+class ClosedLoop:
+    """N nodes of one device model tuning one workload through the pipeline's logic.
+
+    Args:
+        devices: one device per node (e.g. :class:`kernels.backends.trace.TraceDevice`
+            with different seeds); all must offer ``workload_name``.
+        workload_name: the kernel to tune.
+        tuner: shared by all nodes, as the worker's tuner is; pass one that already
+            learned from another device model to measure a warm start.
+        window_s: event-time window length (simulated seconds).
+        policy: the nodes' reconfiguration policy.
+        truth: config id -> true mean duration, for scoring only.
+    """
+
+    def __init__(
+        self,
+        devices: Sequence[Any],
+        workload_name: str,
+        tuner: Tuner,
+        *,
+        window_s: float = 1.0,
+        policy: ReconfigPolicy | None = None,
+        truth: Mapping[str, float] | None = None,
+        max_launches_per_s: float = 20_000.0,
+    ) -> None:
+        if not devices:
+            raise ValueError("ClosedLoop needs at least one device")
+        self.tuner = tuner
+        self.window_s = window_s
+        self.truth = truth
+        self.windower = Windower(
+            WindowSpec(
+                size_s=window_s,
+                out_of_orderness_s=0.0,
+                allowed_lateness_s=0.0,
+                idle_timeout_s=1e9,
+            )
+        )
+        self.detector = Detector()
+        self.policy = policy or ReconfigPolicy(min_eval_s=0.0)
+        self.nodes: list[LoopNode] = []
+        for i, device in enumerate(devices):
+            by_name = {w.name: w for w in device.workloads()}
+            if workload_name not in by_name:
+                raise ValueError(f"device {i} has no workload {workload_name!r}")
+            w = by_name[workload_name]
+            name = f"node-{i}"
+            runner = WorkloadRunner(device, [w], max_launches_per_s=max_launches_per_s)
+            self.nodes.append(
+                LoopNode(
+                    name,
+                    device,
+                    w,
+                    runner,
+                    LaunchBatcher(device, name, max_launches=1 << 20, max_delay_s=window_s),
+                    Reconfigurator(
+                        name,
+                        getattr(device, "device_index", 0),
+                        {w.name: w.space},
+                        {w.name: runner.config_of(w.name)},
+                        self.policy,
+                    ),
+                )
+            )
+        self.space = self.nodes[0].workload.space
+        self.trace = LoopTrace()
+        self._seen: set[str] = set()
+        self._best = math.inf
+        self._now = 0.0
+
+    def run(self, rounds: int, stop: Callable[[LoopTrace], bool] | None = None) -> LoopTrace:
+        """Run up to ``rounds`` windows per node, or until ``stop(trace)`` is true."""
+        for _ in range(rounds):
+            self.step()
+            if stop is not None and stop(self.trace):
+                break
+        return self.trace
+
+    def step(self) -> None:
+        """One round: apply pending changes, run a window, window, classify, tune."""
+        self._now += self.window_s
+        now = self._now
+        for node in self.nodes:
+            for rec in node.pending:
+                self._deliver(node, rec, now - self.window_s)
+            node.pending.clear()
+            kernel = node.workload.name
+            for chunk in node.runner.tick(now):
+                node.reconf.observe(kernel, chunk.duration_us, chunk.ok)
+                for batch in node.batcher.add(chunk, now):
+                    self.windower.add_runs(batch, now)
+            for batch in node.batcher.flush():
+                self.windower.add_runs(batch, now)
+            for ev in node.reconf.evaluate(now):
+                if ev.status == "rolled_back":
+                    node.runner.set_config(kernel, dict(ev.before_config))
+                self._outcome(node, ev.recommendation, ev.status, ev, now)
+        for agg in self.windower.poll(now + self.window_s):
+            finding = self.detector.classify(agg)
+            self.tuner.observe_finding(finding)
+            self._score(group_of(finding))
+            proposed = self.tuner.recommend(finding, self.space, now)
+            if proposed is not None:
+                target = next(n for n in self.nodes if n.name == proposed.node)
+                target.pending.append(proposed)
+        self.trace.rounds += 1
+
+    def _deliver(self, node: LoopNode, rec: Recommendation, now: float) -> None:
+        decision = node.reconf.consider(rec, now)
+        if decision.action == "apply":
+            node.runner.set_config(rec.kernel, node.reconf.apply(rec, now))
+        else:
+            self._outcome(node, rec, "rejected", None, now, reason=decision.reason)
+
+    def _outcome(
+        self,
+        node: LoopNode,
+        rec: Recommendation,
+        status: str,
+        ev: Any,
+        now: float,
+        reason: str = "",
+    ) -> None:
+        self.trace.outcomes[status] = self.trace.outcomes.get(status, 0) + 1
+        space = node.workload.space
+        before = dict(ev.before_config) if ev else node.reconf.current[rec.kernel]
+        after = dict(rec.config)
+        outcome = ReconfigOutcome(
+            id=f"{rec.id}/{status}",
+            recommendation_id=rec.id,
+            node=node.name,
+            device_index=rec.device_index,
+            device_model=rec.device_model,
+            kernel=rec.kernel,
+            workload=rec.workload,
+            problem_size=list(rec.problem_size),
+            status=status,
+            reason=ev.reason if ev else reason,
+            before_config=before,
+            before_config_id=space.config_id(before),
+            after_config=after,
+            after_config_id=space.config_id(after),
+            before_count=ev.before_count if ev else 0,
+            after_count=ev.after_count if ev else 0,
+            before_mean_us=ev.before_mean_us if ev else None,
+            after_mean_us=ev.after_mean_us if ev else None,
+            at=now,
+        )
+        self.tuner.observe_outcome(outcome)
+        self._score(group_of(outcome))
+
+    def _score(self, key: Any) -> None:
+        g = self.tuner.group(key)
+        if g is None:
+            return
+        for cid in [*g.configs, *g.failed]:
+            if cid in self._seen:
+                continue
+            self._seen.add(cid)
+            self.trace.evaluated.append((cid, self.trace.rounds + 1))
+            if self.truth is not None:
+                self._best = min(self._best, self.truth.get(cid, math.inf))
+                self.trace.best_true.append(self._best)

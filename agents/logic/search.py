@@ -1,0 +1,253 @@
+"""Model-guided search: the tuner's default way to pick the next configuration.
+
+Every configuration a fleet group has measured trains a small ensemble of randomized
+regression trees (scikit-learn's ``ExtraTreesRegressor``) that predicts the log of a
+configuration's mean duration from its parameters. The ensemble then scores every
+configuration of the declared space that nobody has measured yet, and the next one to
+try comes from a rotating *acquisition*:
+
+1. **local**: the best-predicted unmeasured neighbour of the group's fastest config
+   (one step in one parameter), which polishes a good region;
+2. **sample**: the minimum of one randomly chosen tree (Thompson sampling), which
+   explores where the trees disagree;
+3. **confident**: the minimum of the ensemble's mean minus one standard deviation
+   across trees (a lower confidence bound), which exploits the model.
+
+Before the model has enough data it tries an initial design: configurations other
+device models of the same kernel found fastest (a warm start), then random ones.
+
+Why trees: GPU search spaces are small (thousands of points), discrete, full of
+interactions and cliffs (a tile that no longer fits in shared memory), so a model that
+splits on parameter values fits them better than a smooth kernel does, and it fits in
+milliseconds. Why a rotation: each acquisition alone stalls on some spaces (the local
+one in a basin, the confident one on a deceptive region, sampling on a needle); the
+figures behind the choice are in bench/results/ (``kernelstream bench tuning``).
+
+Features are generic (nothing here knows a particular kernel): each parameter's
+position in its value list, the log2 of positive numeric values, and, following the
+Kernel Tuner naming convention, the log2 product of the ``block_size_*`` parameters
+(threads per block), of the ``tile_size_*`` ones (work per thread), of both, and
+per axis of ``block_size_a * tile_size_a`` (the extent one block covers).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kernels.space import Config, SearchSpace
+
+if TYPE_CHECKING:
+    from agents.logic.tuning import GroupStats, Proposal
+    from schemas.records import Finding
+
+__all__ = ["ModelGuidedSearch", "SpaceIndex", "space_features"]
+
+ACQUISITIONS = ("local", "sample", "confident", "random")
+
+
+def space_features(space: SearchSpace, configs: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """The model's inputs for ``configs`` (rows) of ``space``; see the module docstring."""
+    cols: list[np.ndarray] = []
+    logs: dict[str, np.ndarray] = {}
+    for p, values in space.params.items():
+        if len(values) < 2:
+            continue
+        pos = {v: i for i, v in enumerate(values)}
+        cols.append(np.array([pos[c[p]] for c in configs], dtype=np.float64))
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        if numeric and all(float(v) > 0 for v in values):
+            logs[p] = np.log2(np.array([float(c[p]) for c in configs], dtype=np.float64))
+            cols.append(logs[p])
+    products = []
+    for prefix in ("block_size", "tile_size"):
+        parts = [v for p, v in logs.items() if p.startswith(prefix)]
+        if parts:
+            products.append(np.sum(parts, axis=0))
+            cols.append(products[-1])
+    if len(products) == 2:
+        cols.append(products[0] + products[1])
+    # Per axis, block size times tile size: the extent of the work one block covers.
+    for axis in ("x", "y", "z"):
+        b, t = logs.get(f"block_size_{axis}"), logs.get(f"tile_size_{axis}")
+        if b is not None and t is not None:
+            cols.append(b + t)
+    if not cols:
+        return np.zeros((len(configs), 1))
+    return np.column_stack(cols)
+
+
+@dataclass
+class SpaceIndex:
+    """Every valid configuration of a space, its id, position and features (built once)."""
+
+    space: SearchSpace
+    configs: list[Config]
+    ids: list[str]
+    position: dict[str, int]
+    features: np.ndarray
+    neighbors: list[list[int]] | None = None
+
+    @classmethod
+    def build(cls, space: SearchSpace) -> SpaceIndex:
+        configs = list(space)
+        ids = [space.config_id(c) for c in configs]
+        return cls(
+            space, configs, ids, {c: i for i, c in enumerate(ids)}, space_features(space, configs)
+        )
+
+    def neighbors_of(self, i: int) -> list[int]:
+        if self.neighbors is None:
+            self.neighbors = [[] for _ in self.ids]
+        if not self.neighbors[i]:
+            self.neighbors[i] = [
+                self.position[self.space.config_id(c)]
+                for c in self.space.neighbors(self.configs[i], 1)
+                if self.space.config_id(c) in self.position
+            ]
+        return self.neighbors[i]
+
+
+@dataclass
+class ModelGuidedSearch:
+    """Tree-ensemble model-based search (see the module docstring).
+
+    Args:
+        n_trees: trees in the ensemble.
+        n_init: measured configs (the start included) before the model leads.
+        acquisitions: the rotation, a sequence of ``"local"``, ``"sample"`` and
+            ``"confident"``; the step (number of measured configs) picks the entry.
+        seed: seeds the initial design and the trees; the same measurements and the
+            same seed give the same proposal.
+        failure_penalty: a config that failed to launch is taught to the model as
+            this many times slower than the slowest measured one.
+    """
+
+    n_trees: int = 30
+    n_init: int = 8
+    acquisitions: tuple[str, ...] = ("local", "sample", "confident")
+    seed: int = 0
+    failure_penalty: float = 2.0
+    _index: dict[int, SpaceIndex] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        bad = [a for a in self.acquisitions if a not in ACQUISITIONS]
+        if bad or not self.acquisitions:
+            raise ValueError(f"acquisitions must be drawn from {ACQUISITIONS}, got {bad}")
+        if self.n_trees < 2 or self.n_init < 1:
+            raise ValueError("ModelGuidedSearch needs n_trees >= 2 and n_init >= 1")
+
+    def index(self, space: SearchSpace) -> SpaceIndex:
+        idx = self._index.get(id(space))
+        if idx is None or idx.space is not space:
+            idx = self._index[id(space)] = SpaceIndex.build(space)
+        return idx
+
+    def propose(
+        self,
+        finding: Finding,
+        space: SearchSpace,
+        group: GroupStats,
+        current: Config,
+        allowed: Callable[[Config], bool],
+        related: Sequence[GroupStats] = (),
+    ) -> Proposal | None:
+        from agents.logic.tuning import Proposal
+
+        idx = self.index(space)
+        measured = [
+            (idx.position[cid], m.mean_us)
+            for cid, m in group.configs.items()
+            if cid in idx.position and m.count > 0 and cid not in group.failed
+        ]
+        failed = [idx.position[cid] for cid in group.failed if cid in idx.position]
+        step = len(measured) + len(failed)
+        rng = np.random.default_rng([self.seed, step, len(group.trying)])
+
+        def first_allowed(order: Sequence[int] | np.ndarray) -> int | None:
+            # ``allowed`` is checked lazily, best first: scoring is vectorized, the
+            # predicate is not, and the first few candidates almost always pass.
+            # Only unmeasured configs: the group's best is shared by the tuner itself.
+            return next(
+                (
+                    int(j)
+                    for j in order
+                    if not group.measured(idx.ids[int(j)]) and allowed(idx.configs[int(j)])
+                ),
+                None,
+            )
+
+        if step < self.n_init or len(measured) < 2:
+            warm = self._warm(idx, related)
+            choice = first_allowed(warm)
+            why = "warm start: fast on another device model of this kernel"
+            if choice is None:
+                choice = first_allowed(rng.permutation(len(idx.ids)))
+                why = "initial design: random configuration"
+            return None if choice is None else Proposal(idx.configs[choice], why, 0.0)
+        mu, sd, trees = self._fit(idx, measured, failed, rng)
+        mode = self.acquisitions[step % len(self.acquisitions)]
+        best_i = min(measured, key=lambda m: m[1])[0]
+        choice = None
+        if mode == "local":
+            near = idx.neighbors_of(best_i)
+            choice = first_allowed(sorted(near, key=lambda j: mu[j]))
+            if choice is None:
+                mode = "sample"
+        if choice is None and mode == "random":
+            choice = first_allowed(rng.permutation(len(idx.ids)))
+        if choice is None:
+            score = trees[int(rng.integers(len(trees)))] if mode == "sample" else mu - sd
+            choice = first_allowed(np.argsort(score, kind="stable"))
+        if choice is None:
+            return None
+        predicted = math.exp(mu[choice])
+        best_us = min(m[1] for m in measured)
+        return Proposal(
+            idx.configs[choice],
+            f"{finding.classification}: model ({mode}) predicts {predicted:.1f} us vs "
+            f"best measured {best_us:.1f} us after {step} configs",
+            max(0.0, best_us / predicted - 1.0),
+        )
+
+    @staticmethod
+    def _warm(idx: SpaceIndex, related: Sequence[GroupStats]) -> list[int]:
+        """Positions of configs other device models measured, fastest (relative) first."""
+        ranked = sorted(
+            (m.mean_us / _best_mean(g), cid)
+            for g in related
+            for cid, m in g.configs.items()
+            if m.count > 0 and cid not in g.failed and cid in idx.position
+        )
+        return [idx.position[cid] for _, cid in ranked]
+
+    def _fit(
+        self,
+        idx: SpaceIndex,
+        measured: list[tuple[int, float]],
+        failed: list[int],
+        rng: np.random.Generator,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        from sklearn.ensemble import ExtraTreesRegressor
+
+        rows = [i for i, _ in measured]
+        y = [math.log(us) for _, us in measured]
+        if failed:
+            worst = max(y) + math.log(self.failure_penalty)
+            rows += failed
+            y += [worst] * len(failed)
+        model = ExtraTreesRegressor(
+            n_estimators=self.n_trees, random_state=int(rng.integers(2**31)), n_jobs=1
+        )
+        model.fit(idx.features[rows], np.asarray(y))
+        trees = np.stack([t.predict(idx.features) for t in model.estimators_])
+        return trees.mean(axis=0), trees.std(axis=0), trees
+
+
+def _best_mean(g: GroupStats) -> float:
+    means = [m.mean_us for cid, m in g.configs.items() if m.count > 0 and cid not in g.failed]
+    return min(means) if means else math.inf

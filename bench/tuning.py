@@ -1,0 +1,541 @@
+"""``kernelstream bench tuning``: the tuner against offline autotuners on measured spaces.
+
+For every Kernel Tuner cache file in ``--spaces`` (real brute-forced search spaces),
+in one run and on the same spaces and budgets:
+
+- **kernelstream**: the pipeline's own tuner, driven through
+  :class:`agents.logic.closed_loop.ClosedLoop` (trace nodes launch the kernel, windows,
+  detector, tuner, reconfiguration with rollback), from the space's default
+  configuration. It sees the space only through measured (noisy) launches.
+- **random**: uniform random search without replacement, from the same default.
+- **Kernel Tuner** strategies in simulation mode (``tune_cache``), from their own
+  (random) starting points, as Kernel Tuner runs them.
+
+An *evaluation* is one unique configuration measured (a failed one counts). Scoring
+uses the cache file's own mean times only: the best-so-far after each evaluation is the
+true mean of the best configuration evaluated so far, the optimum is the file's fastest.
+
+Reported per space and method: evaluations until the best-so-far is within 10% and 5%
+of the optimum (median, 90th percentile, how many seeds got there within the budget),
+and the gap left after 50 and 100 evaluations. Also the fleet effect (windows until
+within 5% with 1 node vs 4 nodes sharing measurements) and a warm start (the same
+kernel measured on another GPU model first) vs a cold one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+__all__ = ["command", "run_benchmark"]
+
+KT_STRATEGIES = (
+    "genetic_algorithm",
+    "pso",
+    "firefly_algorithm",
+    "bayes_opt",
+    "dual_annealing",
+    "simulated_annealing",
+    "greedy_ils",
+    "mls",
+)
+THRESHOLDS = (1.10, 1.05)
+GAP_AT = (50, 100)
+
+# -- per-process state (worker processes load each space once) ----------------------
+_SPACES: dict[str, Any] = {}
+
+
+def _space(path: str) -> Any:
+    if path not in _SPACES:
+        from kernels.backends.trace import load_cache
+
+        _SPACES[path] = load_cache(path)
+    return _SPACES[path]
+
+
+def _truth(ts: Any) -> dict[str, float]:
+    return {cid: float(t.mean()) for cid, t in ts.times_us.items()}
+
+
+def _window_s(ts: Any, truth: dict[str, float]) -> float:
+    """Windows long enough for ~60 launches of the start config (at least 1 s)."""
+    return max(1.0, math.ceil(60 * truth[ts.space.config_id(ts.default)] / 1e6))
+
+
+def _loop(paths: Sequence[str], seed: int, nodes: int, budget: int, tuner: Any = None) -> Any:
+    from agents.logic.closed_loop import ClosedLoop
+    from agents.logic.reconfiguration import ReconfigPolicy
+    from agents.logic.search import ModelGuidedSearch
+    from agents.logic.tuning import Tuner
+    from kernels.backends.trace import TraceDevice
+
+    path = paths[0]
+    ts = _space(path)
+    truth = _truth(ts)
+    opt = min(truth.values())
+    if tuner is None:
+        tuner = Tuner(strategy=ModelGuidedSearch(seed=seed))
+    devices = [TraceDevice(path, seed=seed * 1000 + i) for i in range(nodes)]
+    loop = ClosedLoop(
+        devices,
+        ts.name,
+        tuner,
+        window_s=_window_s(ts, truth),
+        truth=truth,
+        policy=ReconfigPolicy(max_step=10**6, min_eval_s=0.0),
+    )
+
+    # Stop at the budget; or once within 5% with the curve long enough for every
+    # reported gap; or once the optimum itself is found (nothing left to gain).
+    def done(tr: Any) -> bool:
+        n, best = len(tr.evaluated), tr.best_true[-1] if tr.best_true else math.inf
+        return n >= budget or best <= opt or (best <= opt * 1.05 and n >= max(GAP_AT))
+
+    loop.run(40 * budget, stop=done)
+    return loop
+
+
+def _run_kernelstream(path: str, seed: int, budget: int, nodes: int = 1) -> dict[str, Any]:
+    loop = _loop([path], seed, nodes, budget)
+    tr = loop.trace
+    opt = min(loop.truth.values()) if loop.truth else math.inf
+    return {
+        "curve": tr.best_true[:budget],
+        "rounds_to_5": tr.rounds_to(opt * 1.05),
+        "outcomes": tr.outcomes,
+    }
+
+
+def _run_warm(path: str, sibling: str, seed: int, budget: int) -> dict[str, Any]:
+    """Tune ``sibling`` (another GPU, same kernel) first, then ``path`` with that knowledge."""
+    first = _loop([sibling], seed, 1, budget=100)
+    loop = _loop([path], seed, 1, budget, tuner=first.tuner)
+    return {"curve": loop.trace.best_true[:budget]}
+
+
+def _run_random(path: str, seed: int, budget: int) -> dict[str, Any]:
+    ts = _space(path)
+    truth = _truth(ts)
+    rng = np.random.default_rng(seed)
+    ids = sorted(ts.times_us) + sorted(ts.failed)
+    start = ts.space.config_id(ts.default)
+    order = [start] + [ids[i] for i in rng.permutation(len(ids)) if ids[i] != start]
+    best, curve = math.inf, []
+    for cid in order[:budget]:
+        best = min(best, truth.get(cid, math.inf))
+        curve.append(best)
+    return {"curve": curve}
+
+
+def _run_kt(json_path: str, strategy: str, seed: int, budget: int) -> dict[str, Any]:
+    import warnings
+
+    from kernel_tuner.interface import tune_cache
+
+    random.seed(seed)
+    np.random.seed(seed)  # Kernel Tuner's strategies draw from the global generators
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results, _ = tune_cache(
+            json_path,
+            strategy=strategy,
+            strategy_options={"max_fevals": budget},
+            verbose=False,
+            quiet=True,
+        )
+    doc_keys = _kt_keys(json_path)
+    seen: set[tuple[Any, ...]] = set()
+    best, curve = math.inf, []
+    for r in results:
+        key = tuple(r[k] for k in doc_keys)
+        if key in seen:
+            continue
+        seen.add(key)
+        t = r.get("time")
+        if isinstance(t, (int, float)) and math.isfinite(t):
+            best = min(best, float(t) * 1000.0)  # ms -> us, as the trace device reports
+        curve.append(best)
+    return {"curve": curve[:budget]}
+
+
+_KEYS: dict[str, list[str]] = {}
+
+
+def _kt_keys(json_path: str) -> list[str]:
+    if json_path not in _KEYS:
+        with Path(json_path).open(encoding="utf-8") as fh:
+            _KEYS[json_path] = list(json.load(fh)["tune_params_keys"])
+    return _KEYS[json_path]
+
+
+def _task(args: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, Any]]:
+    kind, space, extra, seed, budget = args
+    s, b = int(seed), int(budget)
+    t0 = time.perf_counter()
+    if kind == "kernelstream":
+        out = _run_kernelstream(space, s, b)
+    elif kind == "fleet4":
+        out = _run_kernelstream(space, s, b, nodes=4)
+    elif kind == "warm":
+        out = _run_warm(space, extra, s, b)
+    elif kind == "random":
+        out = _run_random(space, s, b)
+    else:
+        out = _run_kt(extra, kind.removeprefix("kt:"), s, b)
+    out["seconds"] = time.perf_counter() - t0
+    return args, out
+
+
+# -- scoring ------------------------------------------------------------------------
+def _evals_to(curve: Sequence[float], target: float) -> int | None:
+    return next((i + 1 for i, b in enumerate(curve) if b <= target), None)
+
+
+def _gap_at(curve: Sequence[float], n: int, opt: float) -> float | None:
+    if not curve:
+        return None
+    b = curve[min(n, len(curve)) - 1]
+    return b / opt - 1.0 if math.isfinite(b) else None
+
+
+def _summary(curves: list[Sequence[float]], opt: float, budget: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"seeds": len(curves)}
+    for thr in THRESHOLDS:
+        tag = f"within_{round((thr - 1) * 100)}pct"
+        hits = [_evals_to(c, opt * thr) for c in curves]
+        # A seed that never got there counts as "more than the budget" (budget + 1) for
+        # the median and percentile, so a failing method cannot look good.
+        vals = [h if h is not None else budget + 1 for h in hits]
+        out[tag] = {
+            "median": float(np.median(vals)),
+            "p90": float(np.percentile(vals, 90)),
+            "reached": sum(h is not None for h in hits),
+            "per_seed": hits,
+        }
+    for n in GAP_AT:
+        gaps = [g for g in (_gap_at(c, n, opt) for c in curves) if g is not None]
+        out[f"gap_after_{n}"] = {
+            "median": float(np.median(gaps)) if gaps else None,
+            "p90": float(np.percentile(gaps, 90)) if gaps else None,
+        }
+    return out
+
+
+def _median_gap_curve(curves: list[Sequence[float]], opt: float, budget: int) -> list[float]:
+    rows = []
+    for c in curves:
+        c = list(c) or [math.inf]
+        c = c + [c[-1]] * (budget - len(c))
+        rows.append([b / opt - 1.0 if math.isfinite(b) else np.nan for b in c[:budget]])
+    return [float(x) for x in np.nanmedian(np.array(rows), axis=0)]
+
+
+def run_benchmark(
+    spaces_dir: Path,
+    *,
+    seeds: int,
+    budget: int,
+    strategies: Sequence[str],
+    jobs: int,
+    fleet_seeds: int,
+    warm: bool,
+    echo: Any = print,
+) -> dict[str, Any]:
+    files = sorted(p for p in spaces_dir.iterdir() if p.name.endswith((".json.gz", ".json")))
+    files = [p for p in files if not p.name.endswith(".T1.json")]
+    if not files:
+        raise click.UsageError(f"no Kernel Tuner cache files in {spaces_dir}")
+    tmp = Path(tempfile.mkdtemp(prefix="ks-bench-tuning-"))
+    try:
+        plain: dict[str, str] = {}
+        meta: dict[str, dict[str, Any]] = {}
+        for p in files:
+            ts = _space(str(p))
+            truth = _truth(ts)
+            opt = min(truth.values())
+            if p.name.endswith(".gz"):
+                target = tmp / p.name.removesuffix(".gz")
+                with gzip.open(p, "rb") as src, target.open("wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                plain[str(p)] = str(target)
+            else:
+                plain[str(p)] = str(p)
+            meta[str(p)] = {
+                "file": p.name,
+                "kernel": ts.kernel_name,
+                "device": ts.device_name,
+                "configs": ts.space.size(),
+                "valid": len(truth),
+                "optimum_us": opt,
+                "start": ts.space.config_id(ts.default),
+                "start_note": ts.start_note,
+                "start_vs_optimum": truth[ts.space.config_id(ts.default)] / opt,
+                "share_within_5pct": sum(v <= opt * 1.05 for v in truth.values()) / len(truth),
+            }
+        tasks: list[tuple[str, ...]] = []
+        for p in files:
+            sp = str(p)
+            for seed in range(seeds):
+                tasks.append(("kernelstream", sp, "", str(seed), str(budget)))
+                tasks.append(("random", sp, "", str(seed), str(budget)))
+                tasks.extend(("kt:" + s, sp, plain[sp], str(seed), str(budget)) for s in strategies)
+            for seed in range(fleet_seeds):
+                tasks.append(("fleet4", sp, "", str(seed), str(budget)))
+            if warm:
+                siblings = [
+                    str(q)
+                    for q in files
+                    if q != p
+                    and meta[str(q)]["kernel"] == meta[sp]["kernel"]
+                    and meta[str(q)]["device"] != meta[sp]["device"]
+                ]
+                if siblings:
+                    meta[sp]["warm_from"] = Path(siblings[0]).name
+                    for seed in range(seeds):
+                        tasks.append(("warm", sp, siblings[0], str(seed), str(budget)))
+        echo(f"{len(tasks)} runs on {jobs} processes ({len(files)} spaces, {seeds} seeds)")
+        results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        t0 = time.perf_counter()
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for done, (args, out) in enumerate(pool.map(_task, tasks, chunksize=1), 1):
+                results.setdefault((args[0], args[1]), []).append(out)
+                if done % 50 == 0:
+                    echo(f"  {done}/{len(tasks)} runs, {time.perf_counter() - t0:.0f} s")
+        wall = time.perf_counter() - t0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    report: dict[str, Any] = {
+        "benchmark": "tuning",
+        "date": dt.date.today().isoformat(),
+        "budget": budget,
+        "seeds": seeds,
+        "fleet_seeds": fleet_seeds,
+        "wall_s": wall,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+        },
+        "kernel_tuner": _kt_version(),
+        "spaces": {},
+    }
+    for p in files:
+        sp = str(p)
+        opt = meta[sp]["optimum_us"]
+        methods: dict[str, Any] = {}
+        curves: dict[str, list[float]] = {}
+        for kind in ["kernelstream", "random", *("kt:" + s for s in strategies), "warm"]:
+            runs = results.get((kind, sp))
+            if not runs:
+                continue
+            name = kind.removeprefix("kt:")
+            methods[name] = _summary([r["curve"] for r in runs], opt, budget)
+            methods[name]["seconds_per_run"] = float(np.mean([r["seconds"] for r in runs]))
+            curves[name] = _median_gap_curve([r["curve"] for r in runs], opt, budget)
+        kt = [s for s in strategies if s in methods]
+        best_kt = min(
+            kt,
+            key=lambda s: (
+                methods[s]["within_5pct"]["median"],
+                -methods[s]["within_5pct"]["reached"],
+            ),
+            default=None,
+        )
+        fleet = {}
+        for kind, nodes in (("kernelstream", 1), ("fleet4", 4)):
+            runs = results.get((kind, sp), [])[: fleet_seeds or None]
+            rounds = [r.get("rounds_to_5") for r in runs]
+            got = [r for r in rounds if r is not None]
+            fleet[f"{nodes}_node"] = {
+                "median_windows_to_5pct": float(np.median(got)) if got else None,
+                "reached": len(got),
+                "seeds": len(rounds),
+                "per_seed": rounds,
+            }
+        report["spaces"][meta[sp]["file"]] = {
+            **meta[sp],
+            "methods": methods,
+            "best_kernel_tuner": best_kt,
+            "fleet": fleet,
+            "median_gap_curve": curves,
+        }
+    return report
+
+
+def _kt_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("kernel_tuner")
+    except Exception:
+        return None
+
+
+def format_table(report: dict[str, Any]) -> str:
+    lines = []
+    b = report["budget"]
+    for name, sp in report["spaces"].items():
+        lines.append(
+            f"\n{name}: {sp['valid']} valid of {sp['configs']} configs, "
+            f"{sp['share_within_5pct'] * 100:.2f}% within 5% of the optimum "
+            f"({sp['optimum_us']:.1f} us); start {sp['start_vs_optimum']:.2f}x the optimum"
+        )
+        lines.append(
+            f"{'method':<22}{'to 10% med':>11}{'p90':>6}{'hit':>7}"
+            f"{'to 5% med':>11}{'p90':>6}{'hit':>7}{'gap@50':>9}{'gap@100':>9}"
+        )
+        for m, r in sp["methods"].items():
+            w10, w5 = r["within_10pct"], r["within_5pct"]
+            g50, g100 = r["gap_after_50"]["median"], r["gap_after_100"]["median"]
+            label = m + (" *" if m == sp["best_kernel_tuner"] else "")
+            lines.append(
+                f"{label:<22}{_n(w10['median'], b):>11}{_n(w10['p90'], b):>6}"
+                f"{w10['reached']:>4}/{r['seeds']:<2}{_n(w5['median'], b):>11}"
+                f"{_n(w5['p90'], b):>6}{w5['reached']:>4}/{r['seeds']:<2}"
+                f"{_pct(g50):>9}{_pct(g100):>9}"
+            )
+        f1, f4 = sp["fleet"]["1_node"], sp["fleet"]["4_node"]
+        lines.append(
+            f"fleet: windows to within 5% (median): 1 node {f1['median_windows_to_5pct']} "
+            f"({f1['reached']}/{f1['seeds']}), 4 nodes sharing {f4['median_windows_to_5pct']} "
+            f"({f4['reached']}/{f4['seeds']})"
+        )
+        if "warm" in sp["methods"]:
+            lines.append(
+                f"warm start from {sp.get('warm_from')}: median evaluations to 5% "
+                f"{_n(sp['methods']['warm']['within_5pct']['median'], b)} vs cold "
+                f"{_n(sp['methods']['kernelstream']['within_5pct']['median'], b)}"
+            )
+    lines.append(
+        "\n* = best Kernel Tuner strategy on that space; '>B' = not reached within budget B"
+    )
+    return "\n".join(lines)
+
+
+def _n(x: float | None, budget: int) -> str:
+    if x is None:
+        return "-"
+    return f">{budget}" if x > budget else f"{x:g}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:.1f}%"
+
+
+def plot(report: dict[str, Any], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for name, sp in report["spaces"].items():
+        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+        for m, curve in sp["median_gap_curve"].items():
+            xs = np.arange(1, len(curve) + 1)
+            style = (
+                {"linewidth": 2.4, "color": "black"} if m == "kernelstream" else {"linewidth": 1.2}
+            )
+            # Gaps of 0 (the optimum found) are drawn at the 0.1% floor of the log axis.
+            ax.plot(xs, np.maximum(np.array(curve) * 100, 0.1), label=m, **style)
+        ax.axhline(5, color="grey", linestyle=":", linewidth=1)
+        ax.text(1, 5.4, "5%", color="grey", fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylim(0.08, None)
+        ax.set_xlabel("unique configurations evaluated")
+        ax.set_ylabel("best-so-far gap to optimum, % (median over seeds)")
+        ax.set_title(f"{sp['kernel']} on {sp['device']}", fontsize=10)
+        ax.legend(fontsize=7, ncol=2)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = out.parent / f"{out.stem}-{name.split('.')[0]}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+@click.command("tuning")
+@click.option(
+    "--spaces",
+    "spaces_dir",
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    default=None,
+    help="Directory of Kernel Tuner cache files (default: ../shared/data/tuning-spaces).",
+)
+@click.option("--json", "json_out", type=click.Path(path_type=Path), required=True)
+@click.option("--seeds", type=int, default=20, show_default=True)
+@click.option("--budget", type=int, default=200, show_default=True, help="Evaluations per run.")
+@click.option(
+    "--strategies",
+    default=",".join(KT_STRATEGIES),
+    show_default=True,
+    help="Kernel Tuner strategies to run as peers (comma-separated).",
+)
+@click.option("--fleet-seeds", type=int, default=10, show_default=True)
+@click.option("--no-warm", is_flag=True, help="Skip the cross-device warm-start runs.")
+@click.option("--jobs", type=int, default=os.cpu_count() or 1, show_default=True)
+@click.option(
+    "--results-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("bench/results"),
+    show_default=True,
+    help="Where the dated copy, the table and the plots go.",
+)
+def command(
+    spaces_dir: Path | None,
+    json_out: Path,
+    seeds: int,
+    budget: int,
+    strategies: str,
+    fleet_seeds: int,
+    no_warm: bool,
+    jobs: int,
+    results_dir: Path,
+) -> None:
+    """Tuner vs random search and Kernel Tuner's strategies on measured search spaces."""
+    from kernels.backends.trace import default_tuning_spaces_dir
+
+    try:
+        import kernel_tuner  # noqa: F401
+    except ImportError as exc:
+        raise click.UsageError("the peers need Kernel Tuner: pip install -e '.[bench]'") from exc
+    report = run_benchmark(
+        spaces_dir or default_tuning_spaces_dir(),
+        seeds=seeds,
+        budget=budget,
+        strategies=[s for s in strategies.split(",") if s],
+        jobs=jobs,
+        fleet_seeds=fleet_seeds,
+        warm=not no_warm,
+        echo=lambda m: click.echo(m, err=True),
+    )
+    table = format_table(report)
+    click.echo(table)
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(json.dumps(report, indent=1))
+    results_dir.mkdir(parents=True, exist_ok=True)
+    dated = results_dir / f"tuning-{report['date']}.json"
+    if dated.resolve() != json_out.resolve():
+        shutil.copyfile(json_out, dated)
+    dated.with_suffix(".txt").write_text(table + "\n")
+    for p in plot(report, dated):
+        click.echo(f"plot: {p}", err=True)

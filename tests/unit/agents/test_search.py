@@ -1,0 +1,221 @@
+"""Model-guided search and the closed loop, on small spaces the tests make themselves."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agents.logic.closed_loop import ClosedLoop
+from agents.logic.reconfiguration import ReconfigPolicy
+from agents.logic.search import ModelGuidedSearch, space_features
+from agents.logic.tuning import GroupStats, Measurement, Tuner
+from kernels.backends.trace import TraceDevice, load_cache
+from kernels.space import Config, Constraint, SearchSpace
+
+# A rugged space: a smooth trend plus a needle that no neighbour points to.
+SPACE = SearchSpace(
+    "rugged",
+    {
+        "block_size_x": (16, 32, 64, 128, 256),
+        "block_size_y": (1, 2, 4, 8),
+        "tile_size_x": (1, 2, 4),
+        "use_smem": (0, 1),
+    },
+    default={"block_size_x": 16, "block_size_y": 1, "tile_size_x": 1, "use_smem": 0},
+    constraints=(
+        Constraint(
+            "threads <= 1024", lambda c: int(c["block_size_x"]) * int(c["block_size_y"]) <= 1024
+        ),
+    ),
+)
+NEEDLE = {"block_size_x": 64, "block_size_y": 4, "tile_size_x": 2, "use_smem": 1}
+
+
+def cost(c: Config) -> float:
+    threads = int(c["block_size_x"]) * int(c["block_size_y"])
+    base = 100.0 * (1 + 0.25 * abs(math.log2(threads) - 8) + 0.1 * abs(int(c["tile_size_x"]) - 2))
+    base *= 0.8 if c["use_smem"] else 1.0
+    return base * (0.5 if c == NEEDLE else 1.0)
+
+
+def search(strategy: ModelGuidedSearch, budget: int, noise: float = 0.01) -> list[str]:
+    """Drive the strategy like the tuner does; return the config ids in measuring order."""
+    rng = np.random.default_rng(1)
+    group = GroupStats()
+    current = SPACE.start_config()
+    order: list[str] = []
+    f = SimpleNamespace(classification="memory_bottleneck")
+    for _ in range(budget):
+        cid = SPACE.config_id(current)
+        order.append(cid)
+        mean = cost(current) * (1 + noise * rng.standard_normal())
+        group.configs[cid] = Measurement(dict(current), count=100, sum_us=100 * mean, windows=1)
+        p = strategy.propose(f, SPACE, group, current, lambda c: True)  # type: ignore[arg-type]
+        if p is None:
+            break
+        assert SPACE.is_valid(p.config)
+        current = p.config
+    return order
+
+
+def test_proposes_each_config_once_and_covers_the_space() -> None:
+    order = search(ModelGuidedSearch(seed=0, n_trees=4), budget=500)
+    assert len(order) == len(set(order)) == SPACE.size()
+
+
+def test_finds_the_needle_far_sooner_than_exhaustive() -> None:
+    # Not a speed test: a count of evaluations, over seeds, against the space size.
+    needle = SPACE.config_id(NEEDLE)
+    found = [
+        search(ModelGuidedSearch(seed=s, n_trees=10), budget=SPACE.size()).index(needle) + 1
+        for s in range(3)
+    ]
+    assert np.median(found) < SPACE.size() / 3, found
+
+
+def test_same_seed_same_proposals() -> None:
+    assert search(ModelGuidedSearch(seed=7), 30) == search(ModelGuidedSearch(seed=7), 30)
+    assert search(ModelGuidedSearch(seed=7), 30) != search(ModelGuidedSearch(seed=8), 30)
+
+
+def test_respects_allowed_and_measured() -> None:
+    s = ModelGuidedSearch(seed=0, n_init=1)
+    group = GroupStats()
+    for c in itertools.islice(SPACE, 10):
+        group.configs[SPACE.config_id(c)] = Measurement(dict(c), 10, 10 * cost(c), 1)
+    group.failed.add(SPACE.config_id(NEEDLE))
+    only_smem = lambda c: c["use_smem"] == 1  # noqa: E731
+    f = SimpleNamespace(classification="x")
+    for _ in range(5):
+        p = s.propose(f, SPACE, group, SPACE.start_config(), only_smem)  # type: ignore[arg-type]
+        assert p is not None and p.config["use_smem"] == 1
+        cid = SPACE.config_id(p.config)
+        assert not group.measured(cid)
+        group.configs[cid] = Measurement(dict(p.config), 10, 10 * cost(p.config), 1)
+    nothing = s.propose(f, SPACE, group, SPACE.start_config(), lambda c: False)  # type: ignore[arg-type]
+    assert nothing is None
+
+
+def test_warm_start_tries_the_other_device_models_best_first() -> None:
+    other = GroupStats()
+    for c, us in ((NEEDLE, 10.0), (SPACE.start_config(), 50.0)):
+        other.configs[SPACE.config_id(c)] = Measurement(dict(c), 10, 10 * us, 1)
+    group = GroupStats()
+    start = SPACE.start_config()
+    group.configs[SPACE.config_id(start)] = Measurement(start, 10, 1000.0, 1)
+    f = SimpleNamespace(classification="x")
+    p = ModelGuidedSearch().propose(f, SPACE, group, start, lambda c: True, [other])  # type: ignore[arg-type]
+    assert p is not None and p.config == NEEDLE and "warm start" in p.reason
+
+
+def test_features_are_generic_and_finite() -> None:
+    x = space_features(SPACE, list(SPACE))
+    assert x.shape[0] == SPACE.size() and np.isfinite(x).all()
+    # position + log2 per numeric parameter, plus threads per block and the x-axis extent
+    assert x.shape[1] >= 2 * 3 + 1 + 2
+
+
+def test_bad_settings() -> None:
+    with pytest.raises(ValueError):
+        ModelGuidedSearch(acquisitions=("greedy",))
+    with pytest.raises(ValueError):
+        ModelGuidedSearch(n_trees=1)
+
+
+# -- the closed loop on a trace cache the test writes ---------------------------------
+
+
+def _trace_cache(path: Path) -> tuple[Path, dict[str, float]]:
+    params = {
+        "block_size_x": [16, 32, 64, 128, 256],
+        "block_size_y": [1, 2, 4],
+        "tile_size_x": [1, 2, 4],
+    }
+    cache: dict[str, Any] = {}
+    truth: dict[str, float] = {}
+    rng = np.random.default_rng(0)
+    for values in itertools.product(*params.values()):
+        rec: dict[str, Any] = dict(zip(params, values, strict=True))
+        c = {
+            "block_size_x": values[0],
+            "block_size_y": values[1],
+            "tile_size_x": values[2],
+            "use_smem": 1,
+        }
+        if values == (256, 4, 4):
+            rec["time"] = "RuntimeFailedConfig"
+        else:
+            ms = cost(c) / 100.0
+            rec["time"] = ms
+            rec["times"] = list(ms * (1 + 0.02 * rng.standard_normal(8)))
+            truth[",".join(f"{k}={v}" for k, v in rec.items() if k in params)] = float(
+                np.mean(rec["times"]) * 1000
+            )
+        cache[",".join(str(v) for v in values)] = rec
+    doc = {
+        "device_name": "NVIDIA A100-PCIE-40GB",
+        "kernel_name": "toy_kernel",
+        "problem_size": [4096, 4096],
+        "tune_params_keys": list(params),
+        "tune_params": params,
+        "objective": "time",
+        "cache": cache,
+    }
+    with gzip.open(path, "wt") as fh:
+        json.dump(doc, fh)
+    return path, truth
+
+
+def test_closed_loop_converges_through_windows_and_rollbacks(tmp_path: Path) -> None:
+    path, truth = _trace_cache(tmp_path / "toy.json.gz")
+    opt = min(truth.values())
+    ts = load_cache(path)
+    tuner = Tuner(strategy=ModelGuidedSearch(seed=0))
+    loop = ClosedLoop(
+        [TraceDevice(path, seed=1)],
+        ts.name,
+        tuner,
+        truth=truth,
+        policy=ReconfigPolicy(max_step=8, min_eval_s=0.0),
+    )
+    trace = loop.run(400, stop=lambda tr: bool(tr.best_true) and tr.best_true[-1] <= opt)
+    assert trace.best_true[-1] == opt
+    n = trace.evaluations_to(opt)
+    assert n is not None and n < ts.space.size()
+    # slower trials were rolled back; the node ends on the best config it measured
+    assert trace.outcomes.get("rolled_back", 0) > 0
+    best = tuner.best(("A100-PCIE-40GB", "toy_kernel", (4096, 4096)))
+    assert best is not None
+    assert truth[ts.space.config_id(best[0])] == opt
+    # evaluations are unique configs, in the order they were first measured
+    ids = [cid for cid, _ in trace.evaluated]
+    assert len(ids) == len(set(ids))
+
+
+def test_four_nodes_sharing_need_fewer_windows(tmp_path: Path) -> None:
+    path, truth = _trace_cache(tmp_path / "toy.json.gz")
+    opt = min(truth.values())
+    name = load_cache(path).name
+    rounds = {}
+    for nodes in (1, 4):
+        got = []
+        for seed in range(3):
+            loop = ClosedLoop(
+                [TraceDevice(path, seed=seed * 10 + i) for i in range(nodes)],
+                name,
+                Tuner(strategy=ModelGuidedSearch(seed=seed)),
+                truth=truth,
+                policy=ReconfigPolicy(max_step=8, min_eval_s=0.0),
+            )
+            tr = loop.run(400, stop=lambda tr: bool(tr.best_true) and tr.best_true[-1] <= opt)
+            got.append(tr.rounds_to(opt))
+        rounds[nodes] = float(np.median([r for r in got if r is not None]))
+    assert rounds[4] < rounds[1], rounds
