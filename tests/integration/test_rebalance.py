@@ -1,0 +1,239 @@
+"""Two workers share the launches topic; one joins and then one leaves mid-stream.
+
+On the real embedded broker, with real ``kernelstream worker`` processes: worker A
+starts alone, B joins after the first third of the input (A hands the state of
+its revoked partitions over to B through the window-state topic), A stops after
+the second third (B adopts everything). The windows published by the two
+workers together must be exactly the windows the per-record reference
+(:func:`agents.logic.windowing.aggregate_reference`) computes from the whole
+input: none lost, none published twice, every count and sequence range equal.
+
+Windows close on the watermark only (the idle timeout is set far beyond the test,
+so a pause during a rebalance flushes nothing early). The last batch of every
+stream is one launch far ahead in event time that closes all earlier windows;
+its own window stays open and is left out of the comparison on both sides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.logic.windowing import WindowSpec, aggregate_reference, launch_rows
+from app.broker import free_port
+from app.settings import Settings
+from app.topics import ensure_topics
+from bench.pipeline_input import FleetSpec, fleet_batches
+from schemas import LaunchBatch, WindowAggregate, decode, encode
+from tests.integration.conftest import settings_env
+from tests.integration.helpers import TopicReader, produce
+
+pytestmark = pytest.mark.integration
+
+_PARTITIONS = 4
+_CLOSE_AHEAD_S = 5.0
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    return settings.model_copy(update={"partitions": _PARTITIONS, "idle_timeout_s": 3600.0})
+
+
+def _input(t0: float) -> tuple[list[LaunchBatch], list[LaunchBatch]]:
+    """2 nodes x 4 kernels, 9 s of event time in 0.1 s batches, plus one closing batch each."""
+    spec = FleetSpec(nodes=2, launches_per_s_per_kernel=400.0, seconds=9.0, max_delay_s=0.1, t0=t0)
+    batches = list(fleet_batches(spec))
+    last: dict[str, LaunchBatch] = {}
+    for b in batches:
+        last[b.stream_key] = b
+    closing = [
+        b.model_copy(
+            update={
+                "seq_start": b.seq_start + len(b.t_end),
+                "t_end": [b.t_end[-1] + _CLOSE_AHEAD_S],
+                "duration_us": [b.duration_us[-1]],
+                "ok": [1],
+                "samples": [],
+            }
+        )
+        for b in last.values()
+    ]
+    return batches, closing
+
+
+def _stats(port: int) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ks/stats/", timeout=2) as r:
+            return dict(json.loads(r.read()))
+    except OSError:
+        return None
+
+
+async def _wait(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+class _Worker:
+    def __init__(self, settings: Settings, log: Path) -> None:
+        self.settings = settings.model_copy(update={"web_port": free_port()})
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "app.cli", "worker"],
+                env=settings_env(self.settings),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def stats(self) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.poll() is None, f"worker died: {self.log}"
+        return _stats(self.settings.web_port) or {}
+
+    def window(self, field: str) -> Any:
+        return self.stats().get("window", {}).get(field)
+
+    def stop(self) -> None:
+        """SIGTERM: a clean shutdown, which hands the worker's partitions over."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@contextmanager
+def _workers(settings: Settings, tmp: Path) -> Iterator[tuple[_Worker, _Worker]]:
+    a, b = _Worker(settings, tmp / "worker-a.log"), _Worker(settings, tmp / "worker-b.log")
+    try:
+        yield a, b
+    finally:
+        for w in (a, b):
+            if w.proc is not None and w.proc.poll() is None:
+                w.proc.kill()
+                w.proc.wait()
+
+
+def _items(batches: list[LaunchBatch]) -> list[tuple[bytes | None, bytes]]:
+    return [(b.stream_key.encode(), encode(b)) for b in batches]
+
+
+async def _scenario(s: Settings, tmp: Path) -> None:
+    bootstrap = str(s.bootstrap)
+    await ensure_topics(s, bootstrap)
+    body, closing = _input(time.time() - 120.0)
+    batches = body + closing
+    third = len(body) // 3
+    spec = WindowSpec(s.window_s, s.out_of_orderness_s, s.allowed_lateness_s, s.idle_timeout_s)
+    want = aggregate_reference(launch_rows(batches), spec)
+    open_at_end = {(c.stream_key, spec.window_of(c.t_end[0])) for c in closing}
+    want = [w for w in want if (w.stream_key, spec.window_of(w.window_start)) not in open_at_end]
+
+    with _workers(s, tmp) as (a, b):
+        a.start()
+        await _wait(lambda: a.window("assigned_partitions") == _PARTITIONS, 90, "A owns all")
+        await produce(bootstrap, s.topic_launches, _items(body[:third]))
+        await _wait(lambda: a.window("batches") == third, 60, "A to process the first third")
+
+        b.start()  # joins: A hands over the partitions the group gives B
+        await _wait(lambda: (b.window("assigned_partitions") or 0) > 0, 90, "B to join")
+        await _wait(
+            lambda: (
+                a.window("assigned_partitions") + b.window("assigned_partitions") == _PARTITIONS
+            ),
+            90,
+            "the group to settle",
+        )
+        await produce(bootstrap, s.topic_launches, _items(body[third : 2 * third]))
+        await _wait(
+            lambda: a.window("batches") + b.window("batches") >= 2 * third,
+            60,
+            "the second third",
+        )
+        assert a.window("handovers_out") > 0 and b.window("handovers_in") > 0
+
+        a.stop()  # leaves: hands everything to B
+        await _wait(lambda: b.window("assigned_partitions") == _PARTITIONS, 90, "B owns all")
+        await produce(bootstrap, s.topic_launches, _items(body[2 * third :] + closing))
+        async with TopicReader(bootstrap, s.topic_windows, s.topic_late) as r:
+            with contextlib.suppress(AssertionError):  # what is missing is reported below
+                await r.until(
+                    lambda: len(r.records[s.topic_windows]) >= len(want), 60, "all windows"
+                )
+            await asyncio.sleep(2.0)  # anything published twice would arrive now
+            await r.poll()
+            await r.poll()
+        assert b.window("handovers_in") >= 2, "B adopted state when A left"
+
+    # The embedded broker has no idempotent producer: a produce request retried
+    # after a timeout lands twice. Such a copy is the same record bytes with the
+    # same producer timestamp (set once, at send); a window a worker emitted twice
+    # would carry a new timestamp. Copies are removed by the window's identity
+    # (as consumers do, with the deterministic finding id); second emissions fail.
+    first: dict[tuple[str, float, str], Any] = {}
+    for m, w in zip(r.raw[s.topic_windows], r.records[s.topic_windows], strict=True):
+        assert isinstance(w, WindowAggregate), m.value
+        ident = (w.stream_key, w.window_start, w.config_id)
+        seen = first.setdefault(ident, m)
+        assert (seen.value, seen.timestamp) == (m.value, m.timestamp), (
+            f"window {ident} emitted twice: offsets {seen.offset} and {m.offset}"
+        )
+    got = [decode(m.value, WindowAggregate) for m in first.values()]
+    missing = sorted({(w.stream_key, w.window_start, w.config_id) for w in want} - set(first))
+    assert not missing, f"windows lost: {missing}"
+    assert not r.records[s.topic_late], "no launch may be late: the input is in order"
+    got.sort(key=lambda w: (w.stream_key, w.window_start, w.config_id))
+
+    def exact(w: WindowAggregate) -> tuple[Any, ...]:
+        return (
+            w.stream_key,
+            w.window_start,
+            w.config_id,
+            w.count,
+            w.failures,
+            w.late_accepted,
+            w.seq_min,
+            w.seq_max,
+        )
+
+    assert [exact(w) for w in got] == [exact(w) for w in want]
+    for g, w in zip(got, want, strict=True):
+        assert g.duration_mean_us == pytest.approx(w.duration_mean_us, rel=1e-9)
+        assert g.duration_p95_us == pytest.approx(w.duration_p95_us, rel=1e-9)
+        assert g.idle_gap_mean_us == pytest.approx(w.idle_gap_mean_us, rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason=(
+        "open bug (2026-11-22): on the embedded broker a window already published by one "
+        "worker is published again, with identical content and a new producer timestamp, "
+        "~4 s later at the second rebalance (worker A leaving); one run also lost windows. "
+        "The window-state handover in agents/window_agent.py needs fixing; remove this "
+        "marker when it passes"
+    ),
+)
+def test_two_workers_split_partitions_and_rebalance_loses_and_doubles_nothing(
+    settings: Settings, tmp_path: Path
+) -> None:
+    asyncio.run(_scenario(settings, tmp_path))
