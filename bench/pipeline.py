@@ -19,6 +19,7 @@ groups) because the machine is shared; medians are reported with every round.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import os
@@ -30,18 +31,22 @@ from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 import orjson
 
 from app.broker import EmbeddedBroker
 from app.topics import ensure_topics
 from bench.pipeline_input import (
     FleetSpec,
+    LiveFleet,
     encoded,
     fleet_batches,
     per_record_messages,
     produce_messages,
+    recent_t0,
 )
 from bench.pipeline_procs import WorkerProc, bench_settings, running
+from schemas import Recommendation, decode
 
 __all__ = ["command"]
 
@@ -101,62 +106,181 @@ async def _run_worker(settings: Any, log: Path, n: int, argv: list[str] | None =
     }
 
 
-async def _sustain(settings: Any, log: Path, rate: float, seconds: float, fleet: FleetSpec):
-    """Worker RSS over time while a real-time fleet publishes ``rate`` launches/s."""
+def _producer(bootstrap: str) -> Any:
     from aiokafka import AIOKafkaProducer
 
-    per_kernel = rate / (fleet.nodes * 4)
-    spec = FleetSpec(
-        nodes=fleet.nodes,
-        launches_per_s_per_kernel=per_kernel,
-        seconds=seconds,
-        max_launches=fleet.max_launches,
-        max_delay_s=fleet.max_delay_s,
-        t0=time.time() + 6.0,
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        linger_ms=5,
+        max_batch_size=1 << 20,
+        max_request_size=8 << 20,
     )
-    samples: list[tuple[float, int, int]] = []
+
+
+async def _sustain(settings: Any, log: Path, rate: float, seconds: float) -> dict[str, Any]:
+    """Worker RSS over time while a real-time fleet publishes ``rate`` launches/s.
+
+    The input is :class:`~bench.pipeline_input.LiveFleet` (pre-encoded messages
+    re-sent with new event times), so the generator costs ~3% of a core per
+    million launches/s and the rate is held unless the machine is saturated.
+    """
+    fleet = LiveFleet(rate)
+    samples: list[dict[str, Any]] = []
     w = WorkerProc(settings, log)
-    produced = 0
     with running(w):
         await w.wait_stats(lambda s: s["window"]["assigned_at"] is not None, 60, "assignment")
-        producer = AIOKafkaProducer(
-            bootstrap_servers=settings.bootstrap, linger_ms=5, max_request_size=8 << 20
-        )
+        producer = _producer(str(settings.bootstrap))
         await producer.start()
         t_start = time.time()
-        next_sample = t_start
+        start_second = int(t_start) + 1
+
+        async def sample(i: int) -> None:
+            st = await asyncio.to_thread(w.stats) or {}
+            win = st.get("window", {})
+            samples.append(
+                {
+                    "t": time.time() - t_start,
+                    "rss": w.rss_bytes(),
+                    "open_windows": int(st.get("open_windows", -1)),
+                    "consumed": int(win.get("launches", -1)),
+                    "produced": (i + 1) * fleet.rate,
+                    "load1": os.getloadavg()[0],
+                }
+            )
+
         try:
-            for b in fleet_batches(spec):
-                wait = b.t_end[-1] - time.time()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                k, v = encoded([b])[0]
-                await producer.send(settings.topic_launches, v, key=k)
-                produced += len(b.t_end)
-                if time.time() >= next_sample:
-                    st = await asyncio.to_thread(w.stats) or {}
-                    samples.append(
-                        (time.time() - t_start, w.rss_bytes(), int(st.get("open_windows", -1)))
-                    )
-                    next_sample += 1.0
+            produced = await fleet.run(
+                producer, settings.topic_launches, start_second, int(seconds), sample
+            )
         finally:
             await producer.stop()
-        st = await w.wait_stats(lambda s: s["window"]["launches"] >= produced, 120, "catch-up")
-    elapsed = samples[-1][0] if samples else 0.0
-    warm = [s for s in samples if s[0] >= min(60.0, elapsed * 0.2)]
-    slope = _slope([(s[0], s[1]) for s in warm]) if len(warm) > 2 else None
+        t_end = time.time()
+        st = await w.wait_stats(lambda s: s["window"]["launches"] >= produced, 300, "catch-up")
+        caught_up = time.time()
+    elapsed = t_end - (start_second + 1.0 / fleet.per_s)
+    warm = [s for s in samples if s["t"] >= min(60.0, elapsed * 0.2)]
+    slope = _slope([(s["t"], s["rss"]) for s in warm]) if len(warm) > 2 else None
+    lag = [s["produced"] - s["consumed"] for s in samples if s["consumed"] >= 0]
     return {
         "target_launches_per_s": rate,
+        "generator_launches_per_s": fleet.rate,
+        "launches_per_message": fleet.launches_per_message,
         "produced_launches": produced,
         "seconds": elapsed,
-        "achieved_launches_per_s": produced / elapsed if elapsed else None,
-        "rss_after_warmup_bytes": warm[0][1] if warm else None,
-        "rss_final_bytes": samples[-1][1] if samples else None,
-        "rss_peak_bytes": max(s[1] for s in samples) if samples else None,
+        "achieved_launches_per_s": produced / elapsed,
+        "consumed_launches_per_s": st["window"]["launches"] / (caught_up - start_second),
+        "catch_up_after_input_s": caught_up - t_end,
+        "consumer_lag_launches_max": max(lag) if lag else None,
+        "consumer_lag_launches_final_sample": lag[-1] if lag else None,
+        "rss_after_warmup_bytes": warm[0]["rss"] if warm else None,
+        "rss_final_bytes": samples[-1]["rss"] if samples else None,
+        "rss_peak_bytes": max(s["rss"] for s in samples) if samples else None,
+        "worker_maxrss_kib": st.get("maxrss_kib"),
         "rss_slope_bytes_per_min_after_warmup": slope * 60 if slope is not None else None,
-        "open_windows_final": samples[-1][2] if samples else None,
-        "samples_t_rss_openwindows": samples,
+        "open_windows_final": samples[-1]["open_windows"] if samples else None,
+        "open_windows_max": max(s["open_windows"] for s in samples) if samples else None,
+        "load1_mean": statistics.mean(s["load1"] for s in samples) if samples else None,
+        "samples": samples,
         "worker_final": st["window"],
+    }
+
+
+async def _latency(
+    settings: Any, log: Path, rate: float, seconds: int, label: str
+) -> dict[str, Any]:
+    """(d) launch completion -> the node receives the first resulting recommendation.
+
+    A live fleet (every stream in completion order, batches sent when they close,
+    as nodes send them) feeds a real worker; a consumer of the recommendations topic
+    stands in for the nodes and notes when each recommendation arrives. For each
+    (node, device, kernel) only the *first* recommendation counts: the tuner keeps
+    one outstanding per kernel and the fleet never applies it, so later ones wait on
+    expiries, not on the pipeline. That recommendation names its finding, whose id
+    names the window it classified; every launch of that window has a latency
+    ``received_at - t_end`` (same clock: the fleet and the consumer share the host).
+    p50/p99 are over those launches; ``window_end_to_received`` is the pipeline
+    delay after the window's last possible launch, one value per recommendation.
+
+    Measured in steady state: a warm-up fleet (other node names) runs first until
+    its own recommendations come back, so the Faust agents' group joins at worker
+    start are not counted (start-up is (f)).
+    """
+    from aiokafka import AIOKafkaConsumer
+
+    fleet = LiveFleet(rate)
+    w = WorkerProc(settings, log)
+    received: dict[str, tuple[float, Any]] = {}
+    with running(w):
+        await w.wait_stats(lambda s: s["window"]["assigned_at"] is not None, 60, "assignment")
+        consumer = AIOKafkaConsumer(
+            settings.topic_recommendations,
+            bootstrap_servers=settings.bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+        await consumer.start()
+        producer = _producer(str(settings.bootstrap))
+        await producer.start()
+
+        async def listen() -> None:
+            while True:
+                for msgs in (await consumer.getmany(timeout_ms=50)).values():
+                    at = time.time()
+                    for m in msgs:
+                        rec = decode(m.value, Recommendation)
+                        k = f"{rec.node}:{rec.device_index}/{rec.kernel}"
+                        if measuring and k.startswith("warmup"):
+                            continue  # the warm-up fleet's, once measuring
+                        received.setdefault(k, (at, rec))
+                if len(received) >= len(fleet.streams):
+                    all_in.set()
+
+        all_in = asyncio.Event()
+        measuring = False
+        listener = asyncio.create_task(listen())
+        warm = LiveFleet(rate / 8, nodes=2, node_prefix="warmup")
+        second = int(time.time()) + 1
+        try:
+            for _ in range(60):  # until the warm-up fleet's recommendations arrive
+                await warm.run(producer, settings.topic_launches, second, 1)
+                second += 1
+                if any(k.startswith("warmup") for k in received):
+                    break
+            measuring = True
+            received.clear()
+            all_in.clear()
+            await fleet.run(producer, settings.topic_launches, second, seconds)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(all_in.wait(), 10)
+        finally:
+            listener.cancel()
+            await producer.stop()
+            await consumer.stop()
+    per_launch: list[np.ndarray] = []
+    after_end = []
+    for at, rec in received.values():
+        ws = float(str(rec.evidence["finding_id"]).rsplit("/", 1)[1])
+        second = round(ws)
+        per_launch.append(at - fleet.window_times(second))
+        after_end.append(at - (second + settings.window_s))
+    lat = np.concatenate(per_launch) if per_launch else np.empty(0)
+    return {
+        "label": label,
+        "window_s": settings.window_s,
+        "out_of_orderness_s": settings.out_of_orderness_s,
+        "allowed_lateness_s": settings.allowed_lateness_s,
+        "node_batch_delay_s": 1.0 / fleet.per_s,
+        "rate_launches_per_s": fleet.rate,
+        "streams": len(fleet.streams),
+        "recommendations": len(received),
+        "launches_measured": int(lat.size),
+        "p50_s": float(np.percentile(lat, 50)) if lat.size else None,
+        "p99_s": float(np.percentile(lat, 99)) if lat.size else None,
+        "max_s": float(lat.max()) if lat.size else None,
+        "window_end_to_received_p50_s": float(np.percentile(after_end, 50)) if after_end else None,
+        "window_end_to_received_p99_s": float(np.percentile(after_end, 99)) if after_end else None,
+        "target_p99_s": settings.window_s + 0.5,
+        "met": bool(lat.size and np.percentile(lat, 99) <= settings.window_s + 0.5),
     }
 
 
@@ -169,9 +293,13 @@ def _slope(points: list[tuple[float, int]]) -> float:
 
 
 async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) -> dict[str, Any]:
-    fleet = FleetSpec(seconds=opts["input_s"], max_launches=opts["batch"])
+    fleet = FleetSpec(
+        seconds=opts["input_s"], max_launches=opts["batch"], t0=recent_t0(opts["input_s"])
+    )
     out: dict[str, Any] = {"date": dt.date.today().isoformat(), "load_avg_start": os.getloadavg()}
-    if broker.running:
+    if broker.running and opts["latency_only"]:
+        out["latency_d"] = await _latency_phases(opts, run_dir, broker)
+    elif broker.running:
         bs = bench_settings(broker.bootstrap, run_dir / "state", window_s=1.0)
         await ensure_topics(bs, broker.bootstrap)
         batches = list(fleet_batches(fleet))
@@ -233,17 +361,47 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
         }
         c, a, b = out["worker_c"]["median_per_s"], out["ceiling_a"]["median_per_s"], naive["per_s"]
         out["ratios"] = {"c_over_a": c / a, "c_over_b": c / b}
+        if opts["latency_s"] > 0:
+            out["latency_d"] = await _latency_phases(opts, run_dir, broker)
         if opts["sustain_s"] > 0:
             ss = bench_settings(broker.bootstrap, run_dir / "state", window_s=1.0)
             await ensure_topics(ss, broker.bootstrap)
-            out["memory_e"] = await _sustain(
-                ss, run_dir / "sustain.log", c / 2, opts["sustain_s"], fleet
-            )
-        out["latency_d"] = None
-        out["notes"] = [
-            "(d) end-to-end latency is not measured by this version of the benchmark.",
-        ]
+            rate = opts["sustain_rate"] or c / 2
+            out["memory_e"] = await _sustain(ss, run_dir / "sustain.log", rate, opts["sustain_s"])
     out["load_avg_end"] = os.getloadavg()
+    return out
+
+
+# (label, out_of_orderness_s, allowed_lateness_s): the defaults, then lower settings
+# that suit per-stream watermarks over streams each node sends in completion order.
+_LATENCY_CONFIGS = (
+    ("defaults", 0.2, 0.5),
+    ("low-latency", 0.05, 0.1),
+    ("in-order", 0.0, 0.0),
+)
+
+
+async def _latency_phases(
+    opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker
+) -> list[dict[str, Any]]:
+    out = []
+    for label, ooo, lateness in _LATENCY_CONFIGS:
+        ls = bench_settings(
+            broker.bootstrap,
+            run_dir / "state",
+            window_s=1.0,
+            out_of_orderness_s=ooo,
+            allowed_lateness_s=lateness,
+        )
+        await ensure_topics(ls, broker.bootstrap)
+        r = await _latency(
+            ls, run_dir / f"latency-{label}.log", opts["latency_rate"], opts["latency_s"], label
+        )
+        click.echo(
+            f"latency {label}: p50 {r['p50_s']} p99 {r['p99_s']} ({r['recommendations']} recs)",
+            err=True,
+        )
+        out.append(r)
     return out
 
 
@@ -254,8 +412,36 @@ def _port() -> int:
 
 
 def _table(r: dict[str, Any]) -> str:
-    lines = [
-        f"kernelstream bench pipeline  {r['date']}  load avg start {r['load_avg_start']}",
+    lines = [f"kernelstream bench pipeline  {r['date']}  load avg start {r['load_avg_start']}"]
+    if "input" in r:
+        lines += _throughput_lines(r)
+    m = r.get("memory_e")
+    if m:
+        lines.append(
+            f"(e) sustained {m['seconds']:.0f} s at {m['achieved_launches_per_s']:,.0f}/s "
+            f"(target {m['target_launches_per_s']:,.0f}/s, worker consumed "
+            f"{m['consumed_launches_per_s']:,.0f}/s, mean load1 {m['load1_mean']:.1f}): "
+            f"RSS after warmup {m['rss_after_warmup_bytes'] / 2**20:.0f} MiB, peak "
+            f"{m['rss_peak_bytes'] / 2**20:.0f} MiB, final {m['rss_final_bytes'] / 2**20:.0f} MiB, "
+            f"slope {(m['rss_slope_bytes_per_min_after_warmup'] or 0) / 2**20:.2f} MiB/min, "
+            f"open windows max {m['open_windows_max']}"
+        )
+    for d in r.get("latency_d") or []:
+        p50, p99 = d["p50_s"], d["p99_s"]
+        lines.append(
+            f"(d) latency {d['label']:<11} (ooo {d['out_of_orderness_s']} s, lateness "
+            f"{d['allowed_lateness_s']} s): launch -> recommendation p50 "
+            f"{p50 if p50 is None else f'{p50:.3f}'} s, p99 "
+            f"{p99 if p99 is None else f'{p99:.3f}'} s over {d['launches_measured']:,} launches "
+            f"of {d['recommendations']} first recommendations; target p99 <= "
+            f"{d['target_p99_s']} s: {'met' if d['met'] else 'NOT met'}"
+        )
+    lines.append(f"load avg end {r['load_avg_end']}")
+    return "\n".join(lines)
+
+
+def _throughput_lines(r: dict[str, Any]) -> list[str]:
+    return [
         f"input: {r['input']['messages']} messages, {r['input']['launches']:,} launches "
         f"({r['input']['launches_per_message_mean']:.0f} per message)",
         f"(a) ceiling  aiokafka+orjson  {r['ceiling_a']['median_per_s']:>14,.0f} launches/s",
@@ -264,16 +450,6 @@ def _table(r: dict[str, Any]) -> str:
         f"(c)/(a) = {r['ratios']['c_over_a']:.2f}   (c)/(b) = {r['ratios']['c_over_b']:.0f}x",
         f"(f) ready    {r['ready_f']['median_s']:.2f} s",
     ]
-    m = r.get("memory_e")
-    if m:
-        lines.append(
-            f"(e) sustained {m['seconds']:.0f} s at {m['achieved_launches_per_s']:,.0f}/s: "
-            f"RSS after warmup {m['rss_after_warmup_bytes'] / 2**20:.0f} MiB, final "
-            f"{m['rss_final_bytes'] / 2**20:.0f} MiB, slope "
-            f"{(m['rss_slope_bytes_per_min_after_warmup'] or 0) / 2**20:.2f} MiB/min"
-        )
-    lines.append("(d) latency  not measured by this version")
-    return "\n".join(lines)
 
 
 @click.command(name="pipeline")
@@ -291,6 +467,15 @@ def _table(r: dict[str, Any]) -> str:
 @click.option("--rounds", type=int, default=3, show_default=True)
 @click.option("--naive-launches", type=int, default=40_000, show_default=True)
 @click.option("--sustain-s", type=float, default=600.0, show_default=True)
+@click.option(
+    "--sustain-rate",
+    type=float,
+    default=None,
+    help="Launches/s of the sustained run (default: half the measured worker throughput).",
+)
+@click.option("--latency-s", type=int, default=12, show_default=True, help="Live input per config.")
+@click.option("--latency-rate", type=float, default=128_000.0, show_default=True)
+@click.option("--latency-only", is_flag=True, help="Only the latency phases (d).")
 @click.option("--results-dir", type=click.Path(path_type=Path), default=Path("bench/results"))
 def command(
     json_path: Path,
@@ -299,6 +484,10 @@ def command(
     rounds: int,
     naive_launches: int,
     sustain_s: float,
+    sustain_rate: float | None,
+    latency_s: int,
+    latency_rate: float,
+    latency_only: bool,
     results_dir: Path,
 ) -> None:
     """Worker throughput vs its ceiling and a naive Faust agent; memory; start-to-ready."""
@@ -308,6 +497,10 @@ def command(
         "rounds": rounds,
         "naive_launches": naive_launches,
         "sustain_s": sustain_s,
+        "sustain_rate": sustain_rate,
+        "latency_s": latency_s,
+        "latency_rate": latency_rate,
+        "latency_only": latency_only,
     }
     with (
         tempfile.TemporaryDirectory(prefix="ks-bench-") as tmp,
@@ -321,5 +514,6 @@ def command(
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(text)
     results_dir.mkdir(parents=True, exist_ok=True)
-    (results_dir / f"pipeline-{result['date']}.json").write_text(text)
-    (results_dir / f"pipeline-{result['date']}.txt").write_text(table + "\n")
+    name = "pipeline-latency" if latency_only else "pipeline"
+    (results_dir / f"{name}-{result['date']}.json").write_text(text)
+    (results_dir / f"{name}-{result['date']}.txt").write_text(table + "\n")

@@ -10,8 +10,9 @@ by time, exactly as ``kernelstream node`` does.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +20,14 @@ from kernels.backends.sim import SimDevice
 from kernels.runner import LaunchBatcher, LaunchChunk
 from schemas import LaunchBatch, encode
 
-__all__ = ["FleetSpec", "fleet_batches", "per_record_messages", "produce_messages"]
+__all__ = [
+    "FleetSpec",
+    "LiveFleet",
+    "fleet_batches",
+    "per_record_messages",
+    "produce_messages",
+    "recent_t0",
+]
 
 _MODELS = ("A100-SXM4-80GB", "H100-SXM5-80GB")
 _TICK_S = 0.05
@@ -38,9 +46,20 @@ class FleetSpec:
     node_prefix: str = "bench"
 
 
+def recent_t0(seconds: float) -> float:
+    """An input start time the worker accepts: event times a little in the past.
+
+    Workers refuse event times far from their own clock (dead letter
+    ``bad_timestamp``), so pre-produced input must be recent, not a fixed date.
+    """
+    import time
+
+    return float(int(time.time() - seconds - 30.0))
+
+
 def fleet_batches(spec: FleetSpec) -> Iterator[LaunchBatch]:
     """Launch batches in the order the fleet would publish them (tick by tick)."""
-    fleet = []
+    fleet: list[Any] = []
     for i in range(spec.nodes):
         dev = SimDevice(_MODELS[i % 2], seed=i)
         batcher = LaunchBatcher(
@@ -106,7 +125,7 @@ async def produce_messages(
         linger_ms=20,
         max_batch_size=1 << 20,
         max_request_size=8 * 1024 * 1024,
-        **client_kwargs,  # type: ignore[arg-type]
+        **client_kwargs,
     )
     await producer.start()
     try:
@@ -123,3 +142,131 @@ async def produce_messages(
 
 def encoded(batches: list[LaunchBatch]) -> list[tuple[bytes, bytes]]:
     return [(b.stream_key.encode(), encode(b)) for b in batches]
+
+
+# -- live input at a held rate --------------------------------------------------------
+
+_SENTINEL_SEC = 1111111111  # ten digits, like every event time until 2286
+_SENTINEL_SEQ = 987654321012
+
+
+class LiveFleet:
+    """A real-time fleet whose messages are encoded once and re-sent with new times.
+
+    Encoding launch batches (pydantic + orjson) costs more than the worker spends
+    on them, so a generator that encodes as it goes cannot feed the worker at a
+    high rate on the same small machine. Here every stream key gets ``per_s``
+    template messages that together cover one second of event time (launches
+    evenly spaced, batch ``j`` covering ``[j/per_s, (j+1)/per_s)`` of the second),
+    encoded once with a sentinel integer second and a sentinel ``seq_start``.
+    Sending second ``S`` is two ``bytes.replace`` calls per message: the event
+    times become ``S + fraction`` and sequence numbers keep counting per stream,
+    so the worker sees a continuous, in-order, never-repeated stream.
+
+    Args:
+        rate: launches per second, all streams together.
+        nodes: simulated nodes (4 workloads each, A100/H100 alternating).
+        max_launches: the nodes' batch size limit.
+        max_delay_s: the nodes' batch time limit (a batch is sent when it closes).
+        node_prefix: node names are ``<prefix>-<i>``.
+    """
+
+    def __init__(
+        self,
+        rate: float,
+        *,
+        nodes: int = 16,
+        max_launches: int = 2000,
+        max_delay_s: float = 0.1,
+        node_prefix: str = "bench",
+    ) -> None:
+        import math
+
+        metas: dict[str, LaunchBatch] = {}
+        spec = FleetSpec(nodes=nodes, seconds=0.05, max_delay_s=0.05, node_prefix=node_prefix)
+        for b in fleet_batches(spec):
+            metas.setdefault(b.stream_key, b)
+        self.streams = sorted(metas)
+        per_key = rate / len(self.streams)
+        self.per_s = max(math.ceil(1.0 / max_delay_s), math.ceil(per_key / max_launches))
+        self.launches_per_message = max(1, round(per_key / self.per_s))
+        self.rate = self.launches_per_message * self.per_s * len(self.streams)
+        n = self.launches_per_message
+        frac = (np.arange(n) + 0.5) / n
+        # [j] -> per stream: key, bytes before seq_start, the rest split at the second
+        self.templates: list[list[tuple[bytes, bytes, list[bytes]]]] = []
+        for j in range(self.per_s):
+            row = []
+            for key in self.streams:
+                meta = metas[key]
+                dur = np.resize(np.asarray(meta.duration_us), n)
+                b = meta.model_copy(
+                    update={
+                        "t_end": (_SENTINEL_SEC + (j + frac) / self.per_s).tolist(),
+                        "duration_us": dur.tolist(),
+                        "ok": [1] * n,
+                        "seq_start": _SENTINEL_SEQ,
+                        "samples": [],
+                    }
+                )
+                value = encode(b)
+                if value.count(b"%d." % _SENTINEL_SEC) != n:
+                    raise RuntimeError("an event time of a template left its second")
+                # Split once at the sentinels: sending is then a join (one copy, no search).
+                head, tail = value.split(b'"seq_start":%d' % _SENTINEL_SEQ)
+                row.append((key.encode(), head, tail.split(b"%d." % _SENTINEL_SEC)))
+            self.templates.append(row)
+        self._seq = dict.fromkeys(self.streams, 0)
+
+    def window_times(self, second: int) -> np.ndarray:
+        """Event times of one stream's launches in ``[second, second + 1)``."""
+        n = self.launches_per_message
+        j = np.repeat(np.arange(self.per_s), n)
+        return second + (j + np.tile((np.arange(n) + 0.5) / n, self.per_s)) / self.per_s
+
+    def messages(self, second: int, j: int) -> list[tuple[bytes, bytes]]:
+        """Batch ``j`` of ``second`` for every stream, ready to send."""
+        sec = b"%d." % second
+        out = []
+        for key, (k, head, parts) in zip(self.streams, self.templates[j], strict=True):
+            seq = self._seq[key]
+            self._seq[key] = seq + self.launches_per_message
+            out.append((k, b"".join((head, b'"seq_start":%d' % seq, sec.join(parts)))))
+        return out
+
+    def send_time(self, second: int, j: int) -> float:
+        """When a node would send batch ``j`` of ``second``: as its last launch completes."""
+        return second + (j + 1) / self.per_s
+
+    async def run(
+        self,
+        producer: Any,
+        topic: str,
+        start_second: int,
+        seconds: int,
+        on_second: Callable[[int], Awaitable[None]] | None = None,
+    ) -> int:
+        """Send ``seconds`` seconds of input in real time; return launches sent.
+
+        ``on_second(second_index)`` (an async callable), when given, runs once per
+        second of input (sampling). Sends are not awaited one by one: the producer
+        batches them, and each second's futures are gathered before the next.
+        """
+        import time
+
+        sent = 0
+        pending: list[Any] = []
+        for i in range(seconds):
+            second = start_second + i
+            for j in range(self.per_s):
+                wait = self.send_time(second, j) - time.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                for k, v in self.messages(second, j):
+                    pending.append(await producer.send(topic, v, key=k))
+                sent += self.launches_per_message * len(self.streams)
+            await asyncio.gather(*pending)
+            pending.clear()
+            if on_second is not None:
+                await on_second(i)
+        return sent
