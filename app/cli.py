@@ -1,4 +1,4 @@
-"""The ``kernelstream`` command line: demo, broker, worker, node, watch, bench.
+"""The ``kernelstream`` command line: demo, broker, worker, node, watch, replay, bench.
 
 Every command builds the settings once (environment ``KERNELSTREAM_*``, optional
 TOML file in ``KERNELSTREAM_CONFIG``, then the command's own options) and passes
@@ -253,6 +253,140 @@ def watch(
         )
 
 
+def _parse_time(value: str | None) -> int | None:
+    """Unix seconds, or an ISO 8601 date-time (UTC unless it names a zone), to ms."""
+    if value is None:
+        return None
+    from datetime import UTC, datetime
+
+    try:
+        return round(float(value) * 1000)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r} is neither Unix seconds nor ISO 8601") from exc
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return round(dt.timestamp() * 1000)
+
+
+@main.command()
+@click.option(
+    "--recording",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    help="Read a recording directory (from `kernelstream demo`), not KAFKA_BOOTSTRAP.",
+)
+@click.option("--report", "report_dir", type=click.Path(path_type=Path), help="Report directory.")
+@click.option("--to-topic", help="Republish the selected records to this topic instead.")
+@click.option(
+    "--topic",
+    "source_role",
+    type=click.Choice(["launches", "windows", "findings", "recommendations", "reconfig"]),
+    default="launches",
+    show_default=True,
+    help="With --to-topic: which topic to republish (a report always reads launches, "
+    "recommendations and reconfig).",
+)
+@click.option("--start-offset", type=int, help="First offset of every partition.")
+@click.option("--end-offset", type=int, help="Offset to stop before, in every partition.")
+@click.option("--since", help="Records stamped at or after this (Unix s or ISO 8601, UTC).")
+@click.option("--until", help="Records stamped before this (Unix s or ISO 8601, UTC).")
+@click.option(
+    "--time-slack",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds record timestamps may be out of order within a partition.",
+)
+@click.option("--node", "node_filter", help="Only this node.")
+@click.option("--device", "device_filter", help="Only this device model or node:index.")
+@click.option("--kernel", "kernel_filter", help="Only this kernel.")
+@click.option(
+    "--speed",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="With --to-topic: 0 as fast as possible, N > 0 the recorded pace x N.",
+)
+@click.option(
+    "--trace-file",
+    "trace_files",
+    multiple=True,
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Kernel Tuner cache file for the what-if section (repeatable; default: the "
+    "tuning-spaces directory).",
+)
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def replay(
+    recording: Path | None,
+    report_dir: Path | None,
+    to_topic: str | None,
+    source_role: str,
+    start_offset: int | None,
+    end_offset: int | None,
+    since: str | None,
+    until: str | None,
+    time_slack: float,
+    node_filter: str | None,
+    device_filter: str | None,
+    kernel_filter: str | None,
+    speed: float,
+    trace_files: tuple[Path, ...],
+    no_progress: bool,
+) -> None:
+    """Replay recorded topics: a report of what happened, or a new topic to run again.
+
+    The report runs the workers' own window, detector and tuner code over the
+    recorded launches; the same range gives byte-identical results. Ranges by
+    offsets or by record time (found by reading record timestamps, never by the
+    broker's offset-for-time answer).
+    """
+    from app.replay import RangeSpec, ReplayOptions, run_replay
+    from app.report_analysis import LaunchFilter
+
+    if (report_dir is None) == (to_topic is None):
+        raise click.UsageError("give exactly one of --report DIR or --to-topic NAME")
+    settings = _settings()
+    if recording is None and not settings.bootstrap:
+        raise click.UsageError(
+            "replay reads an existing cluster (set KAFKA_BOOTSTRAP) or --recording"
+        )
+    if to_topic is not None and not settings.bootstrap:
+        raise click.UsageError("--to-topic writes to a cluster: set KAFKA_BOOTSTRAP")
+    if speed < 0:
+        raise click.BadParameter("--speed must be >= 0")
+    opts = ReplayOptions(
+        spec=RangeSpec(
+            start_offset=start_offset,
+            end_offset=end_offset,
+            since_ms=_parse_time(since),
+            until_ms=_parse_time(until),
+            slack_ms=round(time_slack * 1000),
+        ),
+        flt=LaunchFilter(node_filter, device_filter, kernel_filter),
+        recording=recording,
+        report_dir=report_dir,
+        to_topic=to_topic,
+        source_role=source_role,
+        speed=speed,
+        trace_files=trace_files,
+        progress=not no_progress and sys.stderr.isatty(),
+    )
+    try:
+        done = asyncio.run(run_replay(settings, opts))
+    except LookupError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if "report" in done:
+        click.echo(
+            f"{done['launches']:,} launches -> {done['windows']} windows, "
+            f"{done['findings']} findings in {done['seconds']:.1f} s; report: {done['report']}"
+        )
+    else:
+        click.echo(f"{done['messages']:,} messages -> {done['topic']}")
+
+
 class _LazyBenchGroup(click.Group):
     """``kernelstream bench NAME``: each benchmark is ``bench/<name>.py``'s ``command``.
 
@@ -260,7 +394,7 @@ class _LazyBenchGroup(click.Group):
     a benchmark's extra dependencies are needed only by that benchmark.
     """
 
-    names = ("pipeline", "tuning")
+    names = ("pipeline", "replay", "tuning")
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.names)

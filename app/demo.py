@@ -269,6 +269,26 @@ async def _monitor(
             live.stop()
 
 
+async def _record(settings: Settings, bootstrap: str, directory: Path) -> None:
+    """Keep the run's topics: the embedded broker forgets them when it stops."""
+    from app.replay import KafkaSource, record_topics
+
+    names = [
+        settings.topic_launches,
+        settings.topic_windows,
+        settings.topic_findings,
+        settings.topic_recommendations,
+        settings.topic_reconfig,
+    ]
+    async with KafkaSource(bootstrap, settings.kafka_client_kwargs()) as source:
+        counts = await record_topics(source, names, directory)
+    print(
+        f"recorded {sum(counts.values())} messages in {directory}: "
+        f"kernelstream replay --recording {directory} --report REPORT_DIR",
+        flush=True,
+    )
+
+
 def opts_drain_s(settings: Settings) -> float:
     """Time for the last windows to close after the nodes stop (idle flush + margin)."""
     return settings.idle_timeout_s + settings.window_s + 2.0
@@ -328,6 +348,7 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
             )
             print(f"trace node replays measured durations from {trace}", flush=True)
         asyncio.run(_monitor(settings, bootstrap, opts, builder, children))
+        asyncio.run(_record(settings, bootstrap, run_dir / "recording"))
     except KeyboardInterrupt:
         print("interrupted: stopping cleanly", flush=True)
         return 130

@@ -1,0 +1,276 @@
+"""Offline analysis of recorded topics: the workers' own window, detector and tuner code.
+
+:class:`OfflineAnalysis` is fed the recorded messages of one replay range, partition
+by partition in offset order, and does what the worker did with them:
+
+* launch batches pass the same edge checks (:func:`schemas.columnar.decode_launch_columns`
+  and :func:`agents.context.launch_batch_problem`), with the record's Kafka timestamp
+  standing in for the worker's clock (the live worker used its clock at processing
+  time, seconds later; replaying a week-old range against today's clock would refuse
+  everything as too old);
+* accepted batches go to a :class:`~agents.logic.windowing.Windower` with
+  ``add_columns`` followed by ``poll_key``, exactly as the window agent does, and every
+  open window is flushed at the end of the range (``flush_all``);
+* every closed window is classified by a :class:`~agents.logic.detection.Detector`
+  in the order the window stream carries it (per stream key, which is all the
+  detector's state depends on);
+* the findings, with the recorded reconfiguration outcomes interleaved by time, drive
+  a :class:`~agents.logic.tuning.Tuner` whose clock is the finding's window end, so
+  its recommendations are a deterministic function of the input.
+
+Idle flushes. The live worker also closes the windows of a key that received nothing
+for ``idle_timeout_s`` of *processing* time. Replay has no such clock and closes them
+at the end of the range instead. The two agree whenever no launch of an idle-flushed
+window arrives after the flush, i.e. unless a node resent old launches after a pause
+longer than the idle timeout (an outage backlog); then the live worker sent those
+launches to the late topic and replay windows them. Such a difference shows up in
+the parity test's comparison, not silently.
+
+Everything here is plain Python over records: no Kafka, no Faust.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from agents.context import LaunchLimits, launch_batch_problem
+from agents.logic.detection import Detector
+from agents.logic.tuning import Tuner
+from agents.logic.windowing import Windower, WindowSpec
+from schemas import (
+    Finding,
+    Recommendation,
+    ReconfigOutcome,
+    SchemaError,
+    WindowAggregate,
+    decode,
+)
+from schemas.codec import check_key
+from schemas.columnar import decode_launch_columns
+
+__all__ = [
+    "AnalysisResult",
+    "LaunchFilter",
+    "OfflineAnalysis",
+    "RecordedMessage",
+    "key_matches",
+]
+
+
+class RecordedMessage(NamedTuple):
+    """One message as read from a topic (or a recording of it)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+
+
+@dataclass(frozen=True)
+class LaunchFilter:
+    """Which series to keep: node id, device (model or ``node:index``), kernel name.
+
+    ``None`` keeps everything. Launch messages are filtered by their key before
+    decoding where the key says enough (node and kernel).
+    """
+
+    node: str | None = None
+    device: str | None = None
+    kernel: str | None = None
+
+    def keeps(self, node: str, device_index: int, device_model: str, kernel: str) -> bool:
+        if self.node is not None and node != self.node:
+            return False
+        if self.kernel is not None and kernel != self.kernel:
+            return False
+        return self.device is None or self.device in (device_model, f"{node}:{device_index}")
+
+    def keeps_record(self, rec: Any) -> bool:
+        return self.keeps(rec.node, rec.device_index, rec.device_model, rec.kernel)
+
+
+def key_matches(key: bytes | None, flt: LaunchFilter) -> bool:
+    """Whether a launch key ``node:device/kernel`` can belong to a kept series.
+
+    A malformed key is kept: the edge check then refuses the message with its reason.
+    """
+    if flt.node is None and flt.kernel is None:
+        return True
+    try:
+        text = (key or b"").decode()
+        device_key, kernel = text.split("/", 1)
+        node = device_key.rsplit(":", 1)[0]
+    except (UnicodeDecodeError, ValueError):
+        return True
+    return (flt.node is None or node == flt.node) and (flt.kernel is None or kernel == flt.kernel)
+
+
+@dataclass
+class AnalysisResult:
+    """What one replay range yielded; every list in a deterministic order."""
+
+    windows: list[WindowAggregate] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    recommendations: list[Recommendation] = field(default_factory=list)  # offline tuner's
+    recorded_recommendations: list[Recommendation] = field(default_factory=list)
+    recorded_outcomes: list[ReconfigOutcome] = field(default_factory=list)
+    rejected: Counter[str] = field(default_factory=Counter)  # reason code -> messages
+    late_launches: int = 0
+    launches: int = 0
+    launch_messages: int = 0
+    skipped_messages: int = 0  # filtered out
+
+
+class OfflineAnalysis:
+    """The worker's window -> detector -> tuner path over recorded messages.
+
+    Args:
+        spec: the windowing the live workers used (``agents.window_agent.window_spec``).
+        known_workload: ``(workload, problem_size) -> bool``, as the worker's edge check.
+        space_for: ``(workload, problem_size) -> SearchSpace`` for the tuner; a
+            ``LookupError``/``ValueError`` skips tuning that finding (the tuner agent
+            dead-letters it).
+        limits: event-time bounds, relative to each record's timestamp.
+        ttl_s: the tuner's recommendation lifetime.
+        flt: which series to keep.
+    """
+
+    def __init__(
+        self,
+        spec: WindowSpec,
+        *,
+        known_workload: Any = None,
+        space_for: Any = None,
+        limits: LaunchLimits | None = None,
+        ttl_s: float = 20.0,
+        flt: LaunchFilter | None = None,
+    ) -> None:
+        self.windower = Windower(spec)
+        self.detector = Detector()
+        self.tuner = Tuner(ttl_s=ttl_s)
+        self.known_workload = known_workload
+        self.space_for = space_for
+        self.limits = limits or LaunchLimits()
+        self.flt = flt or LaunchFilter()
+        self.result = AnalysisResult()
+        self._findings_by_key: dict[str, list[Finding]] = defaultdict(list)
+
+    # -- launches ---------------------------------------------------------------
+
+    def add_launch_message(self, msg: RecordedMessage) -> None:
+        """One recorded ``ks.launches`` message, in its partition's offset order."""
+        res = self.result
+        if not key_matches(msg.key, self.flt):
+            res.skipped_messages += 1
+            return
+        try:
+            if msg.value is None:
+                raise SchemaError("the message has no value (a tombstone)", "invalid_json")
+            key = check_key(msg.key)
+            cols = decode_launch_columns(msg.value)
+            t_range = (float(cols.t_end.min()), float(cols.t_end.max()))
+            problem = launch_batch_problem(
+                cols.meta,
+                key,
+                msg.timestamp_ms / 1000.0,
+                self.limits,
+                self.known_workload,
+                t_range,
+            )
+            if problem is not None:
+                raise problem
+        except SchemaError as exc:
+            res.rejected[exc.code or "invalid"] += 1
+            return
+        meta = cols.meta
+        if not self.flt.keeps(meta.node, meta.device_index, meta.device_model, meta.kernel):
+            res.skipped_messages += 1
+            return
+        res.launch_messages += 1
+        res.launches += len(cols)
+        # ``now`` only drives idle flushes, which replay leaves to the end of the range.
+        for too_late in self.windower.add_columns(cols, msg.timestamp_ms / 1000.0):
+            res.late_launches += len(too_late.t_end)
+        self._take_windows(self.windower.poll_key(meta.stream_key))
+
+    def _take_windows(self, aggs: Iterable[WindowAggregate]) -> None:
+        for agg in aggs:
+            self.result.windows.append(agg)
+            finding = self.detector.classify(agg)
+            self._findings_by_key[agg.stream_key].append(finding)
+
+    # -- other topics -------------------------------------------------------------
+
+    def add_recorded(self, msg: RecordedMessage, kind: str) -> None:
+        """A recorded recommendation (``kind`` "recommendation") or outcome ("outcome")."""
+        cls: type[Recommendation] | type[ReconfigOutcome] = (
+            Recommendation if kind == "recommendation" else ReconfigOutcome
+        )
+        try:
+            rec = decode(msg.value or b"", cls)
+        except SchemaError as exc:
+            self.result.rejected[f"{kind}.{exc.code or 'invalid'}"] += 1
+            return
+        if not self.flt.keeps_record(rec):
+            return
+        if isinstance(rec, Recommendation):
+            self.result.recorded_recommendations.append(rec)
+        else:
+            self.result.recorded_outcomes.append(rec)
+
+    # -- end of range -----------------------------------------------------------------
+
+    def finish(self) -> AnalysisResult:
+        """Flush every open window, classify it, run the tuner; return the result."""
+        self._take_windows(self.windower.flush_all())
+        res = self.result
+        res.windows.sort(key=_window_order)
+        findings = [f for fs in self._findings_by_key.values() for f in fs]
+        res.findings = sorted(findings, key=lambda f: (f.window_end, f.id))
+        res.recorded_recommendations.sort(key=lambda r: (r.issued_at, r.id))
+        res.recorded_outcomes.sort(key=lambda o: (o.at, o.id))
+        res.recommendations = self._tune(res.findings, res.recorded_outcomes)
+        return res
+
+    def _tune(
+        self, findings: list[Finding], outcomes: list[ReconfigOutcome]
+    ) -> list[Recommendation]:
+        """The tuner over the findings and recorded outcomes, in time order."""
+        if self.space_for is None:
+            return []
+        events: list[tuple[float, int, Any]] = [(f.window_end, 0, f) for f in findings]
+        events += [(o.at, 1, o) for o in outcomes]
+        events.sort(key=lambda e: (e[0], e[1], e[2].id))
+        out: list[Recommendation] = []
+        for when, _, rec in events:
+            if isinstance(rec, ReconfigOutcome):
+                self.tuner.observe_outcome(rec)
+                continue
+            try:
+                space = self.space_for(rec.workload, tuple(rec.problem_size))
+            except (LookupError, ValueError):
+                continue
+            self.tuner.observe_finding(rec)
+            proposed = self.tuner.recommend(rec, space, when)
+            if proposed is not None:
+                out.append(proposed)
+        return out
+
+
+def _window_order(a: WindowAggregate) -> tuple[str, float, str]:
+    return (a.stream_key, a.window_start, a.config_id)
+
+
+def weighted_mean(pairs: Iterable[tuple[float, int]]) -> float:
+    """Count-weighted mean of ``(mean, count)`` pairs (nan when no count)."""
+    total = n = 0.0
+    for mean, count in pairs:
+        total += mean * count
+        n += count
+    return total / n if n else math.nan

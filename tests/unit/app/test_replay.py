@@ -1,0 +1,192 @@
+"""Replay without a broker: range selection by time, the offline path, deterministic reports."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agents.logic.windowing import (
+    Windower,
+    WindowSpec,
+    aggregate_reference,
+    launch_rows,
+    make_example_batch,
+)
+from app.cli import main
+from app.replay import (
+    RangeSpec,
+    RecordingSource,
+    _line,
+    offset_for_time,
+    read_range,
+    select_ranges,
+)
+from app.report_analysis import LaunchFilter, OfflineAnalysis, RecordedMessage, key_matches
+from schemas import LaunchBatch, encode
+from schemas.columnar import LaunchColumns
+
+SPACE = {"block_x": 8, "block_y": 8, "items_per_thread": 1, "tile_k": 8, "use_shared": 0}
+T0 = 1_790_000_000.0  # event times near the record timestamps (edge checks use them)
+
+
+def batches(nodes: int = 2, seconds: int = 12, per_s: int = 4) -> list[LaunchBatch]:
+    """A few series of matmul launches, a config change half way, in time order."""
+    rng = random.Random(7)
+    out = []
+    for node in range(nodes):
+        seq = 0
+        for i in range(seconds * per_s):
+            t = T0 + i / per_s
+            unroll = 1 if i < seconds * per_s // 2 else 2
+            n = 25
+            ends = [t + k * 0.2 / n for k in range(n)]
+            durs = [100.0 / unroll + rng.random() * 5 for _ in range(n)]
+            out.append(
+                make_example_batch(
+                    ends,
+                    durs,
+                    node=f"n{node}",
+                    kernel="matmul",
+                    problem_size=[2048],
+                    config={**SPACE, "unroll": unroll},
+                    seq_start=seq,
+                )
+            )
+            seq += n
+    return out
+
+
+def messages(bs: list[LaunchBatch], topic: str = "ks.launches") -> list[RecordedMessage]:
+    """Batches as recorded messages, series spread over two partitions."""
+    offsets = {0: 0, 1: 0}
+    out = []
+    for b in sorted(bs, key=lambda b: b.t_end[-1]):
+        p = int(b.node[1:]) % 2
+        ts = round(b.t_end[-1] * 1000) + 50
+        out.append(RecordedMessage(topic, p, offsets[p], ts, b.stream_key.encode(), encode(b)))
+        offsets[p] += 1
+    return out
+
+
+def write_recording(directory: Path, msgs: list[RecordedMessage]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    by_topic: dict[str, list[bytes]] = {}
+    for m in msgs:
+        by_topic.setdefault(m.topic, []).append(_line(m))
+    for topic, lines in by_topic.items():
+        (directory / f"{topic}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+
+
+SPEC = WindowSpec(size_s=1.0, out_of_orderness_s=0.2, allowed_lateness_s=0.5)
+
+
+def test_offline_windows_equal_the_reference() -> None:
+    bs = batches()
+    analysis = OfflineAnalysis(SPEC)
+    for m in messages(bs):
+        analysis.add_launch_message(m)
+    res = analysis.finish()
+    # Exactly what the window agent's calls produce (add_columns, poll_key per batch) ...
+    live = Windower(SPEC)
+    want = []
+    for b in sorted(bs, key=lambda b: (int(b.node[1:]) % 2, b.t_end[-1])):
+        live.add_columns(LaunchColumns.from_batch(b), 0.0)
+        want += live.poll_key(b.stream_key)
+    want += live.flush_all()
+    assert res.windows == sorted(want, key=lambda a: (a.stream_key, a.window_start, a.config_id))
+    # ... and the per-record reference up to float summation order.
+    ref = aggregate_reference(launch_rows(bs), SPEC)
+    assert [(w.stream_key, w.window_start, w.config_id, w.count) for w in res.windows] == [
+        (w.stream_key, w.window_start, w.config_id, w.count) for w in ref
+    ]
+    for got, exp in zip(res.windows, ref, strict=True):
+        assert got.duration_mean_us == pytest.approx(exp.duration_mean_us, rel=1e-12)
+    assert len(res.findings) == len(res.windows)
+    assert res.launches == sum(len(b.t_end) for b in bs)
+
+
+def test_filters() -> None:
+    flt = LaunchFilter(node="n1")
+    assert key_matches(b"n1:0/matmul", flt) and not key_matches(b"n0:0/matmul", flt)
+    assert LaunchFilter(device="A100-SXM4-80GB").keeps("n", 0, "A100-SXM4-80GB", "k")
+    assert LaunchFilter(device="n:0").keeps("n", 0, "X", "k")
+    assert not LaunchFilter(kernel="a").keeps("n", 0, "X", "b")
+    analysis = OfflineAnalysis(SPEC, flt=flt)
+    for m in messages(batches()):
+        analysis.add_launch_message(m)
+    res = analysis.finish()
+    assert {w.node for w in res.windows} == {"n1"} and res.skipped_messages > 0
+
+
+def _selected(msgs: list[RecordedMessage], spec: RangeSpec, tmp_path: Path) -> set[tuple]:
+    write_recording(tmp_path, msgs)
+
+    async def go() -> set[tuple]:
+        src = RecordingSource(tmp_path)
+        got = set()
+        for r in await select_ranges(src, ["ks.launches"], spec):
+            async for chunk in read_range(src, r, spec):
+                got |= {(m.partition, m.offset) for m in chunk}
+        return got
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("jitter_ms", [0, 300])
+def test_time_range_is_exact(tmp_path: Path, jitter_ms: int) -> None:
+    rng = random.Random(3)
+    msgs = [
+        m._replace(timestamp_ms=m.timestamp_ms + rng.randint(-jitter_ms, jitter_ms))
+        for m in messages(batches())
+    ]
+    since, until = round(T0 * 1000) + 3_000, round(T0 * 1000) + 7_500
+    spec = RangeSpec(since_ms=since, until_ms=until, slack_ms=1_000)
+    want = {(m.partition, m.offset) for m in msgs if since <= m.timestamp_ms < until}
+    assert want and _selected(msgs, spec, tmp_path) == want
+
+
+def test_offset_for_time_binary_search(tmp_path: Path) -> None:
+    msgs = messages(batches(nodes=1))
+    write_recording(tmp_path, msgs)
+    src = RecordingSource(tmp_path)
+    for probe in (msgs[0], msgs[17], msgs[-1]):
+        off = asyncio.run(offset_for_time(src, "ks.launches", 0, probe.timestamp_ms, 0, len(msgs)))
+        assert off == probe.offset
+    after = asyncio.run(offset_for_time(src, "ks.launches", 0, 10**15, 0, len(msgs)))
+    assert after == len(msgs)
+
+
+def test_offset_range(tmp_path: Path) -> None:
+    msgs = messages(batches())
+    spec = RangeSpec(start_offset=5, end_offset=20)
+    want = {(m.partition, m.offset) for m in msgs if 5 <= m.offset < 20}
+    assert _selected(msgs, spec, tmp_path) == want
+
+
+def test_report_is_deterministic_and_self_contained(tmp_path: Path) -> None:
+    write_recording(tmp_path / "rec", messages(batches()))
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"report{i}"
+        result = CliRunner().invoke(
+            main,
+            ["replay", "--recording", str(tmp_path / "rec"), "--report", str(out)],
+            env={"KERNELSTREAM_TUNING_SPACES_DIR": str(tmp_path / "none")},
+        )
+        assert result.exit_code == 0, result.output
+        outs.append(out)
+    for name in ("summary.json", "windows.jsonl", "findings.jsonl", "recommendations.jsonl"):
+        assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
+    page = (outs[0] / "index.html").read_text()
+    assert page.count("data:image/png;base64,") >= 3  # share, roofline, timeline
+    assert "http://" not in page and "https://" not in page  # opens offline
+    assert (outs[0] / "plots" / "gpu_share.png").stat().st_size > 1000
+
+
+def test_replay_needs_one_output() -> None:
+    result = CliRunner().invoke(main, ["replay", "--recording", "."])
+    assert result.exit_code != 0 and "exactly one" in result.output
