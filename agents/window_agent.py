@@ -10,43 +10,65 @@ only: decode the columnar batch with orjson straight into NumPy arrays
 :class:`~agents.logic.windowing.Windower`, publish the windows that batch's
 watermark closed through the Faust producer. A Faust timer flushes idle keys.
 
-Partition handover. A stream key lives in one partition, so one worker owns
-its windows. When a partition is revoked (rebalance or clean shutdown), the
-owner writes the windowing state of that partition's keys together with the next
-offset to process to the ``<launches>.window-state`` topic (same partition
-number) and commits exactly that offset. The next owner reads the partition's
-latest state record whose offset equals the committed offset (reading up to a
-marker it writes itself, because end offsets cannot be trusted on every broker)
-and continues as if nothing happened: no window is lost or emitted twice. State
-records carry the offset, so a later exactly-once scheme (per-producer sequence
-numbers) can build on them. A crash without handover loses the open windows of
-its partitions; making that safe is the reliability issue's job.
+Exactly-once window results without broker transactions (the embedded broker
+has neither idempotent producers nor transactions):
+
+* **Duplicates change nothing.** Nodes number each stream's launches without gaps
+  or reuse and send a stream's batches in order, so the windower keeps, per stream,
+  the highest sequence number it ingested (:meth:`Windower.seen_through`). A batch at
+  or below it (a node's resent copy, a replay after a crash, a group offset reset)
+  is not counted again: it goes to the dead-letter topic with reason code
+  ``duplicate``. A batch that only overlaps is counted from its first new launch.
+* **State and position move together.** Every ``checkpoint_interval_s`` the agent
+  flushes the producer (every window, late slice and dead letter of the batches
+  so far is acknowledged), writes the windowing state of each partition's keys
+  together with the partition's next offset as one atomic RocksDB write
+  (:mod:`agents.window_checkpoints`), and only then commits those offsets. After a
+  ``kill -9`` the restarted worker restores the checkpoint and consumes from the
+  committed offset (at or before the checkpoint): anything between the two is
+  recognised as a duplicate, anything after it is new. No end offsets or
+  time lookups are involved (the embedded broker's ListOffsets cannot be trusted).
+* **Partition handover.** When a partition is revoked (rebalance, or a clean
+  shutdown, done on Faust's ``on_before_shutdown`` while its producer still runs),
+  its state record goes to the ``<launches>.window-state`` topic (same partition)
+  before its offset is committed. A new owner takes the newest state it can see,
+  handed over on the topic or checkpointed locally, whose offset is at or after the
+  committed offset. With neither (another worker crashed before any handover) the
+  open windows of that partition are lost: counted as ``window.state_lost``.
+* **Emission is at least once, identical copies.** Windows published after the last
+  checkpoint and before a crash are published again after recovery, with the same
+  content (the windower is deterministic given the same batches in the same
+  order), under the same key. A consumer deduplicates by the window's identity
+  ``(stream_key, window_start, config_id)`` (the detector's finding id is derived
+  from it). Only an idle flush depends on processing time; a window flushed for
+  idleness before a crash may be completed instead after recovery.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import orjson
 from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import ConsumerStoppedError
 from mode import Service
 
 from agents.context import WorkerContext
+from agents.logic.errors import SnapshotError
+from agents.logic.snapshot_codec import pack, unpack
 from agents.logic.windowing import Windower, WindowSpec
+from agents.window_checkpoints import CheckpointStore
 from schemas import WindowAggregate, encode
 
 __all__ = ["WindowAgentStats", "WindowIngest", "register", "state_topic", "window_spec"]
 
 log = logging.getLogger("kernelstream.window")
-
-_COMMIT_EVERY_S = 1.0
 
 
 def window_spec(settings: Any) -> WindowSpec:
@@ -77,6 +99,9 @@ class WindowAgentStats:
     assigned_partitions: int = 0
     handovers_out: int = 0
     handovers_in: int = 0
+    duplicates: int = 0
+    checkpoints: int = 0
+    restored_partitions: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,20 +116,27 @@ class WindowIngest(Service):
         self.settings = ctx.settings
         self.stats = WindowAgentStats()
         self._consumer: Any = None
+        self._store: CheckpointStore | None = None
         self._lock = asyncio.Lock()
         self._next: dict[Any, int] = {}  # tp -> next offset to process
-        self._skip_below: dict[Any, int] = {}
         self._keys_of: dict[Any, set[str]] = {}  # tp -> stream keys seen in it
-        self._committed_at = 0.0
+        self._dirty: set[Any] = set()  # tps whose state changed since their checkpoint
+        self._checkpointed_at = 0.0
+        self._left = False
 
     @property
     def bootstrap(self) -> str:
         return ",".join(f"{u.host}:{u.port}" for u in self.app.conf.broker)
 
+    @property
+    def topic(self) -> str:
+        return str(self.settings.topic_launches)
+
     async def on_start(self) -> None:
         from aiokafka import AIOKafkaConsumer
 
         s = self.settings
+        self._store = CheckpointStore(Path(s.data_dir) / "window-checkpoints")
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
             group_id=f"{s.app_id}.window",
@@ -115,36 +147,59 @@ class WindowIngest(Service):
             rebalance_timeout_ms=int(s.session_timeout_s * 1000),
             max_partition_fetch_bytes=4 << 20,
             fetch_max_bytes=16 << 20,
+            fetch_max_wait_ms=getattr(s, "fetch_max_wait_ms", 500),
             **s.kafka_client_kwargs(),
         )
         await self.ctx.topics["window_state"].maybe_declare()
         self._consumer.subscribe([s.topic_launches], listener=_Listener(self))
         await self._consumer.start()
+        # Faust stops its producer before its children: hand over while it still runs.
+        self.app.on_before_shutdown.connect(self._on_app_shutdown)
         self.add_future(self._run())
 
-    async def on_stop(self) -> None:
-        if self._consumer is None:
+    async def _on_app_shutdown(self, app: Any, **kwargs: Any) -> None:
+        await self.leave()
+
+    async def leave(self) -> None:
+        """Hand every partition over and leave the group (a clean shutdown)."""
+        if self._consumer is None or self._left:
             return
-        with contextlib.suppress(Exception):
+        self._left = True
+        try:
             await self._hand_over(set(self._consumer.assignment()))
+        except Exception:
+            log.exception("window state handover at shutdown failed")
         await self._consumer.stop()
+
+    async def on_stop(self) -> None:
+        await self.leave()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
 
     async def _run(self) -> None:
         consumer = self._consumer
-        while not self.should_stop:
-            fetched = await consumer.getmany(timeout_ms=200)
+        interval = float(getattr(self.settings, "checkpoint_interval_s", 1.0))
+        while not (self.should_stop or self._left):
+            try:
+                fetched = await consumer.getmany(timeout_ms=200)
+            except ConsumerStoppedError:
+                break
             async with self._lock:
+                if self._left:
+                    break
                 for tp, msgs in fetched.items():
-                    if tp not in self._next:
+                    nxt = self._next.get(tp)
+                    if nxt is None:
                         continue  # revoked while this fetch was in flight
-                    skip = self._skip_below.get(tp, -1)
-                    keys = self._keys_of.setdefault(tp, set())
+                    keys = self._keys_of[tp]
                     for msg in msgs:
-                        if msg.offset >= skip:
+                        if msg.offset >= nxt:  # below: a fetch from before a re-assignment
                             await self._process(msg, keys)
-                    self._next[tp] = msgs[-1].offset + 1
-                if time.monotonic() - self._committed_at >= _COMMIT_EVERY_S:
-                    await self._commit(self._next)
+                    self._next[tp] = max(nxt, msgs[-1].offset + 1)
+                    self._dirty.add(tp)
+                if time.monotonic() - self._checkpointed_at >= interval:
+                    await self._checkpoint()
 
     async def _process(self, msg: Any, keys: set[str]) -> None:
         stats, ctx = self.stats, self.ctx
@@ -153,6 +208,23 @@ class WindowIngest(Service):
         cols = await ctx.decode_launches("window", event)
         if cols is None:
             return
+        key = cols.meta.stream_key
+        seen = self.windower.seen_through(key)
+        if cols.meta.seq_start <= seen:
+            last = cols.meta.seq_start + len(cols) - 1
+            if last <= seen:
+                stats.duplicates += 1
+                ctx.counters["launches.duplicate"] += len(cols)
+                await ctx.dead_letter(
+                    "window",
+                    event,
+                    f"launches {key} seq {cols.meta.seq_start}..{last} were already counted "
+                    f"(counted through seq {seen}): a resent copy or a replay",
+                    "duplicate",
+                )
+                return
+            ctx.counters["launches.duplicate"] += seen + 1 - cols.meta.seq_start
+            cols = cols.drop_first(seen + 1 - cols.meta.seq_start)
         now = time.time()
         n = len(cols)
         stats.batches += 1
@@ -160,7 +232,6 @@ class WindowIngest(Service):
         ctx.counters["launches.in"] += n
         if stats.first_batch_at is None:
             stats.first_batch_at = now
-        key = cols.meta.stream_key
         keys.add(key)
         for too_late in self.windower.add_columns(cols, now):
             ctx.counters["launches.late"] += len(too_late.t_end)
@@ -178,63 +249,126 @@ class WindowIngest(Service):
             self.ctx.counters["windows.out"] += 1
             await windows.send(key=agg.stream_key.encode(), value=encode(agg))
 
-    async def _commit(self, offsets: dict[Any, int]) -> None:
-        self._committed_at = time.monotonic()
-        if offsets:
-            with contextlib.suppress(Exception):  # a rebalance in progress: next time
-                await self._consumer.commit(dict(offsets))
+    async def tick(self) -> None:
+        """Idle flushes (a timer): they change the state, so the next checkpoint has them."""
+        async with self._lock:
+            closed = self.windower.flush_idle(time.time())
+            if closed:
+                await self.publish(closed)
+                self._dirty.update(self._next)
 
-    # -- handover -----------------------------------------------------------------
+    # -- checkpoints and handover ---------------------------------------------------
+
+    def _state_record(self, tp: Any) -> bytes:
+        return pack(
+            {
+                "partition": tp.partition,
+                "offset": self._next[tp],
+                "keys": self.windower.export_keys(self._keys_of.get(tp, ()), arrays=True),
+                "at": time.time(),
+            }
+        )
+
+    async def _checkpoint(self) -> None:
+        """Flush the producer, checkpoint state + offsets atomically, then commit."""
+        self._checkpointed_at = time.monotonic()
+        dirty = [tp for tp in self._dirty if tp in self._next]
+        if not dirty or self._store is None:
+            return
+        records = {tp.partition: self._state_record(tp) for tp in dirty}
+        # What these batches published must be on the broker before a checkpoint says
+        # they were processed: after a crash nothing before the checkpoint is redone.
+        await self.app.producer.flush()
+        self._store.save(self.topic, records)
+        self._dirty.clear()
+        self.stats.checkpoints += 1
+        try:
+            await self._consumer.commit({tp: self._next[tp] for tp in dirty})
+        except Exception as ex:  # a rebalance in progress: the checkpoint covers it
+            log.info("offset commit after checkpoint failed (%r); replays are deduplicated", ex)
 
     async def _hand_over(self, revoked: set[Any]) -> None:
-        """Write the state of ``revoked`` partitions' keys, commit their offsets, forget them."""
+        """Publish the state of ``revoked`` partitions, commit their offsets, forget them."""
         async with self._lock:
             owned = [tp for tp in revoked if tp in self._next]
             if not owned:
                 return
+            records = {tp: self._state_record(tp) for tp in owned}
+            await self.app.producer.flush()
+            state = self.ctx.topics["window_state"]
             for tp in owned:
-                keys = self._keys_of.pop(tp, set())
-                record = {
-                    "partition": tp.partition,
-                    "offset": self._next[tp],
-                    "keys": self.windower.export_keys(keys),
-                    "at": time.time(),
-                }
-                fut = await self.ctx.topics["window_state"].send(
-                    key=b"state", value=orjson.dumps(record), partition=tp.partition
-                )
+                fut = await state.send(key=b"state", value=records[tp], partition=tp.partition)
                 await fut
-                self.windower.drop_keys(keys)
                 self.stats.handovers_out += 1
-            await self._consumer.commit({tp: self._next[tp] for tp in owned})
+            if self._store is not None:  # no longer ours: a later owner's state supersedes
+                self._store.delete(self.topic, [tp.partition for tp in owned])
+            try:
+                await self._consumer.commit({tp: self._next[tp] for tp in owned})
+            except Exception as ex:  # the handed-over state is at or after what is committed
+                log.warning("offset commit at handover failed (%r); replays are deduplicated", ex)
             for tp in owned:
+                self.windower.drop_keys(self._keys_of.pop(tp, set()))
                 self._next.pop(tp, None)
-                self._skip_below.pop(tp, None)
+                self._dirty.discard(tp)
 
     async def _take_over(self, assigned: set[Any]) -> None:
-        """Adopt the handed-over state of newly assigned partitions (when it matches)."""
+        """Adopt the newest state of newly assigned partitions that covers their offsets."""
         async with self._lock:
             self.stats.assigned_at = time.time()
             self.stats.assigned_partitions = len(assigned)
             if not assigned:
                 return
-            states = await _read_states(self, {tp.partition for tp in assigned})
+            handed = await _read_states(self, {tp.partition for tp in assigned})
             now = time.time()
             for tp in assigned:
                 committed = await self._consumer.committed(tp)
                 self._next[tp] = committed or 0
                 self._keys_of[tp] = set()
-                state = states.get(tp.partition)
-                if state is None or committed is None or state["offset"] != committed:
-                    continue  # nothing handed over (first start, or a crash: see module doc)
+                self._dirty.add(tp)
+                state = self._choose_state(tp, committed, handed.get(tp.partition))
+                if state is None:
+                    continue
                 self.windower.import_keys(state["keys"], now)
                 self._keys_of[tp] = set(state["keys"])
-                self._skip_below[tp] = int(state["offset"])
                 self.stats.handovers_in += 1
+                self.stats.restored_partitions += 1
             for key in {k for tp in assigned for k in self._keys_of[tp]}:
                 closed = self.windower.poll_key(key)
                 if closed:
                     await self.publish(closed)
+
+    def _choose_state(
+        self, tp: Any, committed: int | None, handed: bytes | None
+    ) -> dict[str, Any] | None:
+        local = self._store.load(self.topic, tp.partition) if self._store else None
+        if committed is None:
+            # No committed offset: a new group, or the embedded broker restarted and lost
+            # every topic and offset. A local checkpoint describes records that are gone.
+            if local is not None and self._store is not None:
+                log.warning("discarding the local window state of %s: no committed offset", tp)
+                self._store.delete(self.topic, [tp.partition])
+            return None
+        candidates = []
+        for raw in (handed, local):
+            if raw is None:
+                continue
+            try:
+                candidates.append(unpack(raw))
+            except SnapshotError as ex:
+                log.warning("ignoring unreadable window state of %s: %s", tp, ex)
+        usable = [c for c in candidates if int(c["offset"]) >= committed]
+        if usable:
+            return max(usable, key=lambda c: int(c["offset"]))
+        if committed > 0:
+            # Its last owner crashed before handing it over and left no checkpoint here.
+            self.ctx.counters["window.state_lost"] += 1
+            log.warning(
+                "no window state of %s at or after committed offset %d: open windows of its "
+                "keys were lost (their last owner crashed); continuing from the offset",
+                tp,
+                committed,
+            )
+        return None
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -254,7 +388,7 @@ class _Listener(ConsumerRebalanceListener):
             log.exception("window state takeover failed for %s", sorted(map(str, assigned)))
 
 
-async def _read_states(ingest: WindowIngest, partitions: set[int]) -> dict[int, dict[str, Any]]:
+async def _read_states(ingest: WindowIngest, partitions: set[int]) -> dict[int, bytes]:
     """The latest state record of each partition, read up to a marker written now."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -269,7 +403,7 @@ async def _read_states(ingest: WindowIngest, partitions: set[int]) -> dict[int, 
         **ingest.settings.kafka_client_kwargs(),
     )
     await consumer.start()
-    latest: dict[int, dict[str, Any]] = {}
+    latest: dict[int, bytes] = {}
     try:
         tps = [TopicPartition(topic, p) for p in partitions]
         consumer.assign(tps)
@@ -283,7 +417,7 @@ async def _read_states(ingest: WindowIngest, partitions: set[int]) -> dict[int, 
                         if m.value == marker:
                             pending.discard(tp.partition)
                     elif tp.partition in pending:
-                        latest[tp.partition] = orjson.loads(m.value)
+                        latest[tp.partition] = m.value
         if pending:
             log.warning("window state of partitions %s not read to the end", sorted(pending))
     finally:
@@ -300,7 +434,6 @@ def register(app: Any, ctx: WorkerContext) -> tuple[Windower, WindowAgentStats]:
 
     @app.timer(0.2, name="window.tick")
     async def window_tick() -> None:
-        async with ingest._lock:
-            await ingest.publish(windower.flush_idle(time.time()))
+        await ingest.tick()
 
     return windower, ingest.stats

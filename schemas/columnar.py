@@ -65,6 +65,15 @@ class LaunchColumns:
             np.asarray(batch.ok, dtype=bool),
         )
 
+    def drop_first(self, k: int) -> LaunchColumns:
+        """The batch without its first ``k`` launches (numbered from ``seq_start + k``)."""
+        return LaunchColumns(
+            self.meta.model_copy(update={"seq_start": self.meta.seq_start + k}),
+            self.t_end[k:],
+            self.duration_us[k:],
+            self.ok[k:],
+        )
+
     def to_batch(self) -> LaunchBatch:
         """The full record again (slow: rebuilds the Python lists)."""
         return self.meta.model_copy(

@@ -144,6 +144,9 @@ class _KeyState:
     last_seen: float = -math.inf
     # Every window index below this has been emitted; launches for them are too late.
     closed_below: int | None = None
+    # Highest sequence number ingested (counted or handed back as too late): a batch at
+    # or below it is a duplicate delivery (see Windower.seen_through).
+    seq_hi: int = -1
     open: dict[tuple[int, str], _Acc] = field(default_factory=dict)
 
 
@@ -199,6 +202,7 @@ class Windower:
         if st is None:
             st = self._keys[batch.stream_key] = _KeyState()
         st.last_seen = now
+        st.seq_hi = max(st.seq_hi, batch.seq_start + n - 1)
         self.metrics.launches_in += n
         if n > 1 and not bool((t[1:] >= t[:-1]).all()):
             return self._add_unordered(st, cols)
@@ -363,6 +367,23 @@ class Windower:
 
     # -- emit -----------------------------------------------------------------
 
+    def seen_through(self, key: str) -> int:
+        """Highest sequence number of ``key`` ingested so far (-1 if none).
+
+        A node numbers each stream's launches without gaps or reuse and sends a
+        stream's batches in order, so a batch with ``seq_start <= seen_through(key)``
+        was delivered before (a resent copy, a replay after a crash, an offset reset):
+        adding it again would count its launches twice. The state is part of
+        :meth:`snapshot`, so the check survives a restore.
+
+        >>> w = Windower()
+        >>> _ = w.add(make_example_batch([0.1, 0.2], seq_start=5), now=0.0)
+        >>> w.seen_through("n1:0/saxpy"), w.seen_through("other")
+        (6, -1)
+        """
+        st = self._keys.get(key)
+        return -1 if st is None else st.seq_hi
+
     def poll(self, now: float) -> list[WindowAggregate]:
         """Windows completed by the watermark plus idle flushes, each exactly once.
 
@@ -422,22 +443,25 @@ class Windower:
 
     # -- state ----------------------------------------------------------------
 
-    def snapshot(self) -> dict[str, Any]:
-        """JSON-able state; :meth:`restore` of it continues exactly where this left off."""
+    def snapshot(self, *, arrays: bool = False) -> dict[str, Any]:
+        """JSON-able state; :meth:`restore` of it continues exactly where this left off.
+
+        With ``arrays=True`` the launch columns stay NumPy arrays (for
+        :func:`agents.logic.snapshot_codec.pack`, which stores them as raw bytes).
+        """
         keys: dict[str, Any] = {}
         for key, st in self._keys.items():
             keys[key] = {
                 "max_t": _finite_or_none(st.max_t),
                 "last_seen": _finite_or_none(st.last_seen),
                 "closed_below": st.closed_below,
+                "seq_hi": st.seq_hi,
                 "windows": [
                     {
                         "window": window,
                         "config_id": config_id,
                         "meta": acc.meta,
-                        "t_end": _cat(acc.t_end, np.float64).tolist(),
-                        "duration_us": _cat(acc.duration_us, np.float64).tolist(),
-                        "seq": _cat(acc.seq, np.int64).tolist(),
+                        **_columns(acc, arrays),
                         "failures": acc.failures,
                         "late_accepted": acc.late_accepted,
                         "seq_min": acc.seq_min,
@@ -453,12 +477,12 @@ class Windower:
             "keys": keys,
         }
 
-    def export_keys(self, keys: Iterable[str]) -> dict[str, Any]:
+    def export_keys(self, keys: Iterable[str], *, arrays: bool = False) -> dict[str, Any]:
         """Snapshot of some keys only (a partition handed to another worker)."""
         full = self._keys
         try:
             self._keys = {k: full[k] for k in keys if k in full}
-            return dict(self.snapshot()["keys"])
+            return dict(self.snapshot(arrays=arrays)["keys"])
         finally:
             self._keys = full
 
@@ -497,6 +521,7 @@ class Windower:
                     max_t=_none_or(raw["max_t"], -math.inf),
                     last_seen=_none_or(raw["last_seen"], -math.inf),
                     closed_below=raw["closed_below"],
+                    seq_hi=int(raw.get("seq_hi", -1)),
                 )
                 for w in raw["windows"]:
                     st.open[(int(w["window"]), str(w["config_id"]))] = _Acc(
@@ -723,6 +748,15 @@ def _meta(batch: LaunchBatch) -> dict[str, Any]:
         "problem_size": list(batch.problem_size),
         "config": dict(batch.config),
     }
+
+
+def _columns(acc: _Acc, arrays: bool) -> dict[str, Any]:
+    # Merging the chunks in place keeps the next snapshot (and the aggregate) cheap.
+    acc.t_end = [_cat(acc.t_end, np.float64)]
+    acc.duration_us = [_cat(acc.duration_us, np.float64)]
+    acc.seq = [_cat(acc.seq, np.int64)]
+    cols = {"t_end": acc.t_end[0], "duration_us": acc.duration_us[0], "seq": acc.seq[0]}
+    return cols if arrays else {k: v.tolist() for k, v in cols.items()}
 
 
 def _cat(chunks: list[Any], dtype: type) -> Any:

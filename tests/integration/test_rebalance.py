@@ -18,12 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,13 +27,12 @@ from typing import Any
 import pytest
 
 from agents.logic.windowing import WindowSpec, aggregate_reference, launch_rows
-from app.broker import free_port
 from app.settings import Settings
 from app.topics import ensure_topics
 from bench.pipeline_input import FleetSpec, fleet_batches
 from schemas import LaunchBatch, WindowAggregate, decode, encode
-from tests.integration.conftest import settings_env
 from tests.integration.helpers import TopicReader, produce
+from tests.integration.workers import WorkerProc, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -72,66 +67,14 @@ def _input(t0: float) -> tuple[list[LaunchBatch], list[LaunchBatch]]:
     return batches, closing
 
 
-def _stats(port: int) -> dict[str, Any] | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ks/stats/", timeout=2) as r:
-            return dict(json.loads(r.read()))
-    except OSError:
-        return None
-
-
-async def _wait(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
-class _Worker:
-    def __init__(self, settings: Settings, log: Path) -> None:
-        self.settings = settings.model_copy(update={"web_port": free_port()})
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "app.cli", "worker"],
-                env=settings_env(self.settings),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-    def stats(self) -> dict[str, Any]:
-        assert self.proc is not None and self.proc.poll() is None, f"worker died: {self.log}"
-        return _stats(self.settings.web_port) or {}
-
-    def window(self, field: str) -> Any:
-        return self.stats().get("window", {}).get(field)
-
-    def stop(self) -> None:
-        """SIGTERM: a clean shutdown, which hands the worker's partitions over."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
 @contextmanager
-def _workers(settings: Settings, tmp: Path) -> Iterator[tuple[_Worker, _Worker]]:
-    a, b = _Worker(settings, tmp / "worker-a.log"), _Worker(settings, tmp / "worker-b.log")
+def _workers(settings: Settings, tmp: Path) -> Iterator[tuple[WorkerProc, WorkerProc]]:
+    a, b = WorkerProc(settings, tmp / "worker-a.log"), WorkerProc(settings, tmp / "worker-b.log")
     try:
         yield a, b
     finally:
         for w in (a, b):
-            if w.proc is not None and w.proc.poll() is None:
-                w.proc.kill()
-                w.proc.wait()
+            w.close()
 
 
 def _items(batches: list[LaunchBatch]) -> list[tuple[bytes | None, bytes]]:
@@ -151,13 +94,13 @@ async def _scenario(s: Settings, tmp: Path) -> None:
 
     with _workers(s, tmp) as (a, b):
         a.start()
-        await _wait(lambda: a.window("assigned_partitions") == _PARTITIONS, 90, "A owns all")
+        await wait_for(lambda: a.window("assigned_partitions") == _PARTITIONS, 90, "A owns all")
         await produce(bootstrap, s.topic_launches, _items(body[:third]))
-        await _wait(lambda: a.window("batches") == third, 60, "A to process the first third")
+        await wait_for(lambda: a.window("batches") == third, 60, "A to process the first third")
 
         b.start()  # joins: A hands over the partitions the group gives B
-        await _wait(lambda: (b.window("assigned_partitions") or 0) > 0, 90, "B to join")
-        await _wait(
+        await wait_for(lambda: (b.window("assigned_partitions") or 0) > 0, 90, "B to join")
+        await wait_for(
             lambda: (
                 a.window("assigned_partitions") + b.window("assigned_partitions") == _PARTITIONS
             ),
@@ -165,7 +108,7 @@ async def _scenario(s: Settings, tmp: Path) -> None:
             "the group to settle",
         )
         await produce(bootstrap, s.topic_launches, _items(body[third : 2 * third]))
-        await _wait(
+        await wait_for(
             lambda: a.window("batches") + b.window("batches") >= 2 * third,
             60,
             "the second third",
@@ -173,7 +116,7 @@ async def _scenario(s: Settings, tmp: Path) -> None:
         assert a.window("handovers_out") > 0 and b.window("handovers_in") > 0
 
         a.stop()  # leaves: hands everything to B
-        await _wait(lambda: b.window("assigned_partitions") == _PARTITIONS, 90, "B owns all")
+        await wait_for(lambda: b.window("assigned_partitions") == _PARTITIONS, 90, "B owns all")
         await produce(bootstrap, s.topic_launches, _items(body[2 * third :] + closing))
         async with TopicReader(bootstrap, s.topic_windows, s.topic_late) as r:
             with contextlib.suppress(AssertionError):  # what is missing is reported below
@@ -223,16 +166,6 @@ async def _scenario(s: Settings, tmp: Path) -> None:
         assert g.idle_gap_mean_us == pytest.approx(w.idle_gap_mean_us, rel=1e-9, abs=1e-9)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "open bug (2026-11-22): on the embedded broker a window already published by one "
-        "worker is published again, with identical content and a new producer timestamp, "
-        "~4 s later at the second rebalance (worker A leaving); one run also lost windows. "
-        "The window-state handover in agents/window_agent.py needs fixing; remove this "
-        "marker when it passes"
-    ),
-)
 def test_two_workers_split_partitions_and_rebalance_loses_and_doubles_nothing(
     settings: Settings, tmp_path: Path
 ) -> None:
