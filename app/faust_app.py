@@ -51,6 +51,37 @@ def _credentials(settings: Settings) -> Any:
     return SSLCredentials(ssl_context)
 
 
+def _transport(settings: Settings, app: faust.App) -> Any:
+    """Faust's aiokafka transport with the worker consumer's fetch wait from the settings.
+
+    faust-streaming 0.15 creates its worker consumer with ``fetch_max_wait_ms=1500``
+    hardcoded (``AIOKafkaConsumerThread._create_worker_consumer``; no setting reaches
+    it). Tansu answers a waiting fetch only when that wait runs out, so every Faust hop
+    (windows -> detector, findings -> tuner) cost up to 1.5 s of latency. The
+    subclasses below change that one argument before the consumer starts (aiokafka
+    builds its fetcher in ``start()`` from ``_fetch_max_wait_ms``) and nothing else;
+    check them when upgrading Faust.
+    """
+    from faust.transport.drivers import aiokafka as driver
+
+    wait_ms = settings.fetch_max_wait_ms
+
+    class _ConsumerThread(driver.AIOKafkaConsumerThread):
+        def _create_worker_consumer(self, transport: Any) -> Any:
+            consumer = super()._create_worker_consumer(transport)
+            consumer._fetch_max_wait_ms = wait_ms
+            return consumer
+
+    class _Consumer(driver.Consumer):
+        def _new_consumer_thread(self) -> Any:
+            return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    class _Transport(driver.Transport):
+        Consumer = _Consumer
+
+    return _Transport(app.conf.broker_consumer, app)
+
+
 def create_app(settings: Settings, bootstrap: str, *, web: bool = True) -> faust.App:
     """Build the worker's Faust app with every agent registered."""
     from agents.window_agent import state_topic
@@ -77,6 +108,7 @@ def create_app(settings: Settings, bootstrap: str, *, web: bool = True) -> faust
         stream_buffer_maxsize=64,
         **faust_broker_kwargs(settings),
     )
+    app.transport = _transport(settings, app)
     topics = {
         s.role: app.topic(
             s.name, key_serializer="raw", value_serializer="raw", partitions=s.partitions

@@ -68,13 +68,39 @@ class Settings(BaseSettings):
     app_id: str = Field(default="kernelstream", description="Faust app id = consumer group.")
     data_dir: Path = Field(default=Path("var/worker"), description="RocksDB state directory.")
     window_s: float = Field(default=1.0, gt=0)
-    out_of_orderness_s: float = Field(default=0.2, ge=0)
-    allowed_lateness_s: float = Field(default=0.5, ge=0)
+    # A stream (node/device/kernel) is one device's launches in completion order, sent
+    # in order by one node, so its event times only ever go back by the few ms two
+    # CUDA streams of one device may finish out of order: 50 ms of each is ample.
+    # Mixing several sources into one key would need more (latency grows by the sum).
+    out_of_orderness_s: float = Field(
+        default=0.05, ge=0, description="The watermark trails the newest event time by this."
+    )
+    allowed_lateness_s: float = Field(
+        default=0.05, ge=0, description="A window closes once the watermark passes end + this."
+    )
     idle_timeout_s: float = Field(default=3.0, gt=0)
     recommendation_ttl_s: float = Field(default=20.0, gt=0)
     web_port: int = Field(default=6066, ge=0, le=65535)
     session_timeout_s: float = Field(default=6.0, gt=0)
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    fetch_max_wait_ms: int = Field(
+        default=50,
+        ge=1,
+        le=5000,
+        description=(
+            "Longest a fetch may wait for data, for every consumer of the pipeline (Faust's "
+            "included). Tansu answers a waiting fetch only when this runs out, so each hop "
+            "adds up to this much latency; lower costs idle fetch requests."
+        ),
+    )
+    checkpoint_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description=(
+            "How often the window agent checkpoints its state with its input offsets "
+            "(RocksDB under data_dir) and commits them: a crash replays at most this much."
+        ),
+    )
     max_message_bytes: int = Field(
         default=8 * 1024 * 1024,
         gt=0,
