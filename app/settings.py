@@ -69,11 +69,12 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default=Path("var/worker"), description="RocksDB state directory.")
     window_s: float = Field(default=1.0, gt=0)
     # A stream (node/device/kernel) is one device's launches in completion order, sent
-    # in order by one node, so its event times only ever go back by the few ms two
-    # CUDA streams of one device may finish out of order: 50 ms of each is ample.
-    # Mixing several sources into one key would need more (latency grows by the sum).
+    # in order by one node, so the watermark need not trail (ooo 0); its event times
+    # only ever go back by the few ms two CUDA streams of one device may finish out of
+    # order, which 50 ms of allowed lateness absorbs (counted as late_accepted). Mixing
+    # several sources into one key would need more (latency grows by the sum).
     out_of_orderness_s: float = Field(
-        default=0.05, ge=0, description="The watermark trails the newest event time by this."
+        default=0.0, ge=0, description="The watermark trails the newest event time by this."
     )
     allowed_lateness_s: float = Field(
         default=0.05, ge=0, description="A window closes once the watermark passes end + this."

@@ -217,6 +217,7 @@ async def _latency(
             bootstrap_servers=settings.bootstrap,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
+            fetch_max_wait_ms=settings.fetch_max_wait_ms,  # as the node's inbox waits
         )
         await consumer.start()
         producer = _producer(str(settings.bootstrap))
@@ -269,6 +270,7 @@ async def _latency(
         "window_s": settings.window_s,
         "out_of_orderness_s": settings.out_of_orderness_s,
         "allowed_lateness_s": settings.allowed_lateness_s,
+        "fetch_max_wait_ms": settings.fetch_max_wait_ms,
         "node_batch_delay_s": 1.0 / fleet.per_s,
         "rate_launches_per_s": fleet.rate,
         "streams": len(fleet.streams),
@@ -372,12 +374,14 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
     return out
 
 
-# (label, out_of_orderness_s, allowed_lateness_s): the defaults, then lower settings
-# that suit per-stream watermarks over streams each node sends in completion order.
-_LATENCY_CONFIGS = (
-    ("defaults", 0.2, 0.5),
-    ("low-latency", 0.05, 0.1),
-    ("in-order", 0.0, 0.0),
+# (label, out_of_orderness_s, allowed_lateness_s, fetch_max_wait_ms): the defaults
+# (None: from Settings), the watermark settings before 2026-11-22 with the old fetch
+# waits' stand-in (500 ms; Faust's own consumer now also follows the setting), and no
+# watermark slack at all (streams each node sends in completion order).
+_LATENCY_CONFIGS: tuple[tuple[str, float | None, float | None, int | None], ...] = (
+    ("defaults", None, None, None),
+    ("old-window", 0.2, 0.5, None),
+    ("in-order", 0.0, 0.0, None),
 )
 
 
@@ -385,13 +389,17 @@ async def _latency_phases(
     opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker
 ) -> list[dict[str, Any]]:
     out = []
-    for label, ooo, lateness in _LATENCY_CONFIGS:
+    for label, ooo, lateness, wait_ms in _LATENCY_CONFIGS:
+        given = {
+            "out_of_orderness_s": ooo,
+            "allowed_lateness_s": lateness,
+            "fetch_max_wait_ms": wait_ms,
+        }
         ls = bench_settings(
             broker.bootstrap,
             run_dir / "state",
             window_s=1.0,
-            out_of_orderness_s=ooo,
-            allowed_lateness_s=lateness,
+            **{k: v for k, v in given.items() if v is not None},
         )
         await ensure_topics(ls, broker.bootstrap)
         r = await _latency(
@@ -430,7 +438,8 @@ def _table(r: dict[str, Any]) -> str:
         p50, p99 = d["p50_s"], d["p99_s"]
         lines.append(
             f"(d) latency {d['label']:<11} (ooo {d['out_of_orderness_s']} s, lateness "
-            f"{d['allowed_lateness_s']} s): launch -> recommendation p50 "
+            f"{d['allowed_lateness_s']} s, fetch wait {d.get('fetch_max_wait_ms')} ms): "
+            "launch -> recommendation p50 "
             f"{p50 if p50 is None else f'{p50:.3f}'} s, p99 "
             f"{p99 if p99 is None else f'{p99:.3f}'} s over {d['launches_measured']:,} launches "
             f"of {d['recommendations']} first recommendations; target p99 <= "
