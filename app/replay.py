@@ -189,6 +189,8 @@ class KafkaSource:
             bootstrap_servers=self.bootstrap,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            # Every seek restarts a fetch, and the broker may hold a fetch this long.
+            fetch_max_wait_ms=20,
             max_partition_fetch_bytes=8 << 20,
             fetch_max_bytes=32 << 20,
             **self.client_kwargs,
@@ -218,11 +220,15 @@ class KafkaSource:
     async def _fetch_one(self, topic: str, partition: int, offset: int) -> Any:
         tp = self._tp(topic, partition)
         self._consumer.seek(tp, offset)
-        for _ in range(_FETCH_TRIES):
-            got = await self._consumer.getmany(tp, timeout_ms=_FETCH_TIMEOUT_MS, max_records=1)
+        # Short polls: an empty answer with a high watermark at or below ``offset`` says
+        # "nothing there" at once, where one long poll would wait out its timeout.
+        deadline = time.monotonic() + _FETCH_TRIES * _FETCH_TIMEOUT_MS / 1000.0
+        while time.monotonic() < deadline:
+            got = await self._consumer.getmany(tp, timeout_ms=50, max_records=1)
             if got.get(tp):
                 return got[tp][0]
-            if self._consumer.highwater(tp) is not None and self._consumer.highwater(tp) <= offset:
+            hw = self._consumer.highwater(tp)
+            if hw is not None and hw <= offset:
                 return None
         return None
 

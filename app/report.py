@@ -334,10 +334,19 @@ def _e(x: Any) -> str:
     return html.escape(str(x))
 
 
+def _brk(x: Any) -> str:
+    """Escaped text that may wrap after commas (config ids are long and unspaced)."""
+    return _e(x).replace(",", ",<wbr>")
+
+
 def _num(x: Any, fmt: str = ".3g") -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     return format(x, fmt) if isinstance(x, (int, float)) else _e(x)
+
+
+def _times(x: Any) -> str:
+    return "-" if x is None else f"{x:.2f}x"
 
 
 def _pct(x: Any) -> str:
@@ -379,7 +388,8 @@ def render_html(summary: dict[str, Any], plots: dict[str, list[tuple[str, Path]]
         f"<style>{_CSS}</style></head><body>",
         "<h1>kernelstream replay report</h1>",
         f"<p class='muted'>Range: {_e(inp.get('description', ''))}. Filters: "
-        f"{_e(summary['options'].get('filters'))}. Windows, findings and the offline tuner "
+        f"{_e(_filters(summary['options'].get('filters') or {}))}. Windows, findings and the "
+        "offline tuner "
         "ran the workers' own code over the recorded launches.</p>",
         "<div>",
         *(
@@ -413,6 +423,10 @@ def render_html(summary: dict[str, Any], plots: dict[str, list[tuple[str, Path]]
     return "\n".join(parts)
 
 
+def _filters(flt: dict[str, Any]) -> str:
+    return ", ".join(f"{k} = {v}" for k, v in sorted(flt.items()) if v is not None) or "none"
+
+
 def _gpu_section(summary: dict[str, Any], plots: dict[str, list[tuple[str, Path]]]) -> list[str]:
     g = summary["gpu_time"]
     out = ["<h2>Where the GPU time goes</h2>"]
@@ -425,7 +439,7 @@ def _gpu_section(summary: dict[str, Any], plots: dict[str, list[tuple[str, Path]
                     _e(r["kernel"]),
                     _e(r["device_model"]),
                     _e(r["device"]),
-                    _num(r["gpu_time_s"]),
+                    _num(r["gpu_time_s"], ".2f"),
                     _pct(r["share"]),
                     f"{r['launches']:,}",
                 ]
@@ -461,26 +475,49 @@ def _timeline_section(plots: dict[str, list[tuple[str, Path]]]) -> list[str]:
 
 def _findings_section(summary: dict[str, Any]) -> list[str]:
     rows = summary["findings"]
+    per: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    latest: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        per[r["series"]][r["classification"]] += r["windows"]
+        if r["series"] not in latest or r["last_window"] > latest[r["series"]]["last_window"]:
+            latest[r["series"]] = r
+    overview = _table(
+        ["series", "windows by classification", "latest finding"],
+        (
+            [
+                _e(series),
+                "<br>".join(
+                    f"{_e(c)}: {n}"
+                    for c, n in sorted(per[series].items(), key=lambda kv: (-kv[1], kv[0]))
+                ),
+                _brk(latest[series]["summary"]),
+            ]
+            for series in sorted(per)
+        ),
+        set(),
+    )
+    detail = _table(
+        ["series", "config", "classification", "windows", "summary", "evidence"],
+        (
+            [
+                _e(r["series"]),
+                f"<code>{_brk(r['config_id'])}</code>",
+                _e(r["classification"]),
+                str(r["windows"]),
+                _brk(r["summary"]),
+                _evidence(r["evidence"]),
+            ]
+            for r in rows
+        ),
+        {3},
+    )
     return [
         "<h2>Findings</h2>",
-        f"<p class='muted'>{summary['totals']['findings']} findings, grouped by series, "
-        "configuration and classification; the summary and evidence are the latest "
-        "window's.</p>",
-        _table(
-            ["series", "config", "classification", "windows", "summary", "evidence"],
-            (
-                [
-                    _e(r["series"]),
-                    f"<code>{_e(r['config_id'])}</code>",
-                    _e(r["classification"]),
-                    str(r["windows"]),
-                    _e(r["summary"]),
-                    _evidence(r["evidence"]),
-                ]
-                for r in rows
-            ),
-            {3},
-        ),
+        f"<p class='muted'>{summary['totals']['findings']} findings (one per window). Per "
+        "series: how its windows were classified, and what the latest one said.</p>",
+        overview,
+        f"<details><summary>Per configuration and classification ({len(rows)} rows, with "
+        "the latest window's evidence)</summary>" + detail + "</details>",
     ]
 
 
@@ -495,8 +532,8 @@ def _recommendation_section(summary: dict[str, Any]) -> list[str]:
         "<h2>Recommendations and what they gained</h2>",
         "<p class='muted'>Recorded recommendations (ks.recommendations) joined with the nodes' "
         "outcomes (ks.reconfig). <i>node speedup</i>: the node's own before/after "
-        "measurement; <i>window gain</i>: the mean of the series' windows with the new "
-        "configuration against those with the old one, over the whole range.</p>",
+        "measurement; <i>window speedup</i>: the mean duration of the series' windows with "
+        "the old configuration over that with the new one, across the whole range.</p>",
         _table(
             [
                 "series",
@@ -506,19 +543,19 @@ def _recommendation_section(summary: dict[str, Any]) -> list[str]:
                 "expected gain",
                 "outcome",
                 "node speedup",
-                "window gain",
+                "window speedup",
                 "evidence",
             ],
             (
                 [
                     _e(r["series"]),
-                    f"<code>{_e(r['from_config_id'])}</code>",
-                    f"<code>{_e(r['config_id'])}</code>",
+                    f"<code>{_brk(r['from_config_id'])}</code>",
+                    f"<code>{_brk(r['config_id'])}</code>",
                     _e(r["reason"]),
                     _pct(r["expected_gain"]),
                     _status(r["status"]),
-                    _num(r["node_measured_speedup"], ".3f"),
-                    _pct(r["window_gain"]),
+                    _times(r["node_measured_speedup"]),
+                    _times(None if r["window_gain"] is None else 1.0 + r["window_gain"]),
                     _evidence(r["evidence"]),
                 ]
                 for r in rows
@@ -536,8 +573,8 @@ def _recommendation_section(summary: dict[str, Any]) -> list[str]:
                 [
                     _e(r["series"]),
                     _num(r["issued_at"], ".3f"),
-                    f"<code>{_e(r['from_config_id'])}</code>",
-                    f"<code>{_e(r['config_id'])}</code>",
+                    f"<code>{_brk(r['from_config_id'])}</code>",
+                    f"<code>{_brk(r['config_id'])}</code>",
                     _e(r["reason"]),
                     _pct(r["expected_gain"]),
                 ]
@@ -563,7 +600,7 @@ def _what_if_section(summary: dict[str, Any]) -> list[str]:
         out.append(
             f"<h3>{_e(g['workload'])} {_e(g['problem_size'])} on {_e(g['device_model'])}: "
             f"trace {_e(g['trace_file'])}{_e(note)}</h3>"
-            f"<p>The fleet ended on <code>{_e(g['reference_config_id'])}</code> "
+            f"<p>The fleet ended on <code>{_brk(g['reference_config_id'])}</code> "
             f"({_num(g['reference_trace_mean_us'], '.1f')} us in the file). The file's best "
             f"of {g['configs_in_file']} configurations:</p>"
         )
@@ -572,7 +609,7 @@ def _what_if_section(summary: dict[str, Any]) -> list[str]:
                 ["config", "trace mean (us)", "gain over the fleet's final", "ran by the fleet"],
                 (
                     [
-                        f"<code>{_e(b['config_id'])}</code>",
+                        f"<code>{_brk(b['config_id'])}</code>",
                         _num(b["trace_mean_us"], ".1f"),
                         _pct(b["expected_gain"]),
                         "yes" if b["ran_by_fleet"] else "no",
@@ -588,7 +625,7 @@ def _what_if_section(summary: dict[str, Any]) -> list[str]:
                 ["config", "launches", "measured mean (us)", "trace mean (us)"],
                 (
                     [
-                        f"<code>{_e(r['config_id'])}</code>",
+                        f"<code>{_brk(r['config_id'])}</code>",
                         f"{r['launches']:,}",
                         _num(r["measured_mean_us"], ".1f"),
                         "failed" if r["trace_failed"] else _num(r["trace_mean_us"], ".1f"),
@@ -622,9 +659,9 @@ def _what_if_section(summary: dict[str, Any]) -> list[str]:
                     _e(g["device_model"]),
                     _e(g["workload"]),
                     _e(s["series"]),
-                    f"<code>{_e(s['final_config_id'])}</code>",
+                    f"<code>{_brk(s['final_config_id'])}</code>",
                     _num(s["final_mean_us"], ".1f"),
-                    f"<code>{_e(g['best_config_id'])}</code>",
+                    f"<code>{_brk(g['best_config_id'])}</code>",
                     _num(g["best_mean_us"], ".1f"),
                     _pct(s["gain_if_best"]),
                 ]

@@ -144,55 +144,75 @@ def _roofline(plt: Any, model: dict[str, Any], out: Path) -> Path:
     return _save(fig, out / f"roofline_{_safe(model['device_model'])}.png")
 
 
-def _timeline(plt: Any, kernel: str, series: list[dict[str, Any]], t0: float, out: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    cmap = plt.get_cmap("tab10")
-    all_means = [w["mean_us"] for s in series for w in s["windows"] if w["count"]]
-    for i, s in enumerate(series):
-        ws = [w for w in s["windows"] if w["count"]]
-        if not ws:
+def _per_window(windows: list[dict[str, Any]]) -> list[tuple[float, float, float]]:
+    """(t, count-weighted mean, largest p95) per window time: a config change mid-window
+    splits a window in two aggregates, and the line should show what the kernel ran."""
+    acc: dict[float, list[float]] = {}
+    for w in windows:
+        if not w["count"]:
             continue
-        # Windows of one time may hold two configs (a change mid-window): keep both points.
-        t = [w["t"] - t0 for w in ws]
-        mean = [w["mean_us"] for w in ws]
-        color = cmap(i % 10)
-        label = f"{s['node']} ({s['device_model']})"
-        ax.plot(t, mean, "-", color=color, lw=1.5, label=label, marker=".", ms=4)
-        ax.fill_between(t, mean, [w["p95_us"] for w in ws], color=color, alpha=0.12, lw=0)
-        by_t = {w["t"] - t0: w["mean_us"] for w in ws}
-        times = sorted(by_t)
-        for r in s["recommendations"]:
-            x = r["t"] - t0
-            ax.plot(x, _at(times, by_t, x), "v", color="#555555", ms=7, alpha=0.7)
-        for o in s["outcomes"]:
-            marker, c = _OUTCOME_STYLE.get(o["status"], ("o", "black"))
-            x = o["t"] - t0
-            ax.plot(x, _at(times, by_t, x), marker, color=c, ms=8, mec="black", mew=0.5)
-    if all_means and max(all_means) / max(min(all_means), 1e-9) > 20:
-        ax.set_yscale("log")
-    ax.set_xlabel("time since the start of the range (s)")
-    ax.set_ylabel("mean duration per window (us)")
-    ax.set_title(f"{kernel}: duration over time")
+        a = acc.setdefault(w["t"], [0.0, 0.0, 0.0])
+        a[0] += w["mean_us"] * w["count"]
+        a[1] += w["count"]
+        a[2] = max(a[2], w["p95_us"])
+    return [(t, s / n, p95) for t, (s, n, p95) in sorted(acc.items())]
+
+
+def _timeline(plt: Any, kernel: str, series: list[dict[str, Any]], t0: float, out: Path) -> Path:
     from matplotlib.lines import Line2D
 
-    handles, _ = ax.get_legend_handles_labels()
-    handles += [
+    fig, (ax, ev) = plt.subplots(
+        2,
+        1,
+        sharex=True,
+        figsize=(10, 4.2 + 0.35 * len(series)),
+        gridspec_kw={"height_ratios": [4, 0.6 + 0.4 * len(series)], "hspace": 0.08},
+    )
+    cmap = plt.get_cmap("tab10")
+    all_means: list[float] = []
+    for i, s in enumerate(series):
+        pts = _per_window(s["windows"])
+        if not pts:
+            continue
+        t = [p[0] - t0 for p in pts]
+        mean = [p[1] for p in pts]
+        all_means += mean
+        color = cmap(i % 10)
+        ax.plot(t, mean, "-", color=color, lw=1.6, marker=".", ms=4, label=s["node"])
+        ax.fill_between(t, mean, [p[2] for p in pts], color=color, alpha=0.12, lw=0)
+        # Events in their own strip, one row per device, so they never hide the line.
+        y = len(series) - 1 - i
+        ev.axhline(y, color=color, lw=0.6, alpha=0.5)
+        rec_t = [r["t"] - t0 for r in s["recommendations"]]
+        ev.plot(rec_t, [y + 0.25] * len(rec_t), "v", color="#555555", ms=6, alpha=0.8)
+        for status, (marker, c) in _OUTCOME_STYLE.items():
+            ot = [o["t"] - t0 for o in s["outcomes"] if o["status"] == status]
+            ev.plot(ot, [y - 0.15] * len(ot), marker, color=c, ms=7, mec="black", mew=0.4)
+    if all_means and max(all_means) / max(min(all_means), 1e-9) > 20:
+        ax.set_yscale("log")
+    ax.set_ylabel("mean duration (us)")
+    ax.set_title(f"{kernel}: mean duration per window (shaded to p95)")
+    ax.legend(loc="upper right", fontsize=8, title="device", title_fontsize=8)
+    ev.set_yticks(range(len(series)))
+    ev.set_yticklabels([s["node"] for s in reversed(series)], fontsize=8)
+    ev.set_ylim(-0.7, len(series) - 0.3)
+    ev.grid(axis="y", visible=False)
+    ev.set_xlabel("time since the start of the range (s)")
+    handles = [
         Line2D([], [], ls="", marker="v", color="#555555", label="recommended"),
         *(
             Line2D(
-                [], [], ls="", marker=m, color=c, mec="black", mew=0.5, label=k.replace("_", " ")
+                [], [], ls="", marker=m, color=c, mec="black", mew=0.4, label=k.replace("_", " ")
             )
             for k, (m, c) in _OUTCOME_STYLE.items()
-            if k != "rejected"
         ),
     ]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    ev.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.55 - 0.1 * len(series)),
+        ncol=5,
+        fontsize=8,
+        frameon=False,
+    )
     return _save(fig, out / f"timeline_{_safe(kernel)}.png")
-
-
-def _at(times: list[float], by_t: dict[float, float], x: float) -> float:
-    """The series' duration at time ``x`` (the window at or before it)."""
-    import bisect
-
-    i = max(0, bisect.bisect_right(times, x) - 1)
-    return by_t[times[i]]

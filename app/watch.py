@@ -1,8 +1,17 @@
-"""``kernelstream watch``: follow a topic as a human table or JSON lines."""
+"""``kernelstream watch``: follow a topic as a human table or JSON lines.
+
+The table has one aligned row per record with the columns that matter for its type
+(a recommendation's from/to configuration and expected gain, a finding's
+classification and summary, an outcome's status and speedup, ...), and prints its
+header again whenever the record type changes. ``--json`` prints each record as one
+JSON line, exactly as it is on the wire, for ``jq`` and friends.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 import orjson
@@ -10,9 +19,111 @@ import orjson
 from app.settings import Settings
 from schemas import SchemaError, decode_any
 
-__all__ = ["format_row", "watch_topic"]
+__all__ = ["TableFormatter", "format_row", "matches", "watch_topic"]
 
-_COLUMNS = (
+Column = tuple[str, int, Callable[[dict[str, Any]], Any]]
+
+
+def _time(field: str) -> Callable[[dict[str, Any]], str]:
+    def get(r: dict[str, Any]) -> str:
+        t = r.get(field)
+        if not isinstance(t, (int, float)):
+            return "-"
+        return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%H:%M:%S.%f")[:-3]
+
+    return get
+
+
+def _f(field: str, fmt: str) -> Callable[[dict[str, Any]], str]:
+    def get(r: dict[str, Any]) -> str:
+        v = r.get(field)
+        return "-" if v is None else format(v, fmt)
+
+    return get
+
+
+def _k(field: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda r: r.get(field, "-")
+
+
+def _device(r: dict[str, Any]) -> str:
+    return f"{r.get('node')}:{r.get('device_index')}"
+
+
+_COLUMNS: dict[str, Sequence[Column]] = {
+    "ks.recommendation/1": (
+        ("issued", 12, _time("issued_at")),
+        ("device", 18, _device),
+        ("model", 15, _k("device_model")),
+        ("kernel", 14, _k("kernel")),
+        ("gain", 7, _f("expected_gain", ".1%")),
+        ("to config", 48, _k("config_id")),
+        ("reason", 0, _k("reason")),
+    ),
+    "ks.finding/1": (
+        ("window", 12, _time("window_start")),
+        ("device", 18, _device),
+        ("model", 15, _k("device_model")),
+        ("kernel", 14, _k("kernel")),
+        ("class", 18, _k("classification")),
+        ("mean us", 9, _f("duration_mean_us", ".1f")),
+        ("summary", 0, _k("summary")),
+    ),
+    "ks.window/1": (
+        ("window", 12, _time("window_start")),
+        ("device", 18, _device),
+        ("kernel", 14, _k("kernel")),
+        ("count", 7, _k("count")),
+        ("mean us", 9, _f("duration_mean_us", ".1f")),
+        ("bw", 6, _f("bw_fraction", ".0%")),
+        ("config", 0, _k("config_id")),
+    ),
+    "ks.reconfig/1": (
+        ("at", 12, _time("at")),
+        ("device", 18, _device),
+        ("kernel", 14, _k("kernel")),
+        ("status", 11, _k("status")),
+        ("speedup", 7, _f("speedup", ".2f")),
+        ("to config", 48, _k("after_config_id")),
+        ("reason", 0, _k("reason")),
+    ),
+    "ks.deadletter/1": (
+        ("at", 12, _time("at")),
+        ("stage", 14, _k("stage")),
+        ("topic", 20, _k("topic")),
+        ("code", 16, _k("reason_code")),
+        ("reason", 0, _k("reason")),
+    ),
+}
+
+
+def _cell(value: Any, width: int) -> str:
+    text = str(value)
+    if width == 0:
+        return text
+    return text.ljust(width) if len(text) <= width else text[: width - 1] + "~"
+
+
+class TableFormatter:
+    """Aligned rows; a header line before the first row of each record type."""
+
+    def __init__(self) -> None:
+        self._last_schema: str | None = None
+
+    def lines(self, record: dict[str, Any]) -> list[str]:
+        schema = str(record.get("schema"))
+        cols = _COLUMNS.get(schema)
+        if cols is None:
+            return [format_row(record)]
+        out = []
+        if schema != self._last_schema:
+            self._last_schema = schema
+            out.append("  ".join(_cell(name, w) for name, w, _ in cols).rstrip())
+        out.append("  ".join(_cell(get(record), w) for _, w, get in cols).rstrip())
+        return out
+
+
+_ANY_COLUMNS = (
     "node",
     "device_model",
     "kernel",
@@ -26,13 +137,20 @@ _COLUMNS = (
 
 
 def format_row(record: dict[str, Any]) -> str:
-    """One line per record with the fields a person scans for."""
+    """One ``key=value`` line for a record type the table does not know."""
     parts = []
-    for col in _COLUMNS:
+    for col in _ANY_COLUMNS:
         if col in record and record[col] is not None:
             v = record[col]
             parts.append(f"{col}={v:.4g}" if isinstance(v, float) else f"{col}={v}")
     return "  ".join(parts)
+
+
+def matches(record: dict[str, Any], node: str | None, kernel: str | None) -> bool:
+    """Whether a record passes the ``--node`` and ``--kernel`` filters."""
+    return (node is None or record.get("node") == node) and (
+        kernel is None or record.get("kernel") == kernel
+    )
 
 
 async def watch_topic(
@@ -56,6 +174,7 @@ async def watch_topic(
         auto_offset_reset="earliest" if from_beginning else "latest",
         **settings.kafka_client_kwargs(),
     )
+    table = TableFormatter()
     await consumer.start()
     shown = 0
     try:
@@ -68,9 +187,12 @@ async def watch_topic(
                     file=out,
                 )
                 continue
-            if (node and rec.get("node") != node) or (kernel and rec.get("kernel") != kernel):
+            if not matches(rec, node, kernel):
                 continue
-            print(orjson.dumps(rec).decode() if as_json else format_row(rec), file=out, flush=True)
+            if as_json:
+                print(orjson.dumps(rec).decode(), file=out, flush=True)
+            else:
+                print("\n".join(table.lines(rec)), file=out, flush=True)
             shown += 1
             if limit is not None and shown >= limit:
                 break

@@ -6,6 +6,7 @@ import asyncio
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -143,3 +144,30 @@ def test_replay_reproduces_live_windows_and_findings(
     assert sorted(live_windows, key=order) == windows  # every field, bit for bit
     assert sorted(live_findings, key=lambda f: f.id) == sorted(findings, key=lambda f: f.id)
     assert len({w.config_id for w in windows}) >= 2  # the nodes were reconfigured meanwhile
+
+
+@pytest.mark.parametrize("speed", [0.0, 200.0])
+def test_to_topic_keeps_partitions_and_order(settings: Settings, speed: float) -> None:
+    from app.replay import ReplayOptions, run_replay
+    from app.report_analysis import LaunchFilter
+
+    bootstrap = str(settings.bootstrap)
+    source = f"{settings.topic_launches}.src"
+    t0 = int(time.time() * 1000) - 600_000
+    asyncio.run(_timed_topic(bootstrap, source, 300, t0))
+    s = settings.model_copy(update={"topic_launches": source})
+    target = f"{source}.again"
+    spec = RangeSpec(since_ms=t0 + 5_000, until_ms=t0 + 25_000, slack_ms=0)
+    opts = ReplayOptions(spec=spec, flt=LaunchFilter(), to_topic=target, speed=speed)
+    done = asyncio.run(run_replay(s, opts))
+    assert done["messages"] == 200
+
+    async def contents(topic: str, spec: RangeSpec) -> dict[int, list[tuple[Any, Any]]]:
+        out: dict[int, list[tuple[Any, Any]]] = {}
+        async with KafkaSource(bootstrap) as src:
+            for r in await select_ranges(src, [topic], spec):
+                async for chunk in read_range(src, r, spec):
+                    out.setdefault(r.partition, []).extend((m.key, m.value) for m in chunk)
+        return out
+
+    assert asyncio.run(contents(target, RangeSpec())) == asyncio.run(contents(source, spec))

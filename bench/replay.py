@@ -1,0 +1,205 @@
+"""``kernelstream bench replay``: replay N launch records from the embedded broker into a report.
+
+Publishes ``--launches`` launch records (columnar batches of ``--batch`` launches,
+the size a node sends) for 8 series (4 nodes x 2 kernels, two GPU models, a config
+change every 10 s of event time) to a fresh topic on the embedded broker, then times
+``kernelstream replay --report DIR`` end to end in this process: reading the range,
+edge checks, windows, detector, offline tuner, summary, what-if, plots and page.
+Records the machine's load average (other work shares the cores) with the figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import platform
+import random
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+__all__ = ["command", "run_benchmark"]
+
+_SERIES = (
+    ("bench-a100-0", "A100-SXM4-80GB", 2039.0, 19500.0),
+    ("bench-a100-1", "A100-SXM4-80GB", 2039.0, 19500.0),
+    ("bench-h100-0", "H100-SXM5-80GB", 3350.0, 67000.0),
+    ("bench-h100-1", "H100-SXM5-80GB", 3350.0, 67000.0),
+)
+_KERNELS = (
+    ("matmul", [2048], 3 * 2048 * 2048 * 4.0, 2 * 2048**3, "unroll", (1, 2, 4)),
+    ("transpose", [4096, 4096], 2 * 4096 * 4096 * 4.0, 0.0, "pad", (0, 1)),
+)
+
+
+def _batches(total: int, per_batch: int, t0: float) -> list[tuple[bytes, bytes, int]]:
+    """(key, value, timestamp ms) of every batch, in time order; seeded."""
+    from kernels.resolve import SpaceResolver
+    from schemas import LaunchBatch, encode
+
+    rng = random.Random(42)
+    resolver = SpaceResolver()
+    streams = [(n, k) for n in _SERIES for k in _KERNELS]
+    per_stream = total // len(streams)
+    out = []
+    for (node, model, peak_gbs, peak_gflops), (kernel, size, nbytes, flops, knob, vals) in streams:
+        base = resolver.space_for(kernel, tuple(size)).start_config()
+        mean_us = 150.0 if kernel == "matmul" else 60.0
+        rate = 2_000.0 if kernel == "matmul" else 1_000.0  # launches per event second
+        seq, t = 0, t0
+        while seq < per_stream:
+            n = min(per_batch, per_stream - seq)
+            choice = vals[int((t - t0) // 10) % len(vals)]
+            config = {**base, knob: choice}
+            scale = 1.0 / (1 + vals.index(choice) * 0.3)
+            durs = [mean_us * scale * (0.95 + 0.1 * rng.random()) for _ in range(n)]
+            ends = [t + (i + 1) / rate for i in range(n)]
+            b = LaunchBatch(
+                node=node,
+                device_index=0,
+                device_model=model,
+                backend="sim",
+                kernel=kernel,
+                workload=kernel,
+                problem_size=size,
+                config=config,
+                config_id=",".join(f"{k}={v}" for k, v in config.items()),
+                grid=[1024, 1, 1],
+                block=[256, 1, 1],
+                dynamic_smem_bytes=0,
+                bytes_moved=nbytes,
+                flops=flops,
+                occupancy=0.75,
+                waves=4.2,
+                peak_gbs=peak_gbs,
+                peak_gflops=peak_gflops,
+                seq_start=seq,
+                t_end=ends,
+                duration_us=durs,
+                ok=[1] * n,
+            )
+            out.append((b.stream_key.encode(), encode(b), round(ends[-1] * 1000)))
+            seq += n
+            t = ends[-1]
+    out.sort(key=lambda m: m[2])
+    return out
+
+
+async def _publish(bootstrap: str, topic: str, msgs: list[tuple[bytes, bytes, int]]) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20, acks="all"
+    )
+    await producer.start()
+    try:
+        futs = [await producer.send(topic, v, key=k, timestamp_ms=ts) for k, v, ts in msgs]
+        await asyncio.gather(*futs)
+    finally:
+        await producer.stop()
+
+
+def run_benchmark(launches: int, per_batch: int, echo: Any = print) -> dict[str, Any]:
+    """Publish, replay into a report, return the measured figures."""
+    from app.broker import EmbeddedBroker
+    from app.replay import RangeSpec, ReplayOptions, run_replay
+    from app.report_analysis import LaunchFilter
+    from app.settings import Settings
+    from app.topics import ensure_topics
+
+    tag = uuid.uuid4().hex[:6]
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(Path(tmp)) as broker:
+        topics: dict[str, Any] = {
+            f"topic_{r}": f"bench-{tag}.{r}"
+            for r in ("launches", "windows", "findings", "recommendations", "reconfig")
+        }
+        settings = Settings(bootstrap=broker.bootstrap, **topics)
+        asyncio.run(ensure_topics(settings, broker.bootstrap))
+        t0 = time.time() - 3600.0
+        msgs = _batches(launches, per_batch, t0)
+        t = time.perf_counter()
+        asyncio.run(_publish(broker.bootstrap, settings.topic_launches, msgs))
+        echo(f"published {len(msgs)} messages in {time.perf_counter() - t:.1f} s")
+        load_before = os.getloadavg()
+        out = Path(tmp) / "report"
+        t = time.perf_counter()
+        cpu0 = time.process_time()
+        done = asyncio.run(
+            run_replay(
+                settings,
+                ReplayOptions(spec=RangeSpec(), flt=LaunchFilter(), report_dir=out, progress=False),
+            )
+        )
+        wall = time.perf_counter() - t
+        cpu = time.process_time() - cpu0
+        load_after = os.getloadavg()
+        phases = orjson.loads((out / "run.json").read_bytes())
+        echo(f"replayed {done['launches']:,} launches into a report in {wall:.1f} s")
+        return {
+            "date": dt.date.today().isoformat(),
+            "machine": {
+                "cpus": os.cpu_count(),
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+                "loadavg_before": load_before,
+                "loadavg_after": load_after,
+            },
+            "input": {
+                "launches": done["launches"],
+                "messages": len(msgs),
+                "launches_per_message": per_batch,
+                "series": len(_SERIES) * len(_KERNELS),
+            },
+            "result": {
+                "wall_s": wall,
+                "process_cpu_s": cpu,
+                "launches_per_s": done["launches"] / wall,
+                "windows": done["windows"],
+                "findings": done["findings"],
+                "read_and_window_s": phases["read_and_window_s"],
+                "analysis_s": phases["analysis_s"],
+                "report_write_and_plots_s": phases["total_s"]
+                - phases["read_and_window_s"]
+                - phases["analysis_s"],
+                "target_s": 60.0,
+                "met": wall <= 60.0,
+            },
+        }
+
+
+@click.command("replay")
+@click.option("--launches", type=int, default=1_000_000, show_default=True)
+@click.option("--batch", "per_batch", type=int, default=100, show_default=True)
+@click.option(
+    "--results-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("bench/results"),
+    show_default=True,
+)
+def command(launches: int, per_batch: int, results_dir: Path) -> None:
+    """Replay launch records from the embedded broker into a report; time it."""
+    report = run_benchmark(launches, per_batch, echo=lambda m: click.echo(m, err=True))
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"replay-{report['date']}.json"
+    path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+    r, m = report["result"], report["machine"]
+    text = (
+        f"kernelstream bench replay --launches {launches} --batch {per_batch}\n"
+        f"{report['input']['launches']:,} launches in {report['input']['messages']:,} messages, "
+        f"{report['input']['series']} series -> {r['windows']} windows, {r['findings']} findings\n"
+        f"wall {r['wall_s']:.1f} s (target {r['target_s']:.0f} s: "
+        f"{'met' if r['met'] else 'NOT met'}), {r['launches_per_s']:,.0f} launches/s, "
+        f"process CPU {r['process_cpu_s']:.1f} s\n"
+        f"phases: read+window {r['read_and_window_s']:.1f} s, analysis "
+        f"{r['analysis_s']:.1f} s, report+plots {r['report_write_and_plots_s']:.1f} s\n"
+        f"{m['cpus']} CPUs; load average before {m['loadavg_before']}, after "
+        f"{m['loadavg_after']}\n"
+    )
+    path.with_suffix(".txt").write_text(text)
+    click.echo(text)
