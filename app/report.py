@@ -257,6 +257,7 @@ def build_summary(
             "launch_messages": res.launch_messages,
             "launches": res.launches,
             "launches_too_late": res.late_launches,
+            "launches_duplicate": res.duplicate_launches,
             "messages_filtered_out": res.skipped_messages,
             "rejected": dict(sorted(res.rejected.items())),
             "windows": len(res.windows),

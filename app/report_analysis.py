@@ -122,6 +122,7 @@ class AnalysisResult:
     recorded_outcomes: list[ReconfigOutcome] = field(default_factory=list)
     rejected: Counter[str] = field(default_factory=Counter)  # reason code -> messages
     late_launches: int = 0
+    duplicate_launches: int = 0  # resent copies, counted once (as the worker does)
     launches: int = 0
     launch_messages: int = 0
     skipped_messages: int = 0  # filtered out
@@ -192,6 +193,18 @@ class OfflineAnalysis:
         if not self.flt.keeps(meta.node, meta.device_index, meta.device_model, meta.kernel):
             res.skipped_messages += 1
             return
+        # The window agent's duplicate rule (agents/window_agent.py, WindowIngest._process):
+        # a stream's launches are numbered without gaps, so anything at or below the
+        # highest number ingested was counted before (a resent copy); an overlapping
+        # batch counts from its first new launch.
+        seen = self.windower.seen_through(meta.stream_key)
+        if meta.seq_start <= seen:
+            if meta.seq_start + len(cols) - 1 <= seen:
+                res.rejected["duplicate"] += 1
+                res.duplicate_launches += len(cols)
+                return
+            res.duplicate_launches += seen + 1 - meta.seq_start
+            cols = cols.drop_first(seen + 1 - meta.seq_start)
         res.launch_messages += 1
         res.launches += len(cols)
         # ``now`` only drives idle flushes, which replay leaves to the end of the range.

@@ -190,3 +190,18 @@ def test_report_is_deterministic_and_self_contained(tmp_path: Path) -> None:
 def test_replay_needs_one_output() -> None:
     result = CliRunner().invoke(main, ["replay", "--recording", "."])
     assert result.exit_code != 0 and "exactly one" in result.output
+
+
+def test_resent_batches_count_once() -> None:
+    bs = batches(nodes=1, seconds=4)
+    msgs = messages(bs)
+    resent = [*msgs[:5], msgs[2], msgs[3], *msgs[5:]]  # a node resending two batches
+    resent = [m._replace(offset=i) for i, m in enumerate(resent)]
+    once, twice = OfflineAnalysis(SPEC), OfflineAnalysis(SPEC)
+    for m in msgs:
+        once.add_launch_message(m)
+    for m in resent:
+        twice.add_launch_message(m)
+    a, b = once.finish(), twice.finish()
+    assert a.windows == b.windows and b.rejected["duplicate"] == 2
+    assert b.duplicate_launches == 2 * len(bs[0].t_end)
