@@ -23,7 +23,7 @@ __all__ = ["register"]
 
 
 def register(app: Any, ctx: WorkerContext) -> Tuner:
-    tuner = Tuner(ttl_s=ctx.settings.recommendation_ttl_s)
+    tuner = Tuner(ttl_s=ctx.settings.recommendation_ttl_s, max_step=ctx.settings.max_step)
     signer = signer_from_settings(ctx.settings)
     spaces = SpaceResolver(ctx.settings.tuning_spaces_dir)
     findings, reconfig = ctx.topics["findings"], ctx.topics["reconfig"]

@@ -51,7 +51,6 @@ KT_STRATEGIES = (
     "firefly_algorithm",
     "bayes_opt",
     "dual_annealing",
-    "simulated_annealing",
     "greedy_ils",
     "mls",
 )
@@ -255,7 +254,7 @@ def run_benchmark(
     strategies: Sequence[str],
     jobs: int,
     fleet_seeds: int,
-    warm: bool,
+    warm_seeds: int,
     echo: Any = print,
 ) -> dict[str, Any]:
     files = sorted(p for p in spaces_dir.iterdir() if p.name.endswith((".json.gz", ".json")))
@@ -298,7 +297,7 @@ def run_benchmark(
                 tasks.extend(("kt:" + s, sp, plain[sp], str(seed), str(budget)) for s in strategies)
             for seed in range(fleet_seeds):
                 tasks.append(("fleet4", sp, "", str(seed), str(budget)))
-            if warm:
+            if warm_seeds:
                 siblings = [
                     str(q)
                     for q in files
@@ -308,7 +307,7 @@ def run_benchmark(
                 ]
                 if siblings:
                     meta[sp]["warm_from"] = Path(siblings[0]).name
-                    for seed in range(seeds):
+                    for seed in range(warm_seeds):
                         tasks.append(("warm", sp, siblings[0], str(seed), str(budget)))
         echo(f"{len(tasks)} runs on {jobs} processes ({len(files)} spaces, {seeds} seeds)")
         results: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -328,6 +327,7 @@ def run_benchmark(
         "budget": budget,
         "seeds": seeds,
         "fleet_seeds": fleet_seeds,
+        "warm_seeds": warm_seeds,
         "wall_s": wall,
         "machine": {
             "cpus": os.cpu_count(),
@@ -491,6 +491,7 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
     help="Kernel Tuner strategies to run as peers (comma-separated).",
 )
 @click.option("--fleet-seeds", type=int, default=10, show_default=True)
+@click.option("--warm-seeds", type=int, default=10, show_default=True)
 @click.option("--no-warm", is_flag=True, help="Skip the cross-device warm-start runs.")
 @click.option("--jobs", type=int, default=os.cpu_count() or 1, show_default=True)
 @click.option(
@@ -507,6 +508,7 @@ def command(
     budget: int,
     strategies: str,
     fleet_seeds: int,
+    warm_seeds: int,
     no_warm: bool,
     jobs: int,
     results_dir: Path,
@@ -525,7 +527,7 @@ def command(
         strategies=[s for s in strategies.split(",") if s],
         jobs=jobs,
         fleet_seeds=fleet_seeds,
-        warm=not no_warm,
+        warm_seeds=0 if no_warm else warm_seeds,
         echo=lambda m: click.echo(m, err=True),
     )
     table = format_table(report)

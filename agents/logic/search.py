@@ -1,17 +1,23 @@
 """Model-guided search: the tuner's default way to pick the next configuration.
 
 Every configuration a fleet group has measured trains a small ensemble of randomized
-regression trees (scikit-learn's ``ExtraTreesRegressor``) that predicts the log of a
+regression trees (scikit-learn's ``ExtraTreesRegressor``, each tree on a bootstrap
+sample and half the features, so the trees disagree where data is thin) that predicts
+the log of a
 configuration's mean duration from its parameters. The ensemble then scores every
 configuration of the declared space that nobody has measured yet, and the next one to
 try comes from a rotating *acquisition*:
 
-1. **local**: the best-predicted unmeasured neighbour of the group's fastest config
-   (one step in one parameter), which polishes a good region;
+1. **local**: the best-predicted unmeasured config that differs from the group's
+   fastest in at most two parameters, which polishes a good region;
 2. **sample**: the minimum of one randomly chosen tree (Thompson sampling), which
    explores where the trees disagree;
 3. **confident**: the minimum of the ensemble's mean minus one standard deviation
    across trees (a lower confidence bound), which exploits the model.
+
+Two more acquisitions can be put in the rotation: **mode** (local search inside each
+value of a two-valued switch in turn, for kernels whose switches select code paths
+with different optima) and **random**.
 
 Before the model has enough data it tries an initial design: configurations other
 device models of the same kernel found fastest (a warm start), then random ones.
@@ -20,8 +26,9 @@ Why trees: GPU search spaces are small (thousands of points), discrete, full of
 interactions and cliffs (a tile that no longer fits in shared memory), so a model that
 splits on parameter values fits them better than a smooth kernel does, and it fits in
 milliseconds. Why a rotation: each acquisition alone stalls on some spaces (the local
-one in a basin, the confident one on a deceptive region, sampling on a needle); the
-figures behind the choice are in bench/results/ (``kernelstream bench tuning``).
+one in a basin, the confident one on a deceptive region, sampling on a needle). The
+measurements behind these defaults, and how far they are from the targets, are in
+bench/results/tuning-*.txt (``kernelstream bench tuning``) and the README.
 
 Features are generic (nothing here knows a particular kernel): each parameter's
 position in its value list, the log2 of positive numeric values, and, following the
@@ -47,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ModelGuidedSearch", "SpaceIndex", "space_features"]
 
-ACQUISITIONS = ("local", "sample", "confident", "random")
+ACQUISITIONS = ("local", "mode", "sample", "confident", "random")
 
 
 def space_features(space: SearchSpace, configs: Sequence[Mapping[str, Any]]) -> np.ndarray:
@@ -90,7 +97,7 @@ class SpaceIndex:
     ids: list[str]
     position: dict[str, int]
     features: np.ndarray
-    neighbors: list[list[int]] | None = None
+    positions: np.ndarray | None = None
 
     @classmethod
     def build(cls, space: SearchSpace) -> SpaceIndex:
@@ -100,16 +107,22 @@ class SpaceIndex:
             space, configs, ids, {c: i for i, c in enumerate(ids)}, space_features(space, configs)
         )
 
-    def neighbors_of(self, i: int) -> list[int]:
-        if self.neighbors is None:
-            self.neighbors = [[] for _ in self.ids]
-        if not self.neighbors[i]:
-            self.neighbors[i] = [
-                self.position[self.space.config_id(c)]
-                for c in self.space.neighbors(self.configs[i], 1)
-                if self.space.config_id(c) in self.position
-            ]
-        return self.neighbors[i]
+    def positions_matrix(self) -> np.ndarray:
+        """Each config's value positions, one column per parameter."""
+        if self.positions is None:
+            self.positions = np.array(
+                [
+                    [list(self.space.params[p]).index(c[p]) for p in self.space.params]
+                    for c in self.configs
+                ]
+            ).reshape(len(self.configs), len(self.space.params))
+        return self.positions
+
+    def near(self, i: int, distance: int) -> np.ndarray:
+        """Configs differing from config ``i`` in 1 to ``distance`` parameters (any values)."""
+        positions = self.positions_matrix()
+        diff = (positions != positions[i]).sum(axis=1)
+        return np.flatnonzero((diff >= 1) & (diff <= distance))
 
 
 @dataclass
@@ -125,6 +138,8 @@ class ModelGuidedSearch:
             same seed give the same proposal.
         failure_penalty: a config that failed to launch is taught to the model as
             this many times slower than the slowest measured one.
+        local_distance: the ``local`` acquisition looks at configs that differ from the
+            group's fastest in at most this many parameters (any values).
     """
 
     n_trees: int = 30
@@ -132,6 +147,9 @@ class ModelGuidedSearch:
     acquisitions: tuple[str, ...] = ("local", "sample", "confident")
     seed: int = 0
     failure_penalty: float = 2.0
+    local_distance: int = 2
+    max_features: float = 0.5
+    bootstrap: bool = True
     _index: dict[int, SpaceIndex] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -194,8 +212,12 @@ class ModelGuidedSearch:
         best_i = min(measured, key=lambda m: m[1])[0]
         choice = None
         if mode == "local":
-            near = idx.neighbors_of(best_i)
-            choice = first_allowed(sorted(near, key=lambda j: mu[j]))
+            near = idx.near(best_i, self.local_distance)
+            choice = first_allowed(near[np.argsort(mu[near], kind="stable")])
+            if choice is None:
+                mode = "sample"
+        if mode == "mode":
+            choice = self._mode_step(idx, measured, mu, step, first_allowed)
             if choice is None:
                 mode = "sample"
         if choice is None and mode == "random":
@@ -213,6 +235,38 @@ class ModelGuidedSearch:
             f"best measured {best_us:.1f} us after {step} configs",
             max(0.0, best_us / predicted - 1.0),
         )
+
+    def _mode_step(
+        self,
+        idx: SpaceIndex,
+        measured: list[tuple[int, float]],
+        mu: np.ndarray,
+        step: int,
+        first_allowed: Callable[[Sequence[int] | np.ndarray], int | None],
+    ) -> int | None:
+        """Local search inside one *mode*: one value of a two-valued parameter.
+
+        Such a switch usually selects another code path of the kernel (shared memory
+        or not, a read-only cache or not), whose best tiles and block sizes differ from
+        the other path's. A model fitted mostly on one path can write the other off
+        early; this keeps polishing the best config of every path, in turn.
+        """
+        positions = idx.positions_matrix()
+        flags = [k for k, values in enumerate(idx.space.params.values()) if len(values) == 2]
+        if not flags:
+            return None
+        modes = [(k, v) for k in flags for v in (0, 1)]
+        per_cycle = max(1, self.acquisitions.count("mode"))
+        slot = self.acquisitions[: step % len(self.acquisitions)].count("mode")
+        k, v = modes[(step // len(self.acquisitions) * per_cycle + slot) % len(modes)]
+        inside = [(i, us) for i, us in measured if positions[i, k] == v]
+        if inside:
+            best = min(inside, key=lambda m: m[1])[0]
+            near = idx.near(best, self.local_distance)
+            near = near[positions[near, k] == v]
+        else:
+            near = np.flatnonzero(positions[:, k] == v)
+        return first_allowed(near[np.argsort(mu[near], kind="stable")])
 
     @staticmethod
     def _warm(idx: SpaceIndex, related: Sequence[GroupStats]) -> list[int]:
@@ -241,7 +295,11 @@ class ModelGuidedSearch:
             rows += failed
             y += [worst] * len(failed)
         model = ExtraTreesRegressor(
-            n_estimators=self.n_trees, random_state=int(rng.integers(2**31)), n_jobs=1
+            n_estimators=self.n_trees,
+            max_features=self.max_features,
+            bootstrap=self.bootstrap,
+            random_state=int(rng.integers(2**31)),
+            n_jobs=1,
         )
         model.fit(idx.features[rows], np.asarray(y))
         trees = np.stack([t.predict(idx.features) for t in model.estimators_])

@@ -1,0 +1,175 @@
+"""The tuner end to end through Kafka: trace nodes fed by one cache file converge.
+
+Two trace nodes replay the same Kernel Tuner cache file (written by the test: a
+rugged little space with one clearly best configuration and one that fails to
+launch). Their launches go through the real worker (windows, detector, tuner) on the
+embedded broker; recommendations come back over Kafka; the nodes apply, keep or roll
+back. The test waits until the fleet has kept the best configuration and checks that
+every step on the way was legal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import itertools
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.node import run_node
+from app.settings import Settings
+from app.topics import ensure_topics
+from kernels import load_cache
+from schemas import Recommendation, ReconfigOutcome
+from tests.integration.conftest import settings_env
+from tests.integration.helpers import TopicReader
+
+pytestmark = pytest.mark.integration
+
+
+def _write_cache(path: Path) -> tuple[dict[str, float], str]:
+    """A 60-config space: a smooth bowl with a needle off its bottom; one config fails."""
+    params = {
+        "block_size_x": [32, 64, 128, 256, 512],
+        "block_size_y": [1, 2, 4],
+        "tile_size_x": [1, 2, 4, 8],
+    }
+    rng = np.random.default_rng(5)
+    cache: dict[str, Any] = {}
+    truth: dict[str, float] = {}
+    for values in itertools.product(*params.values()):
+        bx, by, tx = values
+        rec: dict[str, Any] = dict(zip(params, values, strict=True))
+        cid = ",".join(f"{k}={v}" for k, v in rec.items())
+        if (bx, by, tx) == (512, 4, 8):
+            rec["time"] = "RuntimeFailedConfig"
+        else:
+            ms = 0.2 * (1 + 0.3 * abs(math.log2(bx * by) - 7) + 0.2 * abs(math.log2(tx) - 1))
+            if (bx, by, tx) == (64, 4, 4):
+                ms *= 0.6  # the needle: no neighbour points at it
+            times = list(ms * (1 + 0.02 * rng.standard_normal(16)))
+            rec.update(time=float(np.mean(times)), times=times)
+            truth[cid] = float(np.mean(times)) * 1000.0
+        cache[",".join(str(v) for v in values)] = rec
+    doc = {
+        "device_name": "NVIDIA A100-PCIE-40GB",
+        "kernel_name": "toy_conv",
+        "problem_size": [2048, 2048],
+        "tune_params_keys": list(params),
+        "tune_params": params,
+        "objective": "time",
+        "cache": cache,
+    }
+    with gzip.open(path, "wt") as fh:
+        json.dump(doc, fh)
+    return truth, min(truth, key=lambda c: truth[c])
+
+
+@pytest.fixture
+def spaces(tmp_path: Path) -> tuple[Path, dict[str, float], str]:
+    d = tmp_path / "spaces"
+    d.mkdir()
+    truth, best = _write_cache(d / "toy_conv_A100.json.gz")
+    return d, truth, best
+
+
+@pytest.fixture
+def trace_worker(
+    settings: Settings, spaces: tuple[Path, dict[str, float], str], tmp_path: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    env = settings_env(settings)
+    env["KERNELSTREAM_TUNING_SPACES_DIR"] = str(spaces[0])
+    log = (tmp_path / "worker.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+async def _scenario(
+    settings: Settings, spaces: tuple[Path, dict[str, float], str], worker: Any
+) -> None:
+    directory, truth, best = spaces
+    bootstrap = str(settings.bootstrap)
+    await ensure_topics(settings, bootstrap)
+    cache = directory / "toy_conv_A100.json.gz"
+    space = load_cache(cache).space
+    stop = asyncio.Event()
+    nodes = [
+        asyncio.create_task(
+            run_node(
+                settings.model_copy(
+                    update={
+                        "backend": "trace",
+                        "trace_file": cache,
+                        "tuning_spaces_dir": directory,
+                        "node_id": f"{settings.node_id}-{i}",
+                        "seed": i,
+                    }
+                ),
+                bootstrap,
+                stop=stop,
+            )
+        )
+        for i in range(2)
+    ]
+    async with TopicReader(bootstrap, settings.topic_recommendations, settings.topic_reconfig) as r:
+
+        def outcomes() -> list[ReconfigOutcome]:
+            return [o for o in r.records[settings.topic_reconfig] if isinstance(o, ReconfigOutcome)]
+
+        await r.until(
+            lambda: any(o.status == "kept" and o.after_config_id == best for o in outcomes()),
+            180,
+            f"a node keeping the best configuration {best}",
+        )
+        recs = [
+            x for x in r.records[settings.topic_recommendations] if isinstance(x, Recommendation)
+        ]
+    stop.set()
+    reports = await asyncio.gather(*nodes)
+    assert worker.poll() is None, "the worker must keep running"
+
+    # Every recommendation was inside the declared space ...
+    assert recs
+    for rec in recs:
+        assert space.is_valid(rec.config), rec.config_id
+    # ... and within the nodes' step limit: none was rejected for either reason.
+    rejected = [o for o in outcomes() if o.status == "rejected"]
+    assert not [o for o in rejected if "outside" in o.reason or "step" in o.reason], rejected
+    # Slower trials and the failing config were rolled back, never kept.
+    for o in outcomes():
+        if o.status == "kept" and o.before_mean_us and o.after_mean_us:
+            assert o.after_mean_us <= o.before_mean_us * 1.05, o
+    assert all(not (o.status == "kept" and o.after_config_id not in truth) for o in outcomes()), (
+        "a config that fails to launch was kept"
+    )
+    # The fleet found it long before trying everything: count distinct configs tried.
+    tried = {rec.config_id for rec in recs}
+    assert len(tried) < space.size()
+    assert any(rep.final_configs for rep in reports)
+
+
+def test_trace_nodes_converge_through_kafka(
+    settings: Settings,
+    spaces: tuple[Path, dict[str, float], str],
+    trace_worker: subprocess.Popen[bytes],
+) -> None:
+    asyncio.run(_scenario(settings, spaces, trace_worker))
