@@ -1,0 +1,70 @@
+"""``bench tuning`` scoring: optimum and gaps come from the cache file's own measurements."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.tuning import _evals_to, _gap_at, _run_kernelstream, _run_random, _summary
+
+
+def _cache(path: Path) -> dict[str, float]:
+    params = {"block_size_x": [32, 64, 128, 256], "tile_size_x": [1, 2, 4]}
+    cache: dict[str, Any] = {}
+    truth = {}
+    for i, (bx, tx) in enumerate(itertools.product(*params.values())):
+        rec: dict[str, Any] = {"block_size_x": bx, "tile_size_x": tx}
+        if (bx, tx) == (256, 4):
+            rec["time"] = "CompilationFailedConfig"
+        else:
+            ms = 1.0 + abs(i - 5) * 0.25
+            rec.update(time=ms, times=[ms * 0.99, ms * 1.01])
+            truth[f"block_size_x={bx},tile_size_x={tx}"] = ms * 1000.0
+        cache[f"{bx},{tx}"] = rec
+    doc = {
+        "device_name": "NVIDIA A100-PCIE-40GB",
+        "kernel_name": "toy",
+        "problem_size": [1024],
+        "tune_params_keys": list(params),
+        "tune_params": params,
+        "objective": "time",
+        "cache": cache,
+    }
+    with gzip.open(path, "wt") as fh:
+        json.dump(doc, fh)
+    return truth
+
+
+def test_curves_and_summary_use_the_files_means(tmp_path: Path) -> None:
+    truth = _cache(tmp_path / "toy.json.gz")
+    opt = min(truth.values())
+    out = _run_random(str(tmp_path / "toy.json.gz"), seed=0, budget=12)
+    curve = out["curve"]
+    # every configuration of the space, the failed one included, exactly once
+    assert len(curve) == 12
+    assert curve[-1] == pytest.approx(opt)
+    assert all(a >= b for a, b in itertools.pairwise(curve))  # best-so-far
+    n5 = _evals_to(curve, opt * 1.05)
+    assert n5 is not None and curve[n5 - 1] <= opt * 1.05
+    assert _gap_at(curve, 100, opt) == pytest.approx(0.0)  # past the end: the last value
+    s = _summary([curve, [math.inf] * 3], opt, budget=12)
+    # a run that never got there counts as budget + 1, never as a success
+    assert s["within_5pct"]["reached"] == 1
+    assert s["within_5pct"]["per_seed"][1] is None
+    assert s["within_5pct"]["median"] == pytest.approx((n5 + 13) / 2)
+
+
+def test_kernelstream_run_only_sees_measured_launches(tmp_path: Path) -> None:
+    truth = _cache(tmp_path / "toy.json.gz")
+    opt = min(truth.values())
+    out = _run_kernelstream(str(tmp_path / "toy.json.gz"), seed=0, budget=12)
+    curve = out["curve"]
+    assert curve and curve[-1] == pytest.approx(opt)  # it found the optimum of 11
+    assert len(curve) <= 12
+    assert out["rounds_to_5"] is not None
