@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -114,6 +115,9 @@ class WorkerContext:
     settings: Any  # app.settings.Settings (not imported: agents must not depend on app)
     topics: dict[str, Any]  # role -> faust topic
     counters: Counter[str] = field(default_factory=Counter)
+    # Live readings agents offer the metrics and health endpoints (``window.lag``,
+    # ``window.ready``), called at scrape time.
+    probes: dict[str, Callable[[], Any]] = field(default_factory=dict)
     _known: dict[tuple[str, tuple[int, ...]], bool] = field(default_factory=dict, repr=False)
     _resolver: Any = field(default=None, repr=False)
 

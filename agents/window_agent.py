@@ -171,6 +171,19 @@ class WindowIngest(Service):
             log.exception("window state handover at shutdown failed")
         await self._consumer.stop()
 
+    def ready(self) -> bool:
+        """Joined the group (an assignment, maybe empty, was received) and consuming."""
+        return self._consumer is not None and not self._left and self.stats.assigned_at is not None
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        """Messages not yet processed per owned partition (the last fetch's high watermark)."""
+        out: dict[tuple[str, int], int] = {}
+        for tp, nxt in list(self._next.items()):
+            high = self._consumer.highwater(tp) if self._consumer is not None else None
+            if high is not None:
+                out[(tp.topic, tp.partition)] = max(0, high - nxt)
+        return out
+
     async def on_stop(self) -> None:
         await self.leave()
         if self._store is not None:
@@ -431,6 +444,7 @@ def register(app: Any, ctx: WorkerContext) -> tuple[Windower, WindowAgentStats]:
     # A child of the app, not an ``app.service``: those start only after Faust's own
     # group join, and the two joins (each held by the broker) should overlap.
     app.add_dependency(ingest)
+    ctx.probes.update({"window.ready": ingest.ready, "window.lag": ingest.lag})
 
     @app.timer(0.2, name="window.tick")
     async def window_tick() -> None:

@@ -184,7 +184,12 @@ def node(
     seed: int | None,
     duration: float | None,
 ) -> None:
-    """Run a GPU node: workloads on a device, telemetry out, reconfiguration agent."""
+    """Run a GPU node: workloads on a device, telemetry out, reconfiguration agent.
+
+    Serves /metrics, /healthz and /readyz on ``KERNELSTREAM_NODE_METRICS_PORT``.
+    """
+    from app.health import serve_node_endpoints
+    from app.metrics import NodeMetrics
     from app.node import run_node
 
     settings = _settings(
@@ -202,7 +207,12 @@ def node(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        report = await run_node(settings, bootstrap, duration_s=duration, stop=stop)
+        metrics = NodeMetrics()
+        host = "127.0.0.1" if settings.embedded else "0.0.0.0"  # all interfaces in a container
+        async with serve_node_endpoints(metrics, host, settings.node_metrics_port):
+            report = await run_node(
+                settings, bootstrap, duration_s=duration, stop=stop, metrics=metrics
+            )
         click.echo(
             f"node {report.node}: {report.launches} launches in {report.batches} batches; "
             f"outcomes {report.outcomes}",

@@ -86,6 +86,7 @@ def create_app(settings: Settings, bootstrap: str, *, web: bool = True) -> faust
     """Build the worker's Faust app with every agent registered."""
     from agents.window_agent import state_topic
     from agents.worker import register_agents
+    from app.health import add_worker_endpoints
 
     app = faust.App(
         settings.app_id,
@@ -125,6 +126,7 @@ def create_app(settings: Settings, bootstrap: str, *, web: bool = True) -> faust
     )
     agents = register_agents(app, settings, topics)
     _stats_page(app, agents)
+    add_worker_endpoints(app, agents)
     return app
 
 

@@ -142,6 +142,7 @@ class _Node:
             settings, bootstrap, self.publish, handled=self.seen.handled
         )
         self.audit = _Audit(settings.node_dir() / "audit.jsonl")
+        self.metrics: Any = None  # app.metrics.NodeMetrics when the node is scraped
 
     def _producer(self, bootstrap: str) -> Any:
         from aiokafka import AIOKafkaProducer
@@ -257,6 +258,8 @@ class _Node:
             batches += self.batcher.add(chunk, now)
         batches += self.batcher.due(now)
         self.publish_batches(batches)
+        if self.metrics is not None:
+            self.metrics.observe(chunks)
 
     def evaluate(self, now: float) -> None:
         for ev in self.reconf.evaluate(now):
@@ -286,10 +289,12 @@ async def run_node(
     duration_s: float | None = None,
     stop: asyncio.Event | None = None,
     report: NodeReport | None = None,
+    metrics: Any = None,
 ) -> NodeReport:
     """Run until ``duration_s`` passes or ``stop`` is set; flush and close cleanly.
 
-    Pass a ``report`` to watch the node while it runs (it is updated every tick).
+    Pass a ``report`` to watch the node while it runs (it is updated every tick),
+    and an :class:`app.metrics.NodeMetrics` to serve its metrics.
 
     On the way out the node gives its outbox ``outbox_drain_s`` to empty; what is
     left stays on disk and is sent by the next run of the same node id.
@@ -297,6 +302,9 @@ async def run_node(
     store = NodeStore(settings.node_dir())
     try:
         node = _Node(settings, bootstrap, store, report)
+        if metrics is not None:
+            metrics.attach(node)
+            node.metrics = metrics
         try:
             await _loop(node, stop or asyncio.Event(), duration_s)
         finally:

@@ -81,7 +81,12 @@ class Settings(BaseSettings):
     )
     idle_timeout_s: float = Field(default=3.0, gt=0)
     recommendation_ttl_s: float = Field(default=20.0, gt=0)
-    web_port: int = Field(default=6066, ge=0, le=65535)
+    web_port: int = Field(
+        default=6066,
+        ge=0,
+        le=65535,
+        description="Worker web server: /metrics, /healthz, /readyz, /ks/stats/.",
+    )
     session_timeout_s: float = Field(default=6.0, gt=0)
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     fetch_max_wait_ms: int = Field(
@@ -147,6 +152,12 @@ class Settings(BaseSettings):
     )
     outbox_drain_s: float = Field(
         default=5.0, ge=0, description="On shutdown, wait this long for the outbox to empty."
+    )
+    node_metrics_port: int = Field(
+        default=6067,
+        ge=0,
+        le=65535,
+        description="Node (`kernelstream node`): port of /metrics, /healthz, /readyz; 0: none.",
     )
 
     # --- control plane (recommendation signing, Ed25519) --------------------------
