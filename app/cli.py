@@ -136,6 +136,22 @@ def broker(port: int, log_dir: Path, create_topics: bool) -> None:
 
 
 @main.command()
+@click.option("--table", is_flag=True, help="Print the topic table (Markdown); no broker needed.")
+def topics(table: bool) -> None:
+    """Create kernelstream's topics on KAFKA_BOOTSTRAP (missing ones; existing ones kept)."""
+    from app.topics import ensure_topics, topics_markdown
+
+    settings = _settings()
+    if table:
+        click.echo(topics_markdown(settings), nl=False)
+        return
+    if not settings.bootstrap:
+        raise click.UsageError("topics creates topics on a cluster: set KAFKA_BOOTSTRAP")
+    created = asyncio.run(ensure_topics(settings, settings.bootstrap))
+    click.echo(f"created: {', '.join(created) or 'none (all exist)'}")
+
+
+@main.command()
 @click.option("--data-dir", type=click.Path(path_type=Path), help="RocksDB state directory.")
 @click.option("--web-port", type=int, help="Port of the worker's web/metrics endpoint.")
 @click.option("--app-id", help="Faust app id (the consumer group).")

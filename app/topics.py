@@ -14,7 +14,14 @@ from app.errors import BrokerError
 from app.settings import Settings
 from schemas.keys import group_key, stream_key
 
-__all__ = ["TopicSpec", "ensure_topics", "group_key", "stream_key", "topic_specs"]
+__all__ = [
+    "TopicSpec",
+    "ensure_topics",
+    "group_key",
+    "stream_key",
+    "topic_specs",
+    "topics_markdown",
+]
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,21 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         TopicSpec("late", settings.topic_late, "node:device/kernel", p, 7 * _DAY_MS),
         TopicSpec("deadletter", settings.topic_deadletter, "original key", 1, 30 * _DAY_MS),
     ]
+
+
+def topics_markdown(settings: Settings) -> str:
+    """The topic table of the README's Operations section (``kernelstream topics --table``)."""
+    rows = [
+        "| topic | key | partitions | retention | cleanup.policy |",
+        "|---|---|---|---|---|",
+    ]
+    for s in topic_specs(settings):
+        parts = f"`partitions` ({s.partitions})" if s.partitions == settings.partitions else "1"
+        rows.append(
+            f"| `{s.name}` | {s.key} | {parts} | {s.retention_ms // _DAY_MS} d "
+            f"| {s.configs()['cleanup.policy']} |"
+        )
+    return "\n".join(rows) + "\n"
 
 
 async def ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
