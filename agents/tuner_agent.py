@@ -10,6 +10,7 @@ from a forgery.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -28,6 +29,10 @@ def register(app: Any, ctx: WorkerContext) -> Tuner:
     spaces = SpaceResolver(ctx.settings.tuning_spaces_dir)
     findings, reconfig = ctx.topics["findings"], ctx.topics["reconfig"]
     recommendations = ctx.topics["recommendations"]
+    # Choosing a config fits a model (tens of ms); it runs on a worker thread so the
+    # window agent's event loop never waits for it. The lock keeps the tuner's state
+    # single-writer: findings and outcomes update it one at a time.
+    lock = asyncio.Lock()
 
     @app.agent(findings, name="tuner")
     async def tuner_agent(stream: Any) -> None:
@@ -40,8 +45,9 @@ def register(app: Any, ctx: WorkerContext) -> Tuner:
             except (LookupError, ValueError) as exc:  # unknown workload, or a size it refuses
                 await ctx.dead_letter("tuner", event, str(exc), "unknown_kernel")
                 continue
-            tuner.observe_finding(finding)
-            rec = tuner.recommend(finding, space, time.time())
+            async with lock:
+                tuner.observe_finding(finding)
+                rec = await asyncio.to_thread(tuner.recommend, finding, space, time.time())
             if rec is not None:
                 if signer is not None:
                     rec = signer.sign(rec)
@@ -55,6 +61,7 @@ def register(app: Any, ctx: WorkerContext) -> Tuner:
             if outcome is None:
                 continue
             ctx.counters[f"outcomes.{outcome.status}"] += 1
-            tuner.observe_outcome(outcome)
+            async with lock:
+                tuner.observe_outcome(outcome)
 
     return tuner

@@ -20,7 +20,8 @@ value of a two-valued switch in turn, for kernels whose switches select code pat
 with different optima) and **random**.
 
 Before the model has enough data it tries an initial design: configurations other
-device models of the same kernel found fastest (a warm start), then random ones.
+device models of the same kernel found fastest (a warm start), then, alternately, a random
+configuration and a random one-parameter change of the best one so far.
 
 Why trees: GPU search spaces are small (thousands of points), discrete, full of
 interactions and cliffs (a tile that no longer fits in shared memory), so a model that
@@ -151,6 +152,9 @@ class ModelGuidedSearch:
     max_features: float = 0.5
     bootstrap: bool = True
     _index: dict[int, SpaceIndex] = field(default_factory=dict, repr=False)
+    _model: tuple[Any, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = field(
+        default=None, repr=False
+    )
 
     def __post_init__(self) -> None:
         bad = [a for a in self.acquisitions if a not in ACQUISITIONS]
@@ -203,11 +207,23 @@ class ModelGuidedSearch:
             warm = self._warm(idx, related)
             choice = first_allowed(warm)
             why = "warm start: fast on another device model of this kernel"
+            if choice is None and measured and step % 2 == 1:
+                # Half the initial design perturbs the best config so far in one
+                # parameter: cheap insurance when the default is already nearly good.
+                best_i = min(measured, key=lambda m: m[1])[0]
+                choice = first_allowed(rng.permutation(idx.near(best_i, 1)))
+                why = "initial design: one parameter of the best so far changed at random"
             if choice is None:
                 choice = first_allowed(rng.permutation(len(idx.ids)))
                 why = "initial design: random configuration"
             return None if choice is None else Proposal(idx.configs[choice], why, 0.0)
-        mu, sd, trees = self._fit(idx, measured, failed, rng)
+        # Refit only when the set of measured configs changed: later windows of known
+        # configs refine their means a little, but a worker serving many nodes must not
+        # spend a model fit on every one of their windows.
+        key = (id(idx), frozenset(i for i, _ in measured), frozenset(failed))
+        if self._model is None or self._model[0] != key:
+            self._model = (key, self._fit(idx, measured, failed, rng))
+        mu, sd, trees = self._model[1]
         mode = self.acquisitions[step % len(self.acquisitions)]
         best_i = min(measured, key=lambda m: m[1])[0]
         choice = None
