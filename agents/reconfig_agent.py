@@ -13,10 +13,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from agents.context import dead_letter_record
-from schemas import Recommendation, ReconfigOutcome, SchemaError, decode, encode
+from agents.logic.reconfiguration import outcome_record
+from schemas import Recommendation, SchemaError, decode, encode
 
 __all__ = ["RecommendationInbox", "outcome_record", "partition_for_key"]
 
@@ -142,50 +143,3 @@ class RecommendationInbox:
                 await self._task
         if self._consumer:
             await self._consumer.stop()
-
-
-def outcome_record(
-    rec: Recommendation,
-    status: Literal["applied", "kept", "rolled_back", "rejected"],
-    reason: str,
-    before: dict[str, Any],
-    after: dict[str, Any],
-    device: Any,
-    at: float,
-    **measured: Any,
-) -> ReconfigOutcome:
-    """Build the outcome record a node publishes for ``rec``."""
-    space = None
-    for w in device.workloads():
-        if w.name == rec.kernel:
-            space = w.space
-
-    def cid(c: dict[str, Any]) -> str:
-        if space is not None and c and set(c) == set(space.names):
-            return str(space.config_id(c))
-        return ",".join(f"{k}={v}" for k, v in c.items()) or "-"
-
-    before_mean, after_mean = measured.get("before_mean_us"), measured.get("after_mean_us")
-    speedup = before_mean / after_mean if before_mean and after_mean else None
-    return ReconfigOutcome(
-        id=f"{rec.id}/{status}/{round(at * 1e6)}",
-        recommendation_id=rec.id,
-        node=rec.node,
-        device_index=rec.device_index,
-        device_model=device.spec.name,
-        kernel=rec.kernel,
-        workload=rec.workload,
-        problem_size=rec.problem_size,
-        status=status,
-        reason=reason,
-        before_config=before,
-        before_config_id=cid(before),
-        after_config=after,
-        after_config_id=cid(after),
-        before_count=measured.get("before_count", 0),
-        after_count=measured.get("after_count", 0),
-        before_mean_us=before_mean,
-        after_mean_us=after_mean,
-        speedup=speedup,
-        at=at,
-    )

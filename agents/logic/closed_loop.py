@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.logic.detection import Detector
-from agents.logic.reconfiguration import ReconfigPolicy, Reconfigurator
+from agents.logic.reconfiguration import ReconfigPolicy, Reconfigurator, outcome_record
 from agents.logic.tuning import Tuner, group_of
 from agents.logic.windowing import Windower, WindowSpec
 from kernels.runner import LaunchBatcher, WorkloadRunner
-from schemas.records import Recommendation, ReconfigOutcome
+from schemas.records import Recommendation
 
 __all__ = ["ClosedLoop", "LoopNode", "LoopTrace"]
 
@@ -193,29 +193,26 @@ class ClosedLoop:
         reason: str = "",
     ) -> None:
         self.trace.outcomes[status] = self.trace.outcomes.get(status, 0) + 1
-        space = node.workload.space
         before = dict(ev.before_config) if ev else node.reconf.current[rec.kernel]
-        after = dict(rec.config)
-        outcome = ReconfigOutcome(
-            id=f"{rec.id}/{status}",
-            recommendation_id=rec.id,
-            node=node.name,
-            device_index=rec.device_index,
-            device_model=rec.device_model,
-            kernel=rec.kernel,
-            workload=rec.workload,
-            problem_size=list(rec.problem_size),
-            status=status,
-            reason=ev.reason if ev else reason,
-            before_config=before,
-            before_config_id=space.config_id(before),
-            after_config=after,
-            after_config_id=space.config_id(after),
-            before_count=ev.before_count if ev else 0,
-            after_count=ev.after_count if ev else 0,
-            before_mean_us=ev.before_mean_us if ev else None,
-            after_mean_us=ev.after_mean_us if ev else None,
-            at=now,
+        measured = (
+            {
+                "before_count": ev.before_count,
+                "after_count": ev.after_count,
+                "before_mean_us": ev.before_mean_us,
+                "after_mean_us": ev.after_mean_us,
+            }
+            if ev
+            else {}
+        )
+        outcome = outcome_record(
+            rec,
+            status,  # type: ignore[arg-type]
+            ev.reason if ev else reason,
+            before,
+            dict(rec.config),
+            node.device,
+            now,
+            **measured,
         )
         self.tuner.observe_outcome(outcome)
         self._score(group_of(outcome))

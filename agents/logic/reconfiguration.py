@@ -22,7 +22,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from kernels.space import Config, SearchSpace
-from schemas import Recommendation
+from schemas import Recommendation, ReconfigOutcome
 
 __all__ = [
     "Decision",
@@ -31,6 +31,7 @@ __all__ = [
     "ReconfigPolicy",
     "Reconfigurator",
     "SeenIds",
+    "outcome_record",
 ]
 
 
@@ -270,3 +271,50 @@ def _kept_reason(before: float | None, after: float | None) -> str:
     if before is None or after is None or after <= 0:
         return "no baseline to compare; kept"
     return f"{before / after:.2f}x: {after:.1f} us vs {before:.1f} us before"
+
+
+def outcome_record(
+    rec: Recommendation,
+    status: Literal["applied", "kept", "rolled_back", "rejected"],
+    reason: str,
+    before: dict[str, Any],
+    after: dict[str, Any],
+    device: Any,
+    at: float,
+    **measured: Any,
+) -> ReconfigOutcome:
+    """Build the outcome record a node publishes for ``rec``."""
+    space = None
+    for w in device.workloads():
+        if w.name == rec.kernel:
+            space = w.space
+
+    def cid(c: dict[str, Any]) -> str:
+        if space is not None and c and set(c) == set(space.names):
+            return str(space.config_id(c))
+        return ",".join(f"{k}={v}" for k, v in c.items()) or "-"
+
+    before_mean, after_mean = measured.get("before_mean_us"), measured.get("after_mean_us")
+    speedup = before_mean / after_mean if before_mean and after_mean else None
+    return ReconfigOutcome(
+        id=f"{rec.id}/{status}/{round(at * 1e6)}",
+        recommendation_id=rec.id,
+        node=rec.node,
+        device_index=rec.device_index,
+        device_model=device.spec.name,
+        kernel=rec.kernel,
+        workload=rec.workload,
+        problem_size=rec.problem_size,
+        status=status,
+        reason=reason,
+        before_config=before,
+        before_config_id=cid(before),
+        after_config=after,
+        after_config_id=cid(after),
+        before_count=measured.get("before_count", 0),
+        after_count=measured.get("after_count", 0),
+        before_mean_us=before_mean,
+        after_mean_us=after_mean,
+        speedup=speedup,
+        at=at,
+    )

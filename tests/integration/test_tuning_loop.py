@@ -16,8 +16,6 @@ import itertools
 import json
 import math
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,6 @@ from app.settings import Settings
 from app.topics import ensure_topics
 from kernels import load_cache
 from schemas import Recommendation, ReconfigOutcome
-from tests.integration.conftest import settings_env
 from tests.integration.helpers import TopicReader
 
 pytestmark = pytest.mark.integration
@@ -82,25 +79,9 @@ def spaces(tmp_path: Path) -> tuple[Path, dict[str, float], str]:
 
 
 @pytest.fixture
-def trace_worker(
-    settings: Settings, spaces: tuple[Path, dict[str, float], str], tmp_path: Path
-) -> Iterator[subprocess.Popen[bytes]]:
-    env = settings_env(settings)
-    env["KERNELSTREAM_TUNING_SPACES_DIR"] = str(spaces[0])
-    log = (tmp_path / "worker.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT
-    )
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+def settings(settings: Settings, spaces: tuple[Path, dict[str, float], str]) -> Settings:
+    """The test's settings, with the worker resolving trace spaces from the test's folder."""
+    return settings.model_copy(update={"tuning_spaces_dir": spaces[0]})
 
 
 async def _scenario(
@@ -170,6 +151,6 @@ async def _scenario(
 def test_trace_nodes_converge_through_kafka(
     settings: Settings,
     spaces: tuple[Path, dict[str, float], str],
-    trace_worker: subprocess.Popen[bytes],
+    worker: subprocess.Popen[bytes],
 ) -> None:
-    asyncio.run(_scenario(settings, spaces, trace_worker))
+    asyncio.run(_scenario(settings, spaces, worker))
