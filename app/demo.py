@@ -339,12 +339,15 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
                     "--seed",
                     str(len(node_id)),
                 ],
+                # Each node serves /metrics on a port of its own (they share a host).
+                KERNELSTREAM_NODE_METRICS_PORT=str(free_port()),
             )
         trace = _find_trace_file(settings, opts.trace_file) if opts.trace else None
         if trace is not None:
             children.spawn(
                 "trace-node",
                 ["node", "--node-id", "trace-1", "--backend", "trace", "--trace-file", str(trace)],
+                KERNELSTREAM_NODE_METRICS_PORT=str(free_port()),
             )
             print(f"trace node replays measured durations from {trace}", flush=True)
         asyncio.run(_monitor(settings, bootstrap, opts, builder, children))
