@@ -83,6 +83,9 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # A runner started in the background of a non-interactive shell ignores SIGINT,
+        # and children inherit that; the demo must see Ctrl-C as a user's terminal sends it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
