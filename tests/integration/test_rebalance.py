@@ -32,7 +32,7 @@ from app.topics import ensure_topics
 from bench.pipeline_input import FleetSpec, fleet_batches
 from schemas import LaunchBatch, WindowAggregate, decode, encode
 from tests.integration.helpers import TopicReader, produce
-from tests.integration.workers import WorkerProc, wait_for
+from tests.integration.workers import WorkerProc, closing_batches, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -49,22 +49,7 @@ def _input(t0: float) -> tuple[list[LaunchBatch], list[LaunchBatch]]:
     """2 nodes x 4 kernels, 9 s of event time in 0.1 s batches, plus one closing batch each."""
     spec = FleetSpec(nodes=2, launches_per_s_per_kernel=400.0, seconds=9.0, max_delay_s=0.1, t0=t0)
     batches = list(fleet_batches(spec))
-    last: dict[str, LaunchBatch] = {}
-    for b in batches:
-        last[b.stream_key] = b
-    closing = [
-        b.model_copy(
-            update={
-                "seq_start": b.seq_start + len(b.t_end),
-                "t_end": [b.t_end[-1] + _CLOSE_AHEAD_S],
-                "duration_us": [b.duration_us[-1]],
-                "ok": [1],
-                "samples": [],
-            }
-        )
-        for b in last.values()
-    ]
-    return batches, closing
+    return batches, closing_batches(batches, _CLOSE_AHEAD_S)
 
 
 @contextmanager

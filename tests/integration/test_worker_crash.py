@@ -35,7 +35,7 @@ from app.topics import ensure_topics
 from bench.pipeline_input import FleetSpec, fleet_batches
 from schemas import DeadLetter, LaunchBatch, WindowAggregate, decode, encode
 from tests.integration.helpers import TopicReader, produce
-from tests.integration.workers import WorkerProc, wait_for
+from tests.integration.workers import WorkerProc, closing_batches, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -56,22 +56,7 @@ def _input(seconds: float) -> tuple[list[LaunchBatch], list[LaunchBatch]]:
     t0 = time.time() - 60.0 - seconds
     spec = FleetSpec(nodes=2, launches_per_s_per_kernel=200.0, seconds=seconds, t0=t0)
     batches = list(fleet_batches(spec))
-    last: dict[str, LaunchBatch] = {}
-    for b in batches:
-        last[b.stream_key] = b
-    closing = [
-        b.model_copy(
-            update={
-                "seq_start": b.seq_start + len(b.t_end),
-                "t_end": [b.t_end[-1] + _CLOSE_AHEAD_S],
-                "duration_us": [b.duration_us[-1]],
-                "ok": [1],
-                "samples": [],
-            }
-        )
-        for b in last.values()
-    ]
-    return batches, closing
+    return batches, closing_batches(batches, _CLOSE_AHEAD_S)
 
 
 def _with_resends(batches: list[LaunchBatch], every: int) -> list[tuple[bytes | None, bytes]]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from app.broker import free_port
 from app.settings import Settings
+from schemas import LaunchBatch
 from tests.integration.conftest import settings_env
 
 
@@ -84,3 +85,26 @@ class WorkerProc:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def closing_batches(batches: list[LaunchBatch], ahead_s: float) -> list[LaunchBatch]:
+    """One single-launch batch per stream, ``ahead_s`` after its last launch.
+
+    Sent after the input, it moves every stream's watermark past the input's windows so
+    all of them close, without adding launches to them.
+    """
+    last: dict[str, LaunchBatch] = {}
+    for b in batches:
+        last[b.stream_key] = b
+    return [
+        b.model_copy(
+            update={
+                "seq_start": b.seq_start + len(b.t_end),
+                "t_end": [b.t_end[-1] + ahead_s],
+                "duration_us": [b.duration_us[-1]],
+                "ok": [1],
+                "samples": [],
+            }
+        )
+        for b in last.values()
+    ]
