@@ -34,6 +34,7 @@ import click
 import numpy as np
 import orjson
 
+from agents.logic.detection import finding_id
 from app.broker import EmbeddedBroker
 from app.topics import ensure_topics
 from bench.pipeline_input import (
@@ -46,7 +47,7 @@ from bench.pipeline_input import (
     recent_t0,
 )
 from bench.pipeline_procs import WorkerProc, bench_settings, running
-from schemas import Recommendation, decode
+from schemas import Finding, Recommendation, WindowAggregate, decode
 
 __all__ = ["command"]
 
@@ -210,6 +211,7 @@ async def _latency(
     fleet = LiveFleet(rate)
     w = WorkerProc(settings, log)
     received: dict[str, tuple[float, Any]] = {}
+    published: dict[str, float] = {}  # window / "f:"finding / recommendation id -> create time
     with running(w):
         await w.wait_stats(lambda s: s["window"]["assigned_at"] is not None, 60, "assignment")
         consumer = AIOKafkaConsumer(
@@ -220,6 +222,15 @@ async def _latency(
             fetch_max_wait_ms=settings.fetch_max_wait_ms,  # as the node's inbox waits
         )
         await consumer.start()
+        hops = AIOKafkaConsumer(
+            settings.topic_windows,
+            settings.topic_findings,
+            bootstrap_servers=settings.bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        )
+        await hops.start()
         producer = _producer(str(settings.bootstrap))
         await producer.start()
 
@@ -232,13 +243,29 @@ async def _latency(
                         k = f"{rec.node}:{rec.device_index}/{rec.kernel}"
                         if measuring and k.startswith("warmup"):
                             continue  # the warm-up fleet's, once measuring
-                        received.setdefault(k, (at, rec))
+                        if k not in received:
+                            received[k] = (at, rec)
+                            published[rec.id] = m.timestamp / 1000.0
                 if len(received) >= len(fleet.streams):
                     all_in.set()
+
+        async def follow() -> None:
+            # When each window and finding was published (the records' create times,
+            # stamped by the worker's producer): the hops between the stages.
+            while True:
+                for msgs in (await hops.getmany(timeout_ms=50)).values():
+                    for m in msgs:
+                        if m.topic == settings.topic_windows:
+                            agg = decode(m.value, WindowAggregate)
+                            published.setdefault(finding_id(agg), m.timestamp / 1000.0)
+                        else:
+                            f = decode(m.value, Finding)
+                            published.setdefault("f:" + f.id, m.timestamp / 1000.0)
 
         all_in = asyncio.Event()
         measuring = False
         listener = asyncio.create_task(listen())
+        follower = asyncio.create_task(follow())
         warm = LiveFleet(rate / 8, nodes=2, node_prefix="warmup")
         second = int(time.time()) + 1
         try:
@@ -253,17 +280,36 @@ async def _latency(
             await fleet.run(producer, settings.topic_launches, second, seconds)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(all_in.wait(), 10)
+            await asyncio.sleep(0.5)  # the hop follower catches up
         finally:
             listener.cancel()
+            follower.cancel()
             await producer.stop()
             await consumer.stop()
+            await hops.stop()
     per_launch: list[np.ndarray] = []
     after_end = []
+    hop_names = ("node_batch", "to_window", "to_finding", "to_recommendation", "to_node")
+    hop_values: dict[str, list[float]] = {h: [] for h in hop_names}
+    slack = settings.out_of_orderness_s + settings.allowed_lateness_s
     for at, rec in received.values():
-        ws = float(str(rec.evidence["finding_id"]).rsplit("/", 1)[1])
+        fid = str(rec.evidence["finding_id"])
+        ws = float(fid.rsplit("/", 1)[1])
         second = round(ws)
         per_launch.append(at - fleet.window_times(second))
         after_end.append(at - (second + settings.window_s))
+        sent = fleet.sent_at.get(fleet.closing_batch(second, settings.window_s, slack))
+        times = (
+            second + settings.window_s,
+            sent,
+            published.get(fid),
+            published.get("f:" + fid),
+            published.get(rec.id),
+            at,
+        )
+        for h, t0, t1 in zip(hop_names, times, times[1:], strict=False):
+            if t0 is not None and t1 is not None:
+                hop_values[h].append(t1 - t0)
     lat = np.concatenate(per_launch) if per_launch else np.empty(0)
     return {
         "label": label,
@@ -281,6 +327,24 @@ async def _latency(
         "max_s": float(lat.max()) if lat.size else None,
         "window_end_to_received_p50_s": float(np.percentile(after_end, 50)) if after_end else None,
         "window_end_to_received_p99_s": float(np.percentile(after_end, 99)) if after_end else None,
+        "hops_s": {
+            h: {
+                "p50": float(np.percentile(v, 50)),
+                "p99": float(np.percentile(v, 99)),
+                "max": float(max(v)),
+                "n": len(v),
+            }
+            for h, v in hop_values.items()
+            if v
+        },
+        "hops_definition": (
+            "per first recommendation: node_batch = window end -> the node sends the batch "
+            "that closes it (batching delay + watermark slack); to_window = that send -> the "
+            "window's record is published (broker, fetch wait, window agent); to_finding = "
+            "window -> finding published (detector hop); to_recommendation = finding -> "
+            "recommendation published (tuner hop); to_node = recommendation published -> "
+            "received by the node's consumer (record create times, ms resolution)"
+        ),
         "target_p99_s": settings.window_s + 0.5,
         "met": bool(lat.size and np.percentile(lat, 99) <= settings.window_s + 0.5),
     }
@@ -390,6 +454,8 @@ async def _latency_phases(
 ) -> list[dict[str, Any]]:
     out = []
     for label, ooo, lateness, wait_ms in _LATENCY_CONFIGS:
+        if opts.get("latency_configs") and label not in opts["latency_configs"]:
+            continue
         given = {
             "out_of_orderness_s": ooo,
             "allowed_lateness_s": lateness,
@@ -406,7 +472,8 @@ async def _latency_phases(
             ls, run_dir / f"latency-{label}.log", opts["latency_rate"], opts["latency_s"], label
         )
         click.echo(
-            f"latency {label}: p50 {r['p50_s']} p99 {r['p99_s']} ({r['recommendations']} recs)",
+            f"latency {label}: p50 {r['p50_s']} p99 {r['p99_s']} ({r['recommendations']} recs)"
+            f"; {_hops_text(r.get('hops_s') or {})}",
             err=True,
         )
         out.append(r)
@@ -445,8 +512,14 @@ def _table(r: dict[str, Any]) -> str:
             f"of {d['recommendations']} first recommendations; target p99 <= "
             f"{d['target_p99_s']} s: {'met' if d['met'] else 'NOT met'}"
         )
+        if d.get("hops_s"):
+            lines.append("    after window end, p50/p99 s: " + _hops_text(d["hops_s"]))
     lines.append(f"load avg end {r['load_avg_end']}")
     return "\n".join(lines)
+
+
+def _hops_text(hops: dict[str, dict[str, float]]) -> str:
+    return ", ".join(f"{h} {v['p50']:.3f}/{v['p99']:.3f}" for h, v in hops.items())
 
 
 def _throughput_lines(r: dict[str, Any]) -> list[str]:
@@ -485,6 +558,13 @@ def _throughput_lines(r: dict[str, Any]) -> list[str]:
 @click.option("--latency-s", type=int, default=12, show_default=True, help="Live input per config.")
 @click.option("--latency-rate", type=float, default=128_000.0, show_default=True)
 @click.option("--latency-only", is_flag=True, help="Only the latency phases (d).")
+@click.option(
+    "--latency-config",
+    "latency_configs",
+    multiple=True,
+    type=click.Choice([c[0] for c in _LATENCY_CONFIGS]),
+    help="Latency phases to run (repeatable; default all).",
+)
 @click.option("--results-dir", type=click.Path(path_type=Path), default=Path("bench/results"))
 def command(
     json_path: Path,
@@ -497,6 +577,7 @@ def command(
     latency_s: int,
     latency_rate: float,
     latency_only: bool,
+    latency_configs: tuple[str, ...],
     results_dir: Path,
 ) -> None:
     """Worker throughput vs its ceiling and a naive Faust agent; memory; start-to-ready."""
@@ -510,6 +591,7 @@ def command(
         "latency_s": latency_s,
         "latency_rate": latency_rate,
         "latency_only": latency_only,
+        "latency_configs": list(latency_configs),
     }
     with (
         tempfile.TemporaryDirectory(prefix="ks-bench-") as tmp,

@@ -217,6 +217,8 @@ class LiveFleet:
                 row.append((key.encode(), head, tail.split(b"%d." % _SENTINEL_SEC)))
             self.templates.append(row)
         self._seq = dict.fromkeys(self.streams, 0)
+        # (second, j) -> when batch j of that second was handed to the producer
+        self.sent_at: dict[tuple[int, int], float] = {}
 
     def window_times(self, second: int) -> np.ndarray:
         """Event times of one stream's launches in ``[second, second + 1)``."""
@@ -233,6 +235,19 @@ class LiveFleet:
             self._seq[key] = seq + self.launches_per_message
             out.append((k, b"".join((head, b'"seq_start":%d' % seq, sec.join(parts)))))
         return out
+
+    def closing_batch(self, second: int, window_s: float, slack_s: float) -> tuple[int, int]:
+        """The first batch ``(second, j)`` whose newest launch reaches ``second + window_s +
+        slack_s`` (slack: out-of-orderness + allowed lateness): the batch that closes the
+        window ``[second, second + window_s)`` of every stream."""
+        n = self.launches_per_message
+        need = second + window_s + slack_s
+        s, j = second, 0
+        while s + (j + (n - 0.5) / n) / self.per_s < need:
+            j += 1
+            if j == self.per_s:
+                s, j = s + 1, 0
+        return s, j
 
     def send_time(self, second: int, j: int) -> float:
         """When a node would send batch ``j`` of ``second``: as its last launch completes."""
@@ -262,6 +277,7 @@ class LiveFleet:
                 wait = self.send_time(second, j) - time.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
+                self.sent_at[(second, j)] = time.time()
                 for k, v in self.messages(second, j):
                     pending.append(await producer.send(topic, v, key=k))
                 sent += self.launches_per_message * len(self.streams)
