@@ -17,10 +17,16 @@ from typing import Any
 from agents.context import WorkerContext
 from agents.logic.tuning import Tuner
 from kernels.resolve import SpaceResolver
-from schemas import Finding, ReconfigOutcome, encode
+from schemas import Finding, Recommendation, ReconfigOutcome, encode
 from schemas.signing import signer_from_settings
 
 __all__ = ["register"]
+
+# A burst of findings is handed to the tuner's thread at once: at most this many,
+# after waiting at most this long for the burst to arrive (an idle agent wakes at
+# this interval, which costs next to nothing).
+_BATCH = 256
+_BATCH_WITHIN_S = 0.01
 
 
 def register(app: Any, ctx: WorkerContext) -> Tuner:
@@ -31,24 +37,42 @@ def register(app: Any, ctx: WorkerContext) -> Tuner:
     recommendations = ctx.topics["recommendations"]
     # Choosing a config fits a model (tens of ms); it runs on a worker thread so the
     # window agent's event loop never waits for it. The lock keeps the tuner's state
-    # single-writer: findings and outcomes update it one at a time.
+    # single-writer: findings and outcomes update it one at a time. Findings come in
+    # bursts (every stream's window closes at the same event time), so the agent takes
+    # what has arrived (up to _BATCH, waiting at most _BATCH_WITHIN_S) and hands the
+    # whole batch to the thread at once: one thread round trip per burst instead of one
+    # per finding, each of which cost a wake-up of the thread and of the event loop
+    # (milliseconds apiece on a busy machine; bench/pipeline.py (d) per-hop breakdown).
     lock = asyncio.Lock()
+
+    def recommend_all(todo: list[tuple[Finding, Any]]) -> list[Recommendation]:
+        out = []
+        for finding, space in todo:
+            tuner.observe_finding(finding)
+            rec = tuner.recommend(finding, space, time.time())
+            if rec is not None:
+                out.append(rec)
+        return out
 
     @app.agent(findings, name="tuner")
     async def tuner_agent(stream: Any) -> None:
-        async for event in stream.events():
-            finding = await ctx.decode("tuner", event, Finding)
-            if finding is None:
-                continue
-            try:
-                space = spaces.space_for(finding.workload, tuple(finding.problem_size))
-            except (LookupError, ValueError) as exc:  # unknown workload, or a size it refuses
-                await ctx.dead_letter("tuner", event, str(exc), "unknown_kernel")
+        async for events in stream.take_events(_BATCH, within=_BATCH_WITHIN_S):
+            todo = []
+            for event in events:
+                finding = await ctx.decode("tuner", event, Finding)
+                if finding is None:
+                    continue
+                try:
+                    space = spaces.space_for(finding.workload, tuple(finding.problem_size))
+                except (LookupError, ValueError) as exc:  # unknown workload, or a bad size
+                    await ctx.dead_letter("tuner", event, str(exc), "unknown_kernel")
+                    continue
+                todo.append((finding, space))
+            if not todo:
                 continue
             async with lock:
-                tuner.observe_finding(finding)
-                rec = await asyncio.to_thread(tuner.recommend, finding, space, time.time())
-            if rec is not None:
+                recs = await asyncio.to_thread(recommend_all, todo)
+            for rec in recs:
                 if signer is not None:
                     rec = signer.sign(rec)
                 ctx.counters["recommendations.out"] += 1
