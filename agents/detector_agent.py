@@ -1,35 +1,40 @@
-"""Detector agent: ks.windows -> ks.findings.
+"""Detector stage: each closed window -> ks.findings, run where the window closes.
 
 Classifies every window aggregate against the device's roofline
 (:class:`agents.logic.detection.Detector`) and publishes the finding keyed by
 the fleet group, so the tuner that owns the group sees it.
+
+The window agent calls :meth:`InlineDetector.on_window` for each window it
+publishes, in the same process, instead of a Faust agent consuming
+``ks.windows`` again: that hop (a producer linger, a fetch wait on the broker,
+Faust's per-event dispatch) was a quarter of the pipeline's latency after a
+window's end and did nothing the in-process call does not (bench/pipeline.py
+(d), per-hop breakdown). The state moves with it unchanged: the detector keeps
+per-(stream, config) baselines only, windows and launches are keyed alike by
+stream, and the window agent owns a stream's launches partition, so one
+detector sees every window of a stream in order, as before. ``ks.windows``
+is still published for every other consumer (replay, watch, dashboards).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from agents.context import WorkerContext
 from agents.logic.detection import Detector
 from schemas import WindowAggregate, encode
 from schemas.keys import group_key
 
-__all__ = ["register"]
+__all__ = ["InlineDetector"]
 
 
-def register(app: Any, ctx: WorkerContext) -> Detector:
-    detector = Detector()
-    windows, findings = ctx.topics["windows"], ctx.topics["findings"]
+class InlineDetector:
+    """Classifies each window the window agent closes and publishes the finding."""
 
-    @app.agent(windows, name="detector")
-    async def detector_agent(stream: Any) -> None:
-        async for event in stream.events():
-            agg = await ctx.decode("detector", event, WindowAggregate)
-            if agg is None:
-                continue
-            finding = detector.classify(agg)
-            ctx.counters[f"findings.{finding.classification}"] += 1
-            key = group_key(agg.device_model, agg.workload, agg.problem_size)
-            await findings.send(key=key.encode(), value=encode(finding))
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self.detector = Detector()
 
-    return detector
+    async def on_window(self, agg: WindowAggregate) -> None:
+        finding = self.detector.classify(agg)
+        self.ctx.counters[f"findings.{finding.classification}"] += 1
+        key = group_key(agg.device_model, agg.workload, agg.problem_size)
+        await self.ctx.topics["findings"].send(key=key.encode(), value=encode(finding))

@@ -1,4 +1,4 @@
-"""Window agent: ks.launches -> ks.windows (+ ks.late, ks.deadletter).
+"""Window agent: ks.launches -> ks.windows and ks.findings (+ ks.late, ks.deadletter).
 
 Launch telemetry is the one high-rate stream, so it does not go through Faust's
 per-message stream machinery (measured in bench/pipeline.py: its fetcher thread,
@@ -8,7 +8,8 @@ plain aiokafka group consumer, a whole fetch at a time, and does per-batch work
 only: decode the columnar batch with orjson straight into NumPy arrays
 (:func:`schemas.columnar.decode_launch_columns`), hand the arrays to the
 :class:`~agents.logic.windowing.Windower`, publish the windows that batch's
-watermark closed through the Faust producer. A Faust timer flushes idle keys.
+watermark closed through the Faust producer, each followed by its finding (the
+detector runs inline: :mod:`agents.detector_agent`). A Faust timer flushes idle keys.
 
 Exactly-once window results without broker transactions (the embedded broker
 has neither idempotent producers nor transactions):
@@ -60,6 +61,7 @@ from aiokafka.errors import ConsumerStoppedError
 from mode import Service
 
 from agents.context import WorkerContext
+from agents.detector_agent import InlineDetector
 from agents.logic.errors import SnapshotError
 from agents.logic.snapshot_codec import pack, unpack
 from agents.logic.windowing import Windower, WindowSpec
@@ -110,9 +112,17 @@ class WindowAgentStats:
 class WindowIngest(Service):
     """Consumes launch batches a fetch at a time and feeds the windower."""
 
-    def __init__(self, app: Any, ctx: WorkerContext, windower: Windower, **kw: Any) -> None:
+    def __init__(
+        self,
+        app: Any,
+        ctx: WorkerContext,
+        windower: Windower,
+        detector: InlineDetector | None = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(**kw)
         self.app, self.ctx, self.windower = app, ctx, windower
+        self.detector = detector
         self.settings = ctx.settings
         self.stats = WindowAgentStats()
         self._consumer: Any = None
@@ -261,6 +271,8 @@ class WindowIngest(Service):
             self.stats.launches_in_windows += agg.count + agg.failures
             self.ctx.counters["windows.out"] += 1
             await windows.send(key=agg.stream_key.encode(), value=encode(agg))
+            if self.detector is not None:
+                await self.detector.on_window(agg)
 
     async def tick(self) -> None:
         """Idle flushes (a timer): they change the state, so the next checkpoint has them."""
@@ -438,9 +450,11 @@ async def _read_states(ingest: WindowIngest, partitions: set[int]) -> dict[int, 
     return latest
 
 
-def register(app: Any, ctx: WorkerContext) -> tuple[Windower, WindowAgentStats]:
+def register(
+    app: Any, ctx: WorkerContext, detector: InlineDetector | None = None
+) -> tuple[Windower, WindowAgentStats]:
     windower = Windower(window_spec(ctx.settings))
-    ingest = WindowIngest(app, ctx, windower)
+    ingest = WindowIngest(app, ctx, windower, detector)
     # A child of the app, not an ``app.service``: those start only after Faust's own
     # group join, and the two joins (each held by the broker) should overlap.
     app.add_dependency(ingest)

@@ -22,9 +22,8 @@ class WorkerAgents:
 
 
 def register_agents(app: Any, settings: Any, topics: dict[str, Any]) -> WorkerAgents:
-    """Register the window, detector and tuner agents on ``app``."""
+    """Register the window agent (with the detector inline) and the tuner agents on ``app``."""
     ctx = WorkerContext(settings=settings, topics=topics)
-    windower, stats = window_agent.register(app, ctx)
-    detector_agent.register(app, ctx)
+    windower, stats = window_agent.register(app, ctx, detector_agent.InlineDetector(ctx))
     tuner_agent.register(app, ctx)
     return WorkerAgents(ctx, windower, stats)
