@@ -66,6 +66,7 @@ from agents.logic.errors import SnapshotError
 from agents.logic.snapshot_codec import pack, unpack
 from agents.logic.windowing import Windower, WindowSpec
 from agents.window_checkpoints import CheckpointStore
+from app.worker_start import EarlyConsumer, window_consumer
 from schemas import WindowAggregate, encode
 
 __all__ = ["WindowAgentStats", "WindowIngest", "register", "state_topic", "window_spec"]
@@ -118,11 +119,13 @@ class WindowIngest(Service):
         ctx: WorkerContext,
         windower: Windower,
         detector: InlineDetector | None = None,
+        early: EarlyConsumer | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(**kw)
         self.app, self.ctx, self.windower = app, ctx, windower
         self.detector = detector
+        self._early = early
         self.settings = ctx.settings
         self.stats = WindowAgentStats()
         self._consumer: Any = None
@@ -143,26 +146,18 @@ class WindowIngest(Service):
         return str(self.settings.topic_launches)
 
     async def on_start(self) -> None:
-        from aiokafka import AIOKafkaConsumer
-
         s = self.settings
         self._store = CheckpointStore(Path(s.data_dir) / "window-checkpoints")
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            group_id=f"{s.app_id}.window",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            session_timeout_ms=int(s.session_timeout_s * 1000),
-            heartbeat_interval_ms=int(s.heartbeat_interval_s * 1000),
-            rebalance_timeout_ms=int(s.session_timeout_s * 1000),
-            max_partition_fetch_bytes=4 << 20,
-            fetch_max_bytes=16 << 20,
-            fetch_max_wait_ms=getattr(s, "fetch_max_wait_ms", 500),
-            **s.kafka_client_kwargs(),
-        )
         await self.ctx.topics["window_state"].maybe_declare()
-        self._consumer.subscribe([s.topic_launches], listener=_Listener(self))
-        await self._consumer.start()
+        if self._early is not None:
+            # Joined (or joining) since the process started (app/worker_start.py):
+            # assignments received so far waited for this.
+            self._consumer = self._early.consumer
+            self._early.listener.attach(_Listener(self))
+        else:
+            self._consumer = window_consumer(s, self.bootstrap)
+            await self._consumer.start()  # then subscribe: the join runs in the background
+            self._consumer.subscribe([s.topic_launches], listener=_Listener(self))
         # Faust stops its producer before its children: hand over while it still runs.
         self.app.on_before_shutdown.connect(self._on_app_shutdown)
         self.add_future(self._run())
@@ -451,10 +446,13 @@ async def _read_states(ingest: WindowIngest, partitions: set[int]) -> dict[int, 
 
 
 def register(
-    app: Any, ctx: WorkerContext, detector: InlineDetector | None = None
+    app: Any,
+    ctx: WorkerContext,
+    detector: InlineDetector | None = None,
+    early: EarlyConsumer | None = None,
 ) -> tuple[Windower, WindowAgentStats]:
     windower = Windower(window_spec(ctx.settings))
-    ingest = WindowIngest(app, ctx, windower, detector)
+    ingest = WindowIngest(app, ctx, windower, detector, early)
     # A child of the app, not an ``app.service``: those start only after Faust's own
     # group join, and the two joins (each held by the broker) should overlap.
     app.add_dependency(ingest)

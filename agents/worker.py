@@ -21,9 +21,13 @@ class WorkerAgents:
     window_stats: window_agent.WindowAgentStats
 
 
-def register_agents(app: Any, settings: Any, topics: dict[str, Any]) -> WorkerAgents:
+def register_agents(
+    app: Any, settings: Any, topics: dict[str, Any], window_consumer: Any = None
+) -> WorkerAgents:
     """Register the window agent (with the detector inline) and the tuner agents on ``app``."""
     ctx = WorkerContext(settings=settings, topics=topics)
-    windower, stats = window_agent.register(app, ctx, detector_agent.InlineDetector(ctx))
+    windower, stats = window_agent.register(
+        app, ctx, detector_agent.InlineDetector(ctx), window_consumer
+    )
     tuner_agent.register(app, ctx)
     return WorkerAgents(ctx, windower, stats)

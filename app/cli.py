@@ -162,19 +162,12 @@ def topics(table: bool) -> None:
     show_default=True,
 )
 def worker(data_dir: Path | None, web_port: int | None, app_id: str | None, loglevel: str) -> None:
-    """Run a Faust worker: window, detector and tuner agents."""
-    from faust.worker import Worker
-
-    from app.faust_app import create_app
-    from app.topics import ensure_topics
+    """Run a Faust worker: window (with the detector inline) and tuner agents."""
+    from app.worker_start import run_worker
 
     settings = _settings(data_dir=data_dir, web_port=web_port, app_id=app_id)
     with _bootstrap(settings, Path("var")) as bootstrap:
-        asyncio.run(ensure_topics(settings, bootstrap))
-        app = create_app(settings, bootstrap)
-        Worker(
-            app, loglevel=loglevel, quiet=True, override_logging=False
-        ).execute_from_commandline()
+        run_worker(settings, bootstrap, loglevel)
 
 
 @main.command()

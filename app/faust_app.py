@@ -82,8 +82,15 @@ def _transport(settings: Settings, app: faust.App) -> Any:
     return _Transport(app.conf.broker_consumer, app)
 
 
-def create_app(settings: Settings, bootstrap: str, *, web: bool = True) -> faust.App:
-    """Build the worker's Faust app with every agent registered."""
+def create_app(
+    settings: Settings, bootstrap: str, *, web: bool = True, window_consumer: Any = None
+) -> faust.App:
+    """Build the worker's Faust app with every agent registered.
+
+    ``window_consumer``: an :class:`app.worker_start.EarlyConsumer` already joining
+    the window agent's group (``kernelstream worker``); by default the window agent
+    creates its consumer when the app starts.
+    """
     from agents.window_agent import state_topic
     from agents.worker import register_agents
     from app.health import add_worker_endpoints
@@ -124,7 +131,7 @@ def create_app(settings: Settings, bootstrap: str, *, web: bool = True) -> faust
         value_serializer="raw",
         partitions=settings.partitions,
     )
-    agents = register_agents(app, settings, topics)
+    agents = register_agents(app, settings, topics, window_consumer)
     _stats_page(app, agents)
     add_worker_endpoints(app, agents)
     return app

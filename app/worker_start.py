@@ -1,0 +1,124 @@
+"""Worker start: join the window consumer's group first, import and build the rest meanwhile.
+
+A consumer group join is mostly waiting: the embedded broker holds every JoinGroup
+for half the session timeout (3 s with the default 6 s), and Apache Kafka holds the
+first one for ``group.initial.rebalance.delay.ms``. Importing and building the Faust
+worker (Faust, aiohttp, NumPy, pydantic, the agents) is CPU work of about 0.8 s on
+an idle 2-core machine and twice that on a busy one. Done one after the other, as a
+plain ``create_app`` + ``Worker`` start does, the two add up; here the window
+consumer (light: aiokafka only) is created and subscribed first, so its join is in
+flight on the event loop while a thread imports the heavy modules, and the window
+agent adopts the already-joined consumer when the app starts.
+
+The partitions assigned before the window agent runs wait for it: the rebalance
+listener defers to the agent once it is attached (its takeover reads checkpoints
+and the handover topic, which need the app).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.abc import ConsumerRebalanceListener
+
+from app.settings import Settings
+
+__all__ = ["EarlyConsumer", "run_worker", "window_consumer"]
+
+# Imported on a thread while the group join is held by the broker.
+_HEAVY_MODULES = ("numpy", "faust", "faust.worker", "app.faust_app", "agents.worker")
+
+
+def window_group(settings: Settings) -> str:
+    return f"{settings.app_id}.window"
+
+
+def window_consumer(settings: Settings, bootstrap: str) -> AIOKafkaConsumer:
+    """The window agent's plain aiokafka group consumer of the launches topic."""
+    s = settings
+    return AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=window_group(s),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        session_timeout_ms=int(s.session_timeout_s * 1000),
+        heartbeat_interval_ms=int(s.heartbeat_interval_s * 1000),
+        rebalance_timeout_ms=int(s.session_timeout_s * 1000),
+        max_partition_fetch_bytes=4 << 20,
+        fetch_max_bytes=16 << 20,
+        fetch_max_wait_ms=s.fetch_max_wait_ms,
+        **s.kafka_client_kwargs(),
+    )
+
+
+class DeferredListener(ConsumerRebalanceListener):
+    """Forwards rebalance callbacks to a listener attached later.
+
+    Before one is attached nothing has been processed: a revocation has nothing
+    to hand over, and an assignment waits until the window agent attaches.
+    """
+
+    def __init__(self) -> None:
+        self._target: ConsumerRebalanceListener | None = None
+        self._attached = asyncio.Event()
+
+    def attach(self, target: ConsumerRebalanceListener) -> None:
+        self._target = target
+        self._attached.set()
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        if self._target is not None:
+            await self._target.on_partitions_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self._attached.wait()
+        assert self._target is not None
+        await self._target.on_partitions_assigned(assigned)
+
+
+@dataclass
+class EarlyConsumer:
+    """A started, subscribed window consumer and the listener to attach the agent to."""
+
+    consumer: AIOKafkaConsumer
+    listener: DeferredListener = field(default_factory=DeferredListener)
+
+
+async def start_window_consumer(settings: Settings, bootstrap: str) -> EarlyConsumer:
+    """Create the topics (the subscription must see them), start, subscribe."""
+    from app.topics import ensure_topics
+
+    await ensure_topics(settings, bootstrap)
+    early = EarlyConsumer(window_consumer(settings, bootstrap))
+    # Started before subscribing: ``start()`` of a subscribed consumer returns only
+    # once partitions are assigned. Subscribed after, the join runs in the background.
+    await early.consumer.start()
+    early.consumer.subscribe([settings.topic_launches], listener=early.listener)
+    return early
+
+
+def _import_heavy() -> None:
+    for name in _HEAVY_MODULES:
+        importlib.import_module(name)
+
+
+def run_worker(settings: Settings, bootstrap: str, loglevel: str) -> None:
+    """``kernelstream worker``: the window group join overlaps the worker's imports."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)  # Faust and mode run the worker on the current loop
+    early = loop.run_until_complete(start_window_consumer(settings, bootstrap))
+    # The loop keeps running (the join in flight) while the thread imports.
+    loop.run_until_complete(asyncio.to_thread(_import_heavy))
+
+    from faust.worker import Worker
+
+    from app.faust_app import create_app
+
+    app = create_app(settings, bootstrap, window_consumer=early)
+    Worker(
+        app, loop=loop, loglevel=loglevel, quiet=True, override_logging=False
+    ).execute_from_commandline()
