@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
 import orjson
 
 from agents.context import dead_letter_record
@@ -97,6 +99,30 @@ class _Audit:
         self._f.close()
 
 
+class WindowClosePoints:
+    """Tells when this node's launches pass the point that closes a worker window.
+
+    A worker closes the window ``[k w, (k+1) w)`` of a stream once the stream's newest
+    event time reaches ``(k+1) w + out_of_orderness + allowed_lateness``. The launch
+    that gets there sits in an open batch for up to ``batch_max_delay_s`` (0.1 s) on
+    the node, and every window of every stream of the node waits for it. So at the tick
+    whose launches pass such a point the node sends every open batch at once (one
+    extra, smaller batch per stream and window: +10% messages at the defaults) instead
+    of when each batch is due; the worker closes the windows up to 0.1 s sooner.
+    """
+
+    def __init__(self, window_s: float, out_of_orderness_s: float, allowed_lateness_s: float):
+        self.window_s = window_s
+        self.slack_s = out_of_orderness_s + allowed_lateness_s
+        self._closed: int | None = None
+
+    def passed(self, newest_t: float) -> bool:
+        """Whether event time ``newest_t`` passes a close point not passed before."""
+        closed = math.floor((newest_t - self.slack_s) / self.window_s)
+        before, self._closed = self._closed, max(closed, self._closed or closed)
+        return before is not None and closed > before
+
+
 class _Node:
     """The node's parts and the steps of one tick; ``run_node`` drives it."""
 
@@ -114,6 +140,9 @@ class _Node:
             settings.node_id,
             max_launches=settings.batch_max_launches,
             max_delay_s=settings.batch_max_delay_s,
+        )
+        self.close_points = WindowClosePoints(
+            settings.window_s, settings.out_of_orderness_s, settings.allowed_lateness_s
         )
         self.store = store
         self.seen = DurableSeenIds(store)
@@ -253,10 +282,16 @@ class _Node:
 
     def launches(self, chunks: list[Any], now: float) -> None:
         batches: list[LaunchBatch] = []
+        newest = None
         for chunk in chunks:
             self.reconf.observe(chunk.kernel, chunk.duration_us, chunk.ok)
             batches += self.batcher.add(chunk, now)
+            if len(chunk.t_end):
+                t = float(np.max(chunk.t_end))
+                newest = t if newest is None else max(newest, t)
         batches += self.batcher.due(now)
+        if newest is not None and self.close_points.passed(newest):
+            batches += self.batcher.flush()  # the windows of every stream can close now
         self.publish_batches(batches)
         if self.metrics is not None:
             self.metrics.observe(chunks)
