@@ -103,6 +103,7 @@ async def _run_worker(settings: Any, log: Path, n: int, argv: list[str] | None =
         "ready_s": first - w.spawned_at,
         "assigned_s": (st["window"].get("assigned_at") or first) - w.spawned_at,
         "rss_bytes_end": rss,
+        "load_avg": os.getloadavg(),
         "stats": st,
     }
 
@@ -125,7 +126,7 @@ async def _sustain(settings: Any, log: Path, rate: float, seconds: float) -> dic
     re-sent with new event times), so the generator costs ~3% of a core per
     million launches/s and the rate is held unless the machine is saturated.
     """
-    fleet = LiveFleet(rate)
+    fleet = LiveFleet(rate, close_at_s=_close_at(settings))
     samples: list[dict[str, Any]] = []
     w = WorkerProc(settings, log)
     with running(w):
@@ -208,7 +209,8 @@ async def _latency(
     """
     from aiokafka import AIOKafkaConsumer
 
-    fleet = LiveFleet(rate)
+    load_start = os.getloadavg()
+    fleet = LiveFleet(rate, close_at_s=_close_at(settings))
     w = WorkerProc(settings, log)
     received: dict[str, tuple[float, Any]] = {}
     published: dict[str, float] = {}  # window / "f:"finding / recommendation id -> create time
@@ -266,7 +268,7 @@ async def _latency(
         measuring = False
         listener = asyncio.create_task(listen())
         follower = asyncio.create_task(follow())
-        warm = LiveFleet(rate / 8, nodes=2, node_prefix="warmup")
+        warm = LiveFleet(rate / 8, nodes=2, node_prefix="warmup", close_at_s=_close_at(settings))
         second = int(time.time()) + 1
         try:
             for _ in range(60):  # until the warm-up fleet's recommendations arrive
@@ -318,6 +320,8 @@ async def _latency(
         "allowed_lateness_s": settings.allowed_lateness_s,
         "fetch_max_wait_ms": settings.fetch_max_wait_ms,
         "node_batch_delay_s": 1.0 / fleet.per_s,
+        "node_batches_per_s": len(fleet.slices),
+        "node_flush_at_close_s": _close_at(settings),
         "rate_launches_per_s": fleet.rate,
         "streams": len(fleet.streams),
         "recommendations": len(received),
@@ -346,8 +350,17 @@ async def _latency(
             "received by the node's consumer (record create times, ms resolution)"
         ),
         "target_p99_s": settings.window_s + 0.5,
+        "load_avg_start": load_start,
+        "load_avg_end": os.getloadavg(),
         "met": bool(lat.size and np.percentile(lat, 99) <= settings.window_s + 0.5),
     }
+
+
+def _close_at(settings: Any) -> float | None:
+    """Where in each second the nodes send their open batches (a worker window closes)."""
+    if settings.window_s != 1.0:
+        return None
+    return float(settings.out_of_orderness_s + settings.allowed_lateness_s) % 1.0 or None
 
 
 def _slope(points: list[tuple[float, int]]) -> float:
@@ -423,6 +436,7 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
         out["ready_f"] = {
             "median_s": statistics.median(w["ready_s"] for w in work),
             "rounds_s": [w["ready_s"] for w in work],
+            "load1_rounds": [w["load_avg"][0] for w in work],
             "definition": "worker process spawn -> first launch batch processed (input waiting)",
         }
         c, a, b = out["worker_c"]["median_per_s"], out["ceiling_a"]["median_per_s"], naive["per_s"]
@@ -511,6 +525,11 @@ def _table(r: dict[str, Any]) -> str:
             f"{p99 if p99 is None else f'{p99:.3f}'} s over {d['launches_measured']:,} launches "
             f"of {d['recommendations']} first recommendations; target p99 <= "
             f"{d['target_p99_s']} s: {'met' if d['met'] else 'NOT met'}"
+            + (
+                f" (load1 {d['load_avg_start'][0]:.1f} -> {d['load_avg_end'][0]:.1f})"
+                if "load_avg_end" in d
+                else ""
+            )
         )
         if d.get("hops_s"):
             lines.append("    after window end, p50/p99 s: " + _hops_text(d["hops_s"]))
@@ -530,7 +549,11 @@ def _throughput_lines(r: dict[str, Any]) -> list[str]:
         f"(b) naive    Faust per-record {r['naive_b']['per_s']:>14,.0f} launches/s",
         f"(c) worker   kernelstream     {r['worker_c']['median_per_s']:>14,.0f} launches/s",
         f"(c)/(a) = {r['ratios']['c_over_a']:.2f}   (c)/(b) = {r['ratios']['c_over_b']:.0f}x",
-        f"(f) ready    {r['ready_f']['median_s']:.2f} s",
+        f"(f) ready    {r['ready_f']['median_s']:.2f} s (rounds "
+        + ", ".join(f"{x:.2f}" for x in r["ready_f"]["rounds_s"])
+        + "; load1 "
+        + ", ".join(f"{x:.1f}" for x in r["ready_f"].get("load1_rounds", []))
+        + ")",
     ]
 
 

@@ -156,12 +156,18 @@ class LiveFleet:
     Encoding launch batches (pydantic + orjson) costs more than the worker spends
     on them, so a generator that encodes as it goes cannot feed the worker at a
     high rate on the same small machine. Here every stream key gets ``per_s``
-    template messages that together cover one second of event time (launches
-    evenly spaced, batch ``j`` covering ``[j/per_s, (j+1)/per_s)`` of the second),
-    encoded once with a sentinel integer second and a sentinel ``seq_start``.
-    Sending second ``S`` is two ``bytes.replace`` calls per message: the event
-    times become ``S + fraction`` and sequence numbers keep counting per stream,
-    so the worker sees a continuous, in-order, never-repeated stream.
+    batches that together cover one second of event time (launches evenly spaced,
+    batch ``j`` covering ``[j/per_s, (j+1)/per_s)`` of the second), encoded once
+    with a sentinel integer second and a sentinel ``seq_start``. Sending second
+    ``S`` is two ``bytes.replace`` calls per message: the event times become
+    ``S + fraction`` and sequence numbers keep counting per stream, so the worker
+    sees a continuous, in-order, never-repeated stream.
+
+    ``close_at_s``, when given, is where in each second a worker window closes
+    (out-of-orderness + allowed lateness past a window end, 1 s windows): as
+    ``kernelstream node`` does (:class:`app.node.WindowClosePoints`), the batch
+    open at that point is sent there, split in two, so each second has one more,
+    smaller batch. Launch times are the same either way.
 
     Args:
         rate: launches per second, all streams together.
@@ -169,6 +175,7 @@ class LiveFleet:
         max_launches: the nodes' batch size limit.
         max_delay_s: the nodes' batch time limit (a batch is sent when it closes).
         node_prefix: node names are ``<prefix>-<i>``.
+        close_at_s: fraction of each second where the nodes send their open batches.
     """
 
     def __init__(
@@ -179,6 +186,7 @@ class LiveFleet:
         max_launches: int = 2000,
         max_delay_s: float = 0.1,
         node_prefix: str = "bench",
+        close_at_s: float | None = None,
     ) -> None:
         import math
 
@@ -192,25 +200,40 @@ class LiveFleet:
         self.launches_per_message = max(1, round(per_key / self.per_s))
         self.rate = self.launches_per_message * self.per_s * len(self.streams)
         n = self.launches_per_message
-        frac = (np.arange(n) + 0.5) / n
+        # The launches of one second: batch j's are at (j + (i + 0.5) / n) / per_s.
+        self._times = (
+            np.repeat(np.arange(self.per_s), n) + np.tile((np.arange(n) + 0.5) / n, self.per_s)
+        ) / self.per_s
+        # Slices of that array sent as one message each: (first, end, send fraction).
+        self.slices: list[tuple[int, int, float]] = [
+            (j * n, (j + 1) * n, (j + 1) / self.per_s) for j in range(self.per_s)
+        ]
+        if close_at_s is not None and 0.0 < close_at_s < 1.0:
+            # The batch is sent with the first launch that reaches the close point.
+            cut = int(np.searchsorted(self._times, close_at_s, side="left")) + 1
+            for i, (a, b, end) in enumerate(self.slices):
+                if a < cut < b:
+                    self.slices[i : i + 1] = [(a, cut, float(self._times[cut - 1])), (cut, b, end)]
+                    break
         # [j] -> per stream: key, bytes before seq_start, the rest split at the second
         self.templates: list[list[tuple[bytes, bytes, list[bytes]]]] = []
-        for j in range(self.per_s):
+        for a, b, _ in self.slices:
+            m = b - a
             row = []
             for key in self.streams:
                 meta = metas[key]
-                dur = np.resize(np.asarray(meta.duration_us), n)
-                b = meta.model_copy(
+                dur = np.resize(np.asarray(meta.duration_us), m)
+                batch = meta.model_copy(
                     update={
-                        "t_end": (_SENTINEL_SEC + (j + frac) / self.per_s).tolist(),
+                        "t_end": (_SENTINEL_SEC + self._times[a:b]).tolist(),
                         "duration_us": dur.tolist(),
-                        "ok": [1] * n,
+                        "ok": [1] * m,
                         "seq_start": _SENTINEL_SEQ,
                         "samples": [],
                     }
                 )
-                value = encode(b)
-                if value.count(b"%d." % _SENTINEL_SEC) != n:
+                value = encode(batch)
+                if value.count(b"%d." % _SENTINEL_SEC) != m:
                     raise RuntimeError("an event time of a template left its second")
                 # Split once at the sentinels: sending is then a join (one copy, no search).
                 head, tail = value.split(b'"seq_start":%d' % _SENTINEL_SEQ)
@@ -222,17 +245,16 @@ class LiveFleet:
 
     def window_times(self, second: int) -> np.ndarray:
         """Event times of one stream's launches in ``[second, second + 1)``."""
-        n = self.launches_per_message
-        j = np.repeat(np.arange(self.per_s), n)
-        return second + (j + np.tile((np.arange(n) + 0.5) / n, self.per_s)) / self.per_s
+        return second + self._times
 
     def messages(self, second: int, j: int) -> list[tuple[bytes, bytes]]:
         """Batch ``j`` of ``second`` for every stream, ready to send."""
         sec = b"%d." % second
+        a, b, _ = self.slices[j]
         out = []
         for key, (k, head, parts) in zip(self.streams, self.templates[j], strict=True):
             seq = self._seq[key]
-            self._seq[key] = seq + self.launches_per_message
+            self._seq[key] = seq + (b - a)
             out.append((k, b"".join((head, b'"seq_start":%d' % seq, sec.join(parts)))))
         return out
 
@@ -240,18 +262,17 @@ class LiveFleet:
         """The first batch ``(second, j)`` whose newest launch reaches ``second + window_s +
         slack_s`` (slack: out-of-orderness + allowed lateness): the batch that closes the
         window ``[second, second + window_s)`` of every stream."""
-        n = self.launches_per_message
         need = second + window_s + slack_s
-        s, j = second, 0
-        while s + (j + (n - 0.5) / n) / self.per_s < need:
-            j += 1
-            if j == self.per_s:
-                s, j = s + 1, 0
-        return s, j
+        s = second
+        while True:
+            for j, (_, b, _) in enumerate(self.slices):
+                if s + self._times[b - 1] >= need:
+                    return s, j
+            s += 1
 
     def send_time(self, second: int, j: int) -> float:
-        """When a node would send batch ``j`` of ``second``: as its last launch completes."""
-        return second + (j + 1) / self.per_s
+        """When a node sends batch ``j`` of ``second``: as its last launch completes."""
+        return second + self.slices[j][2]
 
     async def run(
         self,
@@ -273,14 +294,14 @@ class LiveFleet:
         pending: list[Any] = []
         for i in range(seconds):
             second = start_second + i
-            for j in range(self.per_s):
+            for j, (a, b, _) in enumerate(self.slices):
                 wait = self.send_time(second, j) - time.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
                 self.sent_at[(second, j)] = time.time()
                 for k, v in self.messages(second, j):
                     pending.append(await producer.send(topic, v, key=k))
-                sent += self.launches_per_message * len(self.streams)
+                sent += (b - a) * len(self.streams)
             await asyncio.gather(*pending)
             pending.clear()
             if on_second is not None:
