@@ -360,7 +360,7 @@ def _close_at(settings: Any) -> float | None:
     """Where in each second the nodes send their open batches (a worker window closes)."""
     if settings.window_s != 1.0:
         return None
-    return float(settings.out_of_orderness_s + settings.allowed_lateness_s) % 1.0 or None
+    return float(settings.out_of_orderness_s + settings.allowed_lateness_s) % 1.0
 
 
 def _slope(points: list[tuple[float, int]]) -> float:

@@ -208,7 +208,7 @@ class LiveFleet:
         self.slices: list[tuple[int, int, float]] = [
             (j * n, (j + 1) * n, (j + 1) / self.per_s) for j in range(self.per_s)
         ]
-        if close_at_s is not None and 0.0 < close_at_s < 1.0:
+        if close_at_s is not None and 0.0 <= close_at_s < 1.0:
             # The batch is sent with the first launch that reaches the close point.
             cut = int(np.searchsorted(self._times, close_at_s, side="left")) + 1
             for i, (a, b, end) in enumerate(self.slices):
