@@ -7,6 +7,11 @@ taken from the entries, as Kernel Tuner's simulation mode takes them).
 Launching a configuration draws durations (seeded) from its measured ``times``;
 a configuration that failed when measured (a string ``time``) or was never
 measured fails to launch.
+
+A cache whose ``kernel_name`` is a built-in workload with the same parameters
+(a ``kernelstream sweep`` file) takes that workload's default, launch geometry
+and cost model, so a trace device built from a sweep reports the same bytes,
+FLOPs and occupancy as the workload itself.
 """
 
 from __future__ import annotations
@@ -26,9 +31,16 @@ from kernels.backends.base import LaunchPlan, LaunchResult, make_plan, well_form
 from kernels.devices import DeviceSpec, device_spec_for_name
 from kernels.errors import TraceFileError
 from kernels.space import Config, ParamValue, SearchSpace
+from kernels.workloads import WORKLOAD_NAMES, CudaWorkload, get_workload
 from kernels.workloads.base import Geometry, Traits, Workload
 
-__all__ = ["TraceDevice", "TraceSpace", "default_tuning_spaces_dir", "load_cache"]
+__all__ = [
+    "TraceDevice",
+    "TraceSpace",
+    "default_tuning_spaces_dir",
+    "load_cache",
+    "read_cache_document",
+]
 
 _ENV_DIR = "KERNELSTREAM_TUNING_SPACES"
 
@@ -95,6 +107,7 @@ class TraceSpace:
             raise TraceFileError(f"{path}: not a Kernel Tuner cache file ({ex!r})") from ex
         self.name = self.kernel_name
         self.path = path
+        self.builtin: CudaWorkload | None = _builtin(self.kernel_name, keys, self.problem_size)
         self.times_us: dict[str, np.ndarray] = {}
         self.failed: dict[str, str] = {}
         first_valid: Config | None = None
@@ -114,6 +127,8 @@ class TraceSpace:
                 self.failed[cid] = str(t)
         declared = _t1_default(path.parent, self.kernel_name, keys)
         origin = "the T1 file's Default"
+        if self.builtin is not None:
+            declared, origin = self.builtin.default, f"the built-in {self.name!r} default"
         if declared is None:
             if first_valid is None:
                 raise TraceFileError(f"{path}: no configuration has a numeric time")
@@ -175,6 +190,8 @@ class TraceSpace:
         """Convolution: ``2 W H fw fh``. Dedispersion: one add per (sample, DM, channel),
         ``samples * DMs * 1536`` (1536 channels: the count the benchmark's own ``GB/s``
         column implies). Unknown kernels: 0."""
+        if self.builtin is not None:
+            return self.builtin.flops(config)
         kind = self.kernel_name.split("_")[0]
         if kind == "convolution":
             w, h = self.problem_size[:2]
@@ -190,6 +207,8 @@ class TraceSpace:
         ``samples * 1536`` channels read once from DRAM (the per-DM re-reads that the
         benchmark's own ``GB/s`` column counts are served by caches; counting them
         would exceed the A4000's DRAM peak). Unknown kernels: 0."""
+        if self.builtin is not None:
+            return self.builtin.bytes_moved(config)
         kind = self.kernel_name.split("_")[0]
         if kind == "convolution":
             w, h = self.problem_size[:2]
@@ -202,6 +221,8 @@ class TraceSpace:
 
     def geometry(self, config: Mapping[str, ParamValue]) -> Geometry:
         """Block from ``block_size_x/y/z``; grid = problem size / (block * tile) per axis."""
+        if self.builtin is not None:
+            return self.builtin.geometry(config)
         block = (
             self._p(config, "block_size_x"),
             self._p(config, "block_size_y"),
@@ -217,6 +238,8 @@ class TraceSpace:
         return Geometry(grid, block, 0, None)
 
     def traits(self, config: Mapping[str, ParamValue]) -> Traits:
+        if self.builtin is not None:
+            return self.builtin.traits(config)
         smem = 0
         if self.kernel_name.startswith("convolution") and self._p(config, "use_shmem", 0):
             fw, fh = self._p(config, "filter_width", 15), self._p(config, "filter_height", 15)
@@ -226,9 +249,25 @@ class TraceSpace:
         return Traits(static_smem_bytes=smem)
 
 
+def _builtin(name: str, keys: Sequence[str], size: tuple[int, ...]) -> CudaWorkload | None:
+    """The built-in workload a cache was swept from (same name and parameters), or None."""
+    if name not in WORKLOAD_NAMES:
+        return None
+    try:
+        w = get_workload(name, size)
+    except ValueError:  # a problem size of another shape: not ours
+        return None
+    return w if list(w.space.params) == list(keys) else None
+
+
 # Input channels of the dedispersion benchmark, inferred from its GB/s column:
 # GB/s * time / (samples * DMs) = 1536 for every entry of the cache files.
 _DEDISP_CHANNELS = 1536
+
+
+def read_cache_document(path: str | Path) -> Any:
+    """The parsed JSON of a Kernel Tuner cache file (``.json`` or ``.json.gz``)."""
+    return _read_json(Path(path))
 
 
 def load_cache(path: str | Path) -> TraceSpace:

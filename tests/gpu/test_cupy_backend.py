@@ -1,14 +1,23 @@
-"""CuPy backend on a real GPU: every workload matches its NumPy reference (small sizes)."""
+"""CuPy backend on a real GPU: reference checks, timing, driver occupancy, NVML, sweeps.
+
+Every test here needs CuPy and a CUDA device and skips with the reason otherwise
+(``pip install 'kernelstream[gpu]'``). ``bench/gpu_session.sh`` runs them.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from kernels import WORKLOAD_NAMES, get_workload
 from kernels.backends.cupy import CupyDevice
+from kernels.backends.sim import SimDevice
+from kernels.devices import device_spec_for_name, theoretical_occupancy
 
 pytestmark = pytest.mark.gpu
 
@@ -25,25 +34,88 @@ def _skip_without_gpu() -> None:
         pytest.skip(f"no usable CUDA device: {ex}")
 
 
-@pytest.mark.parametrize("name", WORKLOAD_NAMES)
-def test_workload_matches_reference(name: str) -> None:
+@pytest.fixture(scope="module")
+def dev() -> Any:
     _skip_without_gpu()
-    import cupy
+    d = CupyDevice(nvml_interval_s=0.1)
+    yield d
+    d.close()
 
+
+def _configs(small: Any) -> list[dict[str, Any]]:
+    """Default, first, middle, last and the sim model's best of the small space."""
+    configs = list(small.space)
+    sim = SimDevice("A100-SXM4-80GB")
+    best = min(configs, key=lambda c: sim.predict_us(small, c) or float("inf"))
+    chosen = [small.default, configs[0], configs[len(configs) // 2], configs[-1], best]
+    return [dict(c) for c in {small.space.config_id(c): c for c in chosen}.values()]
+
+
+@pytest.mark.parametrize("name", WORKLOAD_NAMES)
+def test_workload_matches_reference(dev: CupyDevice, name: str) -> None:
     small = get_workload(name, get_workload(name).SMALL_SIZE)
-    dev = CupyDevice()
+    for config in _configs(small):
+        err = dev.check_reference(small, config)
+        assert err < 2e-3, f"{name} {small.space.config_id(config)}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("name", WORKLOAD_NAMES)
+def test_launch_timing_and_driver_occupancy(dev: CupyDevice, name: str) -> None:
+    w = next(x for x in dev.workloads() if x.name == name)
+    r = dev.launch(w, w.default, 5)
+    assert r.ok.all() and (r.duration_us > 0).all()
+    plan = dev.plan(w, w.default)
+    assert dev.occupancy_source == "driver"
+    assert 0 < plan.occupancy <= 1 and plan.resident_blocks_per_sm >= 1
+    assert plan.registers_per_thread and plan.registers_per_thread > 0
+
+
+@pytest.mark.parametrize("name", WORKLOAD_NAMES)
+def test_formula_occupancy_agrees_with_the_driver(dev: CupyDevice, name: str) -> None:
+    w = next(x for x in dev.workloads() if x.name == name)
+    for config in _configs(w)[:3]:
+        plan = dev.plan(w, config)
+        smem = plan.dynamic_smem_bytes + int(dev.compile(w, config).shared_size_bytes)
+        _, formula = theoretical_occupancy(
+            dev.spec, plan.threads_per_block, plan.registers_per_thread, smem
+        )
+        assert formula == plan.resident_blocks_per_sm, (name, config)
+
+
+def test_peaks_from_attributes_are_near_the_datasheet(dev: CupyDevice) -> None:
     try:
-        host = small.make_inputs(np.random.default_rng(0))
-        configs = list(small.space)
-        for config in (small.default, configs[len(configs) // 2], configs[-1]):
-            arrays = {k: cupy.asarray(v) for k, v in host.items()}
-            fn = dev.compile(small, config)
-            geo = small.geometry(config)
-            fn(geo.grid, geo.block, small.kernel_args(arrays), shared_mem=geo.dynamic_smem_bytes)
-            got = cupy.asnumpy(arrays[small.output_name])
-            np.testing.assert_allclose(got, small.reference(host), rtol=2e-3, atol=2e-3)
-        r = dev.launch(small, small.default, 5)
-        assert r.ok.all() and (r.duration_us > 0).all()
-        assert 0 < dev.plan(small, small.default).occupancy <= 1
-    finally:
-        dev.close()
+        sheet = device_spec_for_name(dev.device_name)
+    except LookupError:
+        pytest.skip(f"no datasheet spec for {dev.device_name!r}")
+    assert dev.spec.name == sheet.name
+    assert 0.7 < dev.spec.peak_gbs / sheet.peak_gbs < 1.3
+    assert 0.7 < dev.spec.peak_gflops_fp32 / sheet.peak_gflops_fp32 < 1.3
+
+
+def test_nvml_samples_off_the_launch_path(dev: CupyDevice) -> None:
+    if importlib.util.find_spec("pynvml") is None:
+        pytest.skip("nvidia-ml-py not installed: pip install 'kernelstream[gpu]'")
+    sampler = dev.sampler
+    assert sampler is not None and sampler.running
+    w = next(x for x in dev.workloads() if x.name == "matmul")
+    deadline = time.monotonic() + 10.0
+    while sampler.samples < 3 and time.monotonic() < deadline:
+        dev.launch(w, w.default, 3)
+    sample = dev.sample()
+    assert sample is not None and "sm_util_pct" in sample and "mem_used_bytes" in sample
+    if sampler.gpm_supported:
+        assert "sm_occupancy_pct" in sample and "dram_bw_util_pct" in sample
+
+
+def test_sweep_of_a_small_space_loads_as_a_trace(dev: CupyDevice, tmp_path: Path) -> None:
+    from kernels.backends.trace import TraceDevice
+    from kernels.sweep import cache_document, sweep, write_cache
+
+    w = get_workload("transpose", get_workload("transpose").SMALL_SIZE)
+    result = sweep(dev, w, iterations=3)
+    assert len(result.times_ms) + len(result.failed) == w.space.size()
+    path = write_cache(cache_document(result), tmp_path / "transpose.json.gz")
+    trace = TraceDevice(path)
+    (tw,) = trace.workloads()
+    assert trace.launch(tw, tw.default, 4).ok.all()
+    assert np.isfinite(trace.plan(tw, tw.default).occupancy)
