@@ -9,6 +9,7 @@ from schemas.errors import KernelstreamError
 
 __all__ = [
     "BackendUnavailableError",
+    "CalibrationError",
     "KernelsError",
     "TraceFileError",
     "UnknownDeviceError",
@@ -34,3 +35,8 @@ class BackendUnavailableError(KernelsError, RuntimeError):
 
 class TraceFileError(KernelsError, ValueError):
     """A Kernel Tuner cache file is missing, unreadable or malformed; the message names it."""
+
+
+class CalibrationError(KernelsError, ValueError):
+    """A sweep file cannot be compared with the ``sim`` model (unknown workload or device,
+    nothing measured); the message names the file and what is missing."""
