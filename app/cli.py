@@ -76,6 +76,12 @@ def main(verbose: bool) -> None:
     "the tuning-spaces directory).",
 )
 @click.option("--no-trace", is_flag=True, help="Run no trace node.")
+@click.option(
+    "--cupy",
+    is_flag=True,
+    help="Also run a cupy node on the real GPU --cupy-device (needs the 'gpu' extra).",
+)
+@click.option("--cupy-device", type=int, default=0, show_default=True, help="CUDA device index.")
 @click.option("--no-live", is_flag=True, help="No live table; print progress lines instead.")
 @click.option(
     "--run-dir",
@@ -89,16 +95,20 @@ def demo(
     json_path: Path | None,
     trace_file: Path | None,
     no_trace: bool,
+    cupy: bool,
+    cupy_device: int,
     no_live: bool,
     run_dir: Path,
 ) -> None:
-    """Run the whole loop locally: embedded broker, one worker, sim and trace nodes.
+    """Run the whole loop locally: embedded broker, one worker, sim and trace nodes
+    (and a cupy node on a real GPU with --cupy).
 
     Shows a live table while kernels get tuned, then a summary per node, device
     and kernel of the default vs final configuration measured from window
     aggregates. Exits 0 when the run completed.
     """
     from app.demo import DemoOptions, run_demo
+    from kernels.errors import BackendUnavailableError
 
     settings = _settings()
     opts = DemoOptions(
@@ -108,8 +118,14 @@ def demo(
         trace=not no_trace,
         live=not no_live and sys.stdout.isatty(),
         run_dir=run_dir,
+        cupy=cupy,
+        cupy_device_index=cupy_device,
     )
-    sys.exit(run_demo(settings, opts))
+    try:
+        code = run_demo(settings, opts)
+    except BackendUnavailableError as exc:
+        raise click.ClickException(str(exc)) from exc
+    sys.exit(code)
 
 
 @main.command()
@@ -210,6 +226,14 @@ def node(
         workloads=workloads or None,
         seed=seed,
     )
+    if settings.backend == "cupy":  # fail before starting a broker, with the install hint
+        from kernels.backends.cupy import import_cupy
+        from kernels.errors import BackendUnavailableError
+
+        try:
+            import_cupy()
+        except BackendUnavailableError as exc:
+            raise click.ClickException(str(exc)) from exc
 
     async def _main(bootstrap: str) -> None:
         stop = asyncio.Event()
@@ -406,6 +430,180 @@ def replay(
         click.echo(f"{done['messages']:,} messages -> {done['topic']}")
 
 
+def _progress_bar(enabled: bool) -> Any:
+    """A rich progress bar (or a no-op stand-in when ``enabled`` is False)."""
+    if not enabled:
+        return contextlib.nullcontext(None)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        transient=False,
+    )
+
+
+@main.command()
+@click.option(
+    "--workload",
+    "workloads",
+    multiple=True,
+    help="Workload to sweep (repeatable; default: every workload of the device).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["cupy", "sim", "trace"]),
+    default="cupy",
+    show_default=True,
+    help="Device backend: cupy (a real GPU), sim (the model), trace (a cache file).",
+)
+@click.option("--model", "device_model", help="GPU model of a sim device, e.g. H200-SXM-141GB.")
+@click.option("--device-index", type=int, default=0, show_default=True)
+@click.option(
+    "--trace-file", type=click.Path(path_type=Path, exists=True), help="Cache file (trace)."
+)
+@click.option(
+    "--iterations", type=int, default=32, show_default=True, help="Timed launches per config."
+)
+@click.option(
+    "--problem-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Scale every workload's total work (cupy, sim).",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=Path("bench/results"),
+    show_default=True,
+    help="Output directory (files sweep-<workload>-<device>-<date>.json.gz), or one file "
+    "(.json or .json.gz) when sweeping one workload.",
+)
+@click.option(
+    "--compile-workers",
+    type=int,
+    default=8,
+    show_default=True,
+    help="Threads compiling configurations ahead of the sweep (cupy).",
+)
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def sweep(
+    workloads: tuple[str, ...],
+    backend: str,
+    device_model: str | None,
+    device_index: int,
+    trace_file: Path | None,
+    iterations: int,
+    problem_scale: float,
+    out: Path,
+    compile_workers: int,
+    no_progress: bool,
+) -> None:
+    """Brute-force a workload's search space and write a Kernel Tuner cache file.
+
+    Every valid configuration runs one warm-up launch and ``--iterations`` timed
+    launches. The file has the format of ../shared/data/tuning-spaces/ and loads
+    as a trace device: ``kernelstream node --backend trace --trace-file FILE``.
+    """
+    from kernels import KernelsError, open_device
+    from kernels.sweep import cache_document, default_sweep_path, sweep, write_cache
+
+    if iterations < 1:
+        raise click.BadParameter("--iterations must be >= 1")
+    try:
+        device = open_device(
+            backend,
+            model=device_model,
+            device_index=device_index,
+            trace_file=trace_file,
+            problem_scale=problem_scale,
+        )
+    except KernelsError as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:
+        available = {w.name: w for w in device.workloads()}
+        chosen = list(workloads) or list(available)
+        unknown = [n for n in chosen if n not in available]
+        if unknown:
+            raise click.UsageError(
+                f"unknown workload(s) {unknown} on this device; choose from {sorted(available)}"
+            )
+        single_file = out.name.endswith((".json", ".json.gz"))
+        if single_file and len(chosen) != 1:
+            raise click.UsageError("--out names one file: sweep exactly one --workload")
+        show = not no_progress and sys.stderr.isatty()
+        with _progress_bar(show) as bar:
+            for name in chosen:
+                w = available[name]
+                task = bar.add_task(name, total=w.space.size()) if bar is not None else None
+
+                def tick(done: int, total: int, task: Any = task) -> None:
+                    if bar is not None:
+                        bar.update(task, completed=done, total=total)
+
+                result = sweep(
+                    device,
+                    w,
+                    iterations=iterations,
+                    progress=tick,
+                    compile_workers=compile_workers,
+                )
+                path = out if single_file else default_sweep_path(out, result.device_name, name)
+                write_cache(cache_document(result), path)
+                best = result.best
+                best_text = f"best {best[0]} at {best[1]:.4f} ms" if best else "nothing ran"
+                click.echo(
+                    f"{name} {tuple(w.problem_size)} on {result.device_name} ({backend}): "
+                    f"{len(result.times_ms)} configs ran, {len(result.failed)} failed, "
+                    f"{result.seconds:.1f} s; {best_text} -> {path}"
+                )
+    finally:
+        device.close()
+
+
+@main.command()
+@click.option(
+    "--sweep",
+    "sweeps",
+    multiple=True,
+    required=True,
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Sweep file of a built-in workload (repeatable).",
+)
+@click.option("--model", help="Sim model to compare (default: the sweep's device_name).")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write JSON here.")
+def calibrate(sweeps: tuple[Path, ...], model: str | None, json_path: Path | None) -> None:
+    """Compare the sim model of a GPU with a sweep measured on it.
+
+    Per sweep: median and 90th percentile relative error of the predicted
+    duration, median predicted/measured, Spearman rank correlation, and the true
+    rank (and slowdown) of the model's best configuration.
+    """
+    from datetime import UTC, datetime
+
+    import orjson
+
+    from kernels.calibration import calibrate_file, format_table
+    from kernels.errors import CalibrationError
+
+    try:
+        results = [calibrate_file(p, model=model) for p in sweeps]
+    except CalibrationError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(format_table(results))
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "results": [r.as_dict() for r in results],
+        }
+        json_path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        click.echo(f"wrote {json_path}")
+
+
 class _LazyBenchGroup(click.Group):
     """``kernelstream bench NAME``: each benchmark is ``bench/<name>.py``'s ``command``.
 
@@ -413,7 +611,7 @@ class _LazyBenchGroup(click.Group):
     a benchmark's extra dependencies are needed only by that benchmark.
     """
 
-    names = ("pipeline", "replay", "tuning")
+    names = ("pipeline", "replay", "tuning", "telemetry-overhead")
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.names)
@@ -423,7 +621,7 @@ class _LazyBenchGroup(click.Group):
             return None
         import importlib
 
-        module = importlib.import_module(f"bench.{cmd_name}")
+        module = importlib.import_module(f"bench.{cmd_name.replace('-', '_')}")
         command = module.command
         assert isinstance(command, click.Command)
         return command

@@ -1,8 +1,9 @@
 """``kernelstream demo``: the whole loop on one machine, no Kafka and no GPU needed.
 
 Starts the embedded broker, creates the topics, starts one worker and the nodes
-as child processes (two ``sim`` nodes of different GPU models and, when a tuning
-space file is found, one ``trace`` node), follows the windows, findings and
+as child processes (two ``sim`` nodes of different GPU models, when a tuning
+space file is found one ``trace`` node, and with ``cupy=True`` one ``cupy`` node
+on a real GPU), follows the windows, findings and
 outcomes topics to show a live table, and ends with a summary computed from the
 measured window aggregates: for every node, device model and kernel, the mean
 duration of its default configuration against that of its final configuration.
@@ -44,6 +45,8 @@ class DemoOptions:
     trace: bool = True
     live: bool = True
     run_dir: Path = Path("var/demo")
+    cupy: bool = False
+    cupy_device_index: int = 0
 
 
 @dataclass
@@ -294,8 +297,28 @@ def opts_drain_s(settings: Settings) -> float:
     return settings.idle_timeout_s + settings.window_s + 2.0
 
 
+def check_gpu(device_index: int) -> str:
+    """The name of CUDA device ``device_index``; raises BackendUnavailableError (naming
+    the ``gpu`` extra) when CuPy is missing or the device is not there."""
+    from kernels.backends.cupy import import_cupy
+    from kernels.errors import BackendUnavailableError
+
+    cp = import_cupy()
+    try:
+        count = int(cp.cuda.runtime.getDeviceCount())
+    except Exception as ex:  # no driver: CUDARuntimeError
+        raise BackendUnavailableError(f"no usable CUDA device for a cupy node: {ex}") from ex
+    if device_index >= count:
+        raise BackendUnavailableError(
+            f"a cupy node needs CUDA device {device_index}; {count} visible"
+        )
+    raw = cp.cuda.runtime.getDeviceProperties(device_index)["name"]
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
 def run_demo(settings: Settings, opts: DemoOptions) -> int:
     """Run the demo; return the process exit code."""
+    gpu_name = check_gpu(opts.cupy_device_index) if opts.cupy else None
     run_dir = opts.run_dir
     shutil.rmtree(run_dir, ignore_errors=True)  # the embedded broker starts empty: so does state
     run_dir.mkdir(parents=True)
@@ -342,6 +365,21 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
                 # Each node serves /metrics on a port of its own (they share a host).
                 KERNELSTREAM_NODE_METRICS_PORT=str(free_port()),
             )
+        if gpu_name is not None:
+            children.spawn(
+                "cupy-node",
+                [
+                    "node",
+                    "--node-id",
+                    f"cupy-{opts.cupy_device_index}",
+                    "--backend",
+                    "cupy",
+                    "--device-index",
+                    str(opts.cupy_device_index),
+                ],
+                KERNELSTREAM_NODE_METRICS_PORT=str(free_port()),
+            )
+            print(f"cupy node runs the workloads on {gpu_name}", flush=True)
         trace = _find_trace_file(settings, opts.trace_file) if opts.trace else None
         if trace is not None:
             children.spawn(

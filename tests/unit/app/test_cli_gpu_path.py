@@ -1,0 +1,69 @@
+"""``kernelstream sweep``, ``calibrate`` and the GPU-only commands without a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from app.cli import main
+from kernels import load_cache
+
+
+def test_sim_sweep_then_calibrate(tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "stencil.json.gz"
+    args = ["sweep", "--backend", "sim", "--model", "L4", "--workload", "stencil2d"]
+    r = runner.invoke(main, [*args, "--iterations", "3", "--problem-scale", "0.05", "--out", out])
+    assert r.exit_code == 0, r.output
+    assert "stencil2d" in r.output and "0 failed" in r.output
+    assert load_cache(out).name == "stencil2d"
+    r = runner.invoke(
+        main, ["sweep", "--backend", "sim", "--workload", "transpose", "--out", tmp_path]
+    )
+    assert r.exit_code == 0, r.output
+    (dated,) = tmp_path.glob("sweep-transpose-A100-SXM4-80GB-*.json.gz")
+    report = tmp_path / "calibration.json"
+    r = runner.invoke(main, ["calibrate", "--sweep", out, "--sweep", dated, "--json", report])
+    assert r.exit_code == 0, r.output
+    assert "spearman" in r.output
+    results = json.loads(report.read_text())["results"]
+    assert [c["workload"] for c in results] == ["stencil2d", "transpose"]
+    assert all(c["median_rel_error"] < 0.05 for c in results)
+
+
+def test_sweep_usage_errors(tmp_path: Path) -> None:
+    runner = CliRunner()
+    r = runner.invoke(main, ["sweep", "--backend", "sim", "--workload", "nope"])
+    assert r.exit_code != 0 and "unknown workload" in r.output
+    r = runner.invoke(main, ["sweep", "--backend", "sim", "--out", tmp_path / "one.json"])
+    assert r.exit_code != 0 and "exactly one" in r.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sweep", "--backend", "cupy"],
+        ["bench", "telemetry-overhead"],
+        ["demo", "--cupy", "--duration", "1"],
+        ["node", "--backend", "cupy", "--duration", "1"],
+    ],
+)
+def test_gpu_commands_name_the_gpu_extra_without_cupy(args: list[str], tmp_path: Path) -> None:
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here; the missing-CuPy path cannot be exercised")
+    runner = CliRunner()
+    with runner.isolated_filesystem(temp_dir=tmp_path) as cwd:
+        r = runner.invoke(main, args)
+        assert r.exit_code == 1
+        assert "kernelstream[gpu]" in r.output
+        assert not (Path(cwd) / "var").exists()  # failed before starting a broker
+
+
+@pytest.mark.parametrize("command", ["sweep", "calibrate"])
+def test_help(command: str) -> None:
+    r = CliRunner().invoke(main, [command, "--help"])
+    assert r.exit_code == 0 and "Usage" in r.output
