@@ -133,6 +133,11 @@ class EmbeddedBroker:
         )
 
     @property
+    def pid(self) -> int | None:
+        """The broker process id while it runs (benchmarks sample its memory)."""
+        return self._proc.pid if self.running and self._proc else None
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 

@@ -182,6 +182,7 @@ class _Node:
             linger_ms=5,
             max_request_size=8 * 1024 * 1024,
             request_timeout_ms=10_000,
+            compression_type=self.s.producer_compression(),
             **self.s.kafka_client_kwargs(),
         )
 

@@ -736,6 +736,7 @@ async def _to_topic(settings: Any, source: Source, opts: ReplayOptions) -> dict[
         acks="all",
         linger_ms=5,
         max_request_size=16 << 20,
+        compression_type=settings.producer_compression(),
         **settings.kafka_client_kwargs(),
     )
     flt = opts.flt

@@ -108,18 +108,33 @@ async def _run_worker(settings: Any, log: Path, n: int, argv: list[str] | None =
     }
 
 
-def _producer(bootstrap: str) -> Any:
+def _producer(settings: Any) -> Any:
+    """The stand-in nodes' producer, compressing as nodes do (``compression_type``)."""
     from aiokafka import AIOKafkaProducer
 
     return AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
+        bootstrap_servers=str(settings.bootstrap),
         linger_ms=5,
         max_batch_size=1 << 20,
         max_request_size=8 << 20,
+        compression_type=settings.producer_compression(),
     )
 
 
-async def _sustain(settings: Any, log: Path, rate: float, seconds: float) -> dict[str, Any]:
+def _rss_of(pid: int | None) -> int | None:
+    """Resident bytes of a process (Linux /proc), None when unknown."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+async def _sustain(
+    settings: Any, log: Path, rate: float, seconds: float, broker_pid: int | None = None
+) -> dict[str, Any]:
     """Worker RSS over time while a real-time fleet publishes ``rate`` launches/s.
 
     The input is :class:`~bench.pipeline_input.LiveFleet` (pre-encoded messages
@@ -131,7 +146,7 @@ async def _sustain(settings: Any, log: Path, rate: float, seconds: float) -> dic
     w = WorkerProc(settings, log)
     with running(w):
         await w.wait_stats(lambda s: s["window"]["assigned_at"] is not None, 60, "assignment")
-        producer = _producer(str(settings.bootstrap))
+        producer = _producer(settings)
         await producer.start()
         t_start = time.time()
         start_second = int(t_start) + 1
@@ -143,6 +158,7 @@ async def _sustain(settings: Any, log: Path, rate: float, seconds: float) -> dic
                 {
                     "t": time.time() - t_start,
                     "rss": w.rss_bytes(),
+                    "broker_rss": _rss_of(broker_pid),
                     "open_windows": int(st.get("open_windows", -1)),
                     "consumed": int(win.get("launches", -1)),
                     "produced": (i + 1) * fleet.rate,
@@ -179,6 +195,8 @@ async def _sustain(settings: Any, log: Path, rate: float, seconds: float) -> dic
         "rss_peak_bytes": max(s["rss"] for s in samples) if samples else None,
         "worker_maxrss_kib": st.get("maxrss_kib"),
         "rss_slope_bytes_per_min_after_warmup": slope * 60 if slope is not None else None,
+        "compression_type": settings.compression_type,
+        "broker_rss_final_bytes": samples[-1]["broker_rss"] if samples else None,
         "open_windows_final": samples[-1]["open_windows"] if samples else None,
         "open_windows_max": max(s["open_windows"] for s in samples) if samples else None,
         "load1_mean": statistics.mean(s["load1"] for s in samples) if samples else None,
@@ -233,7 +251,7 @@ async def _latency(
             fetch_max_wait_ms=settings.fetch_max_wait_ms,
         )
         await hops.start()
-        producer = _producer(str(settings.bootstrap))
+        producer = _producer(settings)
         await producer.start()
 
         async def listen() -> None:
@@ -384,13 +402,16 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
         batches = list(fleet_batches(fleet))
         items = encoded(batches)
         n = sum(len(b.t_end) for b in batches)
-        await produce_messages(broker.bootstrap, bs.topic_launches, items)
+        await produce_messages(
+            broker.bootstrap, bs.topic_launches, items, compression_type=bs.producer_compression()
+        )
         out["input"] = {
             "fleet": fleet.__dict__,
             "messages": len(items),
             "launches": n,
             "bytes": sum(len(v) for _, v in items),
             "launches_per_message_mean": n / len(items),
+            "compression_type": bs.compression_type,
         }
         ceil, work = [], []
         for r in range(opts["rounds"]):
@@ -412,7 +433,9 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
             if len(recs) >= naive_n:
                 break
         recs = recs[:naive_n]
-        await produce_messages(broker.bootstrap, ns.topic_launches, recs)
+        await produce_messages(
+            broker.bootstrap, ns.topic_launches, recs, compression_type=ns.producer_compression()
+        )
         naive = await _run_worker(
             ns, run_dir / "naive.log", naive_n, [sys.executable, "-m", "bench.pipeline_naive"]
         )
@@ -447,7 +470,9 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
             ss = bench_settings(broker.bootstrap, run_dir / "state", window_s=1.0)
             await ensure_topics(ss, broker.bootstrap)
             rate = opts["sustain_rate"] or c / 2
-            out["memory_e"] = await _sustain(ss, run_dir / "sustain.log", rate, opts["sustain_s"])
+            out["memory_e"] = await _sustain(
+                ss, run_dir / "sustain.log", rate, opts["sustain_s"], broker.pid
+            )
     out["load_avg_end"] = os.getloadavg()
     return out
 
@@ -513,7 +538,8 @@ def _table(r: dict[str, Any]) -> str:
             f"RSS after warmup {m['rss_after_warmup_bytes'] / 2**20:.0f} MiB, peak "
             f"{m['rss_peak_bytes'] / 2**20:.0f} MiB, final {m['rss_final_bytes'] / 2**20:.0f} MiB, "
             f"slope {(m['rss_slope_bytes_per_min_after_warmup'] or 0) / 2**20:.2f} MiB/min, "
-            f"open windows max {m['open_windows_max']}"
+            f"open windows max {m['open_windows_max']}; broker ({m.get('compression_type')} "
+            f"batches) {(m.get('broker_rss_final_bytes') or 0) / 2**30:.1f} GiB at the end"
         )
     for d in r.get("latency_d") or []:
         p50, p99 = d["p50_s"], d["p99_s"]
@@ -544,7 +570,8 @@ def _hops_text(hops: dict[str, dict[str, float]]) -> str:
 def _throughput_lines(r: dict[str, Any]) -> list[str]:
     return [
         f"input: {r['input']['messages']} messages, {r['input']['launches']:,} launches "
-        f"({r['input']['launches_per_message_mean']:.0f} per message)",
+        f"({r['input']['launches_per_message_mean']:.0f} per message, "
+        f"{r['input'].get('compression_type', 'none')}-compressed batches)",
         f"(a) ceiling  aiokafka+orjson  {r['ceiling_a']['median_per_s']:>14,.0f} launches/s",
         f"(b) naive    Faust per-record {r['naive_b']['per_s']:>14,.0f} launches/s",
         f"(c) worker   kernelstream     {r['worker_c']['median_per_s']:>14,.0f} launches/s",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from app.settings import Settings, load_settings
 from app.topics import topic_specs
@@ -63,3 +64,16 @@ def test_sasl_settings_reach_clients_and_secret_is_not_printed() -> None:
 
     creds = faust_broker_kwargs(s)["broker_credentials"]
     assert creds.username == "ks"
+
+
+def test_launch_batches_compress_with_zstd_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aiokafka.codec import has_zstd
+
+    assert Settings().producer_compression() == "zstd"
+    # aiokafka refuses a codec whose library is missing when a producer is built:
+    # the core install must carry zstd (cramjam) for the default to work.
+    assert has_zstd()
+    monkeypatch.setenv("KERNELSTREAM_COMPRESSION_TYPE", "none")
+    assert Settings().producer_compression() is None
+    with pytest.raises(ValidationError):
+        Settings(compression_type="brotli")  # type: ignore[arg-type]
