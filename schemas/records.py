@@ -84,7 +84,8 @@ class LaunchBatch(Record):
 
     ``t_end`` is the node's clock (Unix seconds) at kernel completion, the event
     time. ``duration_us`` is the measured kernel duration; ``ok`` is 1 for a
-    launch that ran and 0 for a launch failure (its duration is 0).
+    launch that ran and 0 for a launch failure (its duration is 0). Nodes send
+    ``t_end`` to 1 µs and ``duration_us`` to 1 ns (finer than CUDA events resolve).
     """
 
     SCHEMA: ClassVar[str] = "ks.launch_batch/1"
