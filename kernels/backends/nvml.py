@@ -69,7 +69,10 @@ class _Gpm:
         self.prev, self.cur = self.cur, self.prev
         out: dict[str, float] = {}
         for i, field in enumerate(self.ids):
-            value = float(get.metrics[i].value)
+            metric = get.metrics[i]
+            if int(getattr(metric, "nvmlReturn", 0)):  # this metric failed on its own
+                continue
+            value = float(metric.value)
             if value == value and value >= 0.0:  # NaN: not measured in this interval
                 out[field] = value
         return out

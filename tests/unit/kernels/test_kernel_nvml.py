@@ -24,7 +24,7 @@ class _MetricsGet:
         self.numMetrics = 0
         self.sample1: Any = None
         self.sample2: Any = None
-        self.metrics = [SimpleNamespace(metricId=0, value=0.0) for _ in range(16)]
+        self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0) for _ in range(16)]
 
 
 class FakeNvml:
