@@ -523,6 +523,9 @@ def sweep(
         )
     except KernelsError as exc:
         raise click.ClickException(str(exc)) from exc
+    stopping: list[int] = []
+    # SIGTERM (e.g. `timeout`) ends the sweep early but still writes what was measured.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     try:
         available = {w.name: w for w in device.workloads()}
         chosen = list(workloads) or list(available)
@@ -544,24 +547,32 @@ def sweep(
                     if bar is not None:
                         bar.update(task, completed=done, total=total)
 
+                if stopping:
+                    click.echo(f"{name}: not swept (stopped)", err=True)
+                    continue
                 result = sweep(
                     device,
                     w,
                     iterations=iterations,
                     progress=tick,
                     compile_workers=compile_workers,
+                    stop=lambda: bool(stopping),
                 )
                 path = out if single_file else default_sweep_path(out, result.device_name, name)
                 write_cache(cache_document(result), path)
                 best = result.best
                 best_text = f"best {best[0]} at {best[1]:.4f} ms" if best else "nothing ran"
+                partial = "" if result.complete else f" PARTIAL ({result.total} asked)"
                 click.echo(
                     f"{name} {tuple(w.problem_size)} on {result.device_name} ({backend}): "
-                    f"{len(result.times_ms)} configs ran, {len(result.failed)} failed, "
+                    f"{len(result.times_ms)} configs ran, {len(result.failed)} failed{partial}, "
                     f"{result.seconds:.1f} s; {best_text} -> {path}"
                 )
     finally:
+        signal.signal(signal.SIGTERM, previous)
         device.close()
+    if stopping:
+        sys.exit(143)
 
 
 @main.command()

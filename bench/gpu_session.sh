@@ -128,9 +128,10 @@ fi
 if want sweep; then
   for w in $WORKLOADS; do
     b=$(budget 300)
-    if ((b < 20)); then log "sweep: no time left for $w"; break; fi
+    if ((b < 45)); then log "sweep: no time left for $w"; break; fi
     log "sweep: $w (${SWEEP_ITERATIONS} iterations, scale ${SWEEP_SCALE}, ${b}s at most)"
-    timeout "$b" "${KS[@]}" sweep "${SWEEP_DEVICE[@]}" --workload "$w" --iterations "$SWEEP_ITERATIONS" \
+    # SIGTERM at the budget: the sweep stops and still writes what it measured (PARTIAL)
+    timeout -k 15 "$((b - 15))" "${KS[@]}" sweep "${SWEEP_DEVICE[@]}" --workload "$w" --iterations "$SWEEP_ITERATIONS" \
       --problem-scale "$SWEEP_SCALE" --out "$WORK" --no-progress
     log "sweep $w: exit $?"
     for f in "$WORK"/sweep-"$w"-*.json.gz; do

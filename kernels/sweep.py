@@ -70,6 +70,12 @@ class SweepResult:
     reasons: dict[str, str] = field(default_factory=dict)
     started_at: str = ""
     seconds: float = 0.0
+    total: int = 0
+
+    @property
+    def complete(self) -> bool:
+        """Whether every configuration asked for was measured (or failed)."""
+        return len(self.configs) >= self.total
 
     @property
     def best(self) -> tuple[str, float] | None:
@@ -103,51 +109,75 @@ def sweep(
     configs: Iterable[Config] | None = None,
     progress: Callable[[int, int], None] | None = None,
     compile_workers: int = 8,
+    compile_chunk: int = 64,
+    stop: Callable[[], bool] | None = None,
 ) -> SweepResult:
     """Launch every configuration (default: every valid one of the workload's space).
 
     Each configuration runs ``warmup`` launches that are not recorded (module
     load, caches), then ``iterations`` timed launches back to back. A device
-    with a ``precompile`` method (cupy) compiles all configurations first, on
-    ``compile_workers`` threads. ``progress(done, total)`` is called after each.
+    with a ``precompile`` method (cupy) compiles the configurations ahead of
+    running them, ``compile_chunk`` at a time on ``compile_workers`` threads.
+    ``progress(done, total)`` is called after each configuration; when ``stop()``
+    turns true the sweep ends early and the result holds what was measured
+    (``complete`` False), which is still a valid cache file.
     """
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     todo = list(workload.space if configs is None else configs)
-    space = workload.space
     result = SweepResult(
         device_name=_device_name(device),
         backend=str(device.backend),
         workload=workload,
         iterations=iterations,
         started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        total=len(todo),
     )
     start = time.monotonic()
-    compile_errors: dict[str, str] = {}
     precompile = getattr(device, "precompile", None)
-    if callable(precompile):
-        compile_errors = dict(precompile(workload, todo, workers=compile_workers))
-    for i, config in enumerate(todo):
-        cid = space.config_id(config)
-        result.configs[cid] = dict(config)
-        if cid in compile_errors:
-            result.failed[cid] = COMPILE_FAILED
-            result.reasons[cid] = compile_errors[cid]
-        else:
-            if warmup > 0:
-                device.launch(workload, config, warmup)
-            r = device.launch(workload, config, iterations)
-            if len(r) and bool(r.ok.all()):
-                result.times_ms[cid] = [float(us) / 1000.0 for us in r.duration_us]
-            else:
-                result.failed[cid] = RUNTIME_FAILED
-                reason = getattr(device, "failure_reason", None)
-                why = reason(workload, config) if callable(reason) else None
-                result.reasons[cid] = why or "launch failed"
-        if progress is not None:
-            progress(i + 1, len(todo))
+    chunk = max(1, compile_chunk)
+    for first in range(0, len(todo), chunk):
+        if stop is not None and stop():
+            break
+        part = todo[first : first + chunk]
+        compile_errors: dict[str, str] = {}
+        if callable(precompile):
+            compile_errors = dict(precompile(workload, part, workers=compile_workers))
+        for i, config in enumerate(part, start=first):
+            if stop is not None and stop():
+                break
+            _measure(device, workload, config, result, compile_errors, warmup, iterations)
+            if progress is not None:
+                progress(i + 1, len(todo))
     result.seconds = time.monotonic() - start
     return result
+
+
+def _measure(
+    device: Any,
+    workload: Workload,
+    config: Config,
+    result: SweepResult,
+    compile_errors: Mapping[str, str],
+    warmup: int,
+    iterations: int,
+) -> None:
+    cid = workload.space.config_id(config)
+    result.configs[cid] = dict(config)
+    if cid in compile_errors:
+        result.failed[cid] = COMPILE_FAILED
+        result.reasons[cid] = compile_errors[cid]
+        return
+    if warmup > 0:
+        device.launch(workload, config, warmup)
+    r = device.launch(workload, config, iterations)
+    if len(r) and bool(r.ok.all()):
+        result.times_ms[cid] = [float(us) / 1000.0 for us in r.duration_us]
+        return
+    result.failed[cid] = RUNTIME_FAILED
+    reason = getattr(device, "failure_reason", None)
+    why = reason(workload, config) if callable(reason) else None
+    result.reasons[cid] = why or "launch failed"
 
 
 def cache_document(result: SweepResult) -> dict[str, Any]:

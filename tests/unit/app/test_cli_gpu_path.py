@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
+import kernels
 from app.cli import main
 from kernels import load_cache
 
@@ -67,3 +71,36 @@ def test_gpu_commands_name_the_gpu_extra_without_cupy(args: list[str], tmp_path:
 def test_help(command: str) -> None:
     r = CliRunner().invoke(main, [command, "--help"])
     assert r.exit_code == 0 and "Usage" in r.output
+
+
+def test_sigterm_ends_a_sweep_that_still_writes_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_open = kernels.open_device
+
+    class Terminated:
+        """A sim device whose third launch is interrupted by SIGTERM (as `timeout` does)."""
+
+        def __init__(self) -> None:
+            self.inner = real_open("sim", problem_scale=0.05)
+            self.launches = 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        def launch(self, *args: Any) -> Any:
+            self.launches += 1
+            if self.launches == 6:  # warm-up + timed launch of the third config
+                os.kill(os.getpid(), signal.SIGTERM)
+            return self.inner.launch(*args)
+
+    monkeypatch.setattr(kernels, "open_device", lambda *a, **kw: Terminated())
+    before = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "partial.json"
+    r = CliRunner().invoke(
+        main, ["sweep", "--backend", "sim", "--workload", "transpose", "--out", out]
+    )
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is restored
+    assert r.exit_code == 143, r.output
+    assert "PARTIAL" in r.output
+    assert load_cache(out).space.size() == 3

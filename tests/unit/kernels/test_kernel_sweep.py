@@ -138,3 +138,21 @@ def test_kernel_tuner_reads_the_file(tmp_path: Path) -> None:
 def test_sweep_rejects_zero_iterations() -> None:
     with pytest.raises(ValueError, match="iterations"):
         sweep(open_device("sim"), _small("transpose"), iterations=0)
+
+
+def test_a_stopped_sweep_keeps_what_it_measured(tmp_path: Path) -> None:
+    w = _small("transpose")
+    done: list[int] = []
+    result = sweep(
+        open_device("sim"),
+        w,
+        iterations=2,
+        compile_chunk=4,
+        progress=lambda a, b: done.append(a),
+        stop=lambda: len(done) >= 7,
+    )
+    assert not result.complete and result.total == w.space.size()
+    assert len(result.configs) == len(result.times_ms) == 7
+    trace = TraceDevice(write_cache(cache_document(result), tmp_path / "partial.json.gz"))
+    (tw,) = trace.workloads()
+    assert tw.space.size() == 7
