@@ -504,9 +504,9 @@ def sweep(
 ) -> None:
     """Brute-force a workload's search space and write a Kernel Tuner cache file.
 
-    Every valid configuration runs one warm-up launch and ``--iterations`` timed
+    Every valid configuration runs one warm-up launch and --iterations timed
     launches. The file has the format of ../shared/data/tuning-spaces/ and loads
-    as a trace device: ``kernelstream node --backend trace --trace-file FILE``.
+    as a trace device: kernelstream node --backend trace --trace-file FILE.
     """
     from kernels import KernelsError, open_device
     from kernels.sweep import cache_document, default_sweep_path, sweep, write_cache
