@@ -47,6 +47,7 @@ from bench.pipeline_input import (
     recent_t0,
 )
 from bench.pipeline_procs import WorkerProc, bench_settings, running
+from bench.results import dated_stem
 from schemas import Finding, Recommendation, WindowAggregate, decode
 
 __all__ = ["command"]
@@ -654,7 +655,8 @@ def command(
     text = json.dumps(result, indent=1, default=str)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(text)
-    results_dir.mkdir(parents=True, exist_ok=True)
     name = "pipeline-latency" if latency_only else "pipeline"
-    (results_dir / f"{name}-{result['date']}.json").write_text(text)
-    (results_dir / f"{name}-{result['date']}.txt").write_text(table + "\n")
+    stem = dated_stem(results_dir, name, result["date"])
+    Path(f"{stem}.json").write_text(text)
+    Path(f"{stem}.txt").write_text(table + "\n")
+    click.echo(f"wrote {stem}.json and {stem}.txt", err=True)

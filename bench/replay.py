@@ -24,6 +24,8 @@ from typing import Any
 import click
 import orjson
 
+from bench.results import dated_stem
+
 __all__ = ["command", "run_benchmark"]
 
 _SERIES = (
@@ -185,8 +187,7 @@ def run_benchmark(launches: int, per_batch: int, echo: Any = print) -> dict[str,
 def command(launches: int, per_batch: int, results_dir: Path) -> None:
     """Replay launch records from the embedded broker into a report; time it."""
     report = run_benchmark(launches, per_batch, echo=lambda m: click.echo(m, err=True))
-    results_dir.mkdir(parents=True, exist_ok=True)
-    path = results_dir / f"replay-{report['date']}.json"
+    path = Path(f"{dated_stem(results_dir, 'replay', report['date'])}.json")
     path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
     r, m = report["result"], report["machine"]
     text = (

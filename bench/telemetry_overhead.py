@@ -32,6 +32,8 @@ import click
 import numpy as np
 import orjson
 
+from bench.results import dated_stem
+
 __all__ = ["command", "pick_size", "run_benchmark", "summarize"]
 
 _WORKLOAD = "reduction"
@@ -243,10 +245,9 @@ def command(device_index: int, batch: int, rounds: int, results_dir: Path) -> No
         report = run_benchmark(device_index, batch, rounds)
     except BackendUnavailableError as exc:
         raise click.ClickException(f"this benchmark runs on a GPU: {exc}") from exc
-    results_dir.mkdir(parents=True, exist_ok=True)
-    stem = results_dir / f"telemetry-overhead-{report['date']}"
-    stem.with_suffix(".json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    stem = dated_stem(results_dir, "telemetry-overhead", report["date"])
+    Path(f"{stem}.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     text = _text(report)
-    stem.with_suffix(".txt").write_text(text + "\n", encoding="utf-8")
+    Path(f"{stem}.txt").write_text(text + "\n", encoding="utf-8")
     click.echo(text)
     click.echo(f"wrote {stem}.json and {stem}.txt")
