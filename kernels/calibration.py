@@ -64,24 +64,14 @@ class Calibration:
         return asdict(self)
 
 
-def _ranks(x: np.ndarray) -> np.ndarray:
-    """1-based ranks, ties sharing their average rank."""
-    values, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
-    del values
-    ends = np.cumsum(counts)
-    starts = ends - counts + 1
-    return ((starts + ends) / 2.0)[inverse]
-
-
 def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
-    """Spearman rank correlation (Pearson correlation of average ranks); NaN when undefined."""
+    """Spearman rank correlation (scipy's, ties at their average rank); NaN when undefined."""
+    from scipy.stats import spearmanr
+
     x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if x.shape != y.shape or x.size < 2:
+    if x.shape != y.shape or x.size < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return math.nan
-    rx, ry = _ranks(x), _ranks(y)
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    denom = math.sqrt(float((rx * rx).sum() * (ry * ry).sum()))
-    return float((rx * ry).sum() / denom) if denom > 0 else math.nan
+    return float(spearmanr(x, y).statistic)
 
 
 def _model_name(device_name: str, model: str | None) -> str:
