@@ -200,10 +200,13 @@ class LiveFleet:
         self.launches_per_message = max(1, round(per_key / self.per_s))
         self.rate = self.launches_per_message * self.per_s * len(self.streams)
         n = self.launches_per_message
-        # The launches of one second: batch j's are at (j + (i + 0.5) / n) / per_s.
-        self._times = (
-            np.repeat(np.arange(self.per_s), n) + np.tile((np.arange(n) + 0.5) / n, self.per_s)
-        ) / self.per_s
+        # The launches of one second: batch j's are at (j + (i + 0.5) / n) / per_s,
+        # to the microsecond as nodes send them (kernels.runner's wire precision).
+        self._times = np.round(
+            (np.repeat(np.arange(self.per_s), n) + np.tile((np.arange(n) + 0.5) / n, self.per_s))
+            / self.per_s,
+            6,
+        )
         # Slices of that array sent as one message each: (first, end, send fraction).
         self.slices: list[tuple[int, int, float]] = [
             (j * n, (j + 1) * n, (j + 1) / self.per_s) for j in range(self.per_s)
