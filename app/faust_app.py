@@ -9,6 +9,7 @@ store backed by rocksdict).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -147,7 +148,6 @@ def create_app(
 
 def _stats_page(app: faust.App, agents: Any) -> None:
     """``GET /ks/stats/``: the worker's progress as JSON (benchmarks and operators read it)."""
-    import resource
     import time
 
     started_at = time.time()
@@ -158,9 +158,27 @@ def _stats_page(app: faust.App, agents: Any) -> None:
             {
                 "pid": os.getpid(),
                 "started_at": started_at,
-                "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                "maxrss_kib": _peak_rss_kib(),
                 "open_windows": agents.windower.open_windows(),
                 "window": agents.window_stats.as_dict(),
                 "counters": dict(agents.ctx.counters),
             }
         )
+
+
+def _peak_rss_kib() -> int:
+    """This process's peak resident memory (KiB).
+
+    ``VmHWM`` from /proc, not ``getrusage``'s ``ru_maxrss``: Linux carries
+    ``ru_maxrss`` over fork and exec, so a worker spawned by a large parent (the
+    benchmark holding its input) reported the parent's peak as its own.
+    """
+    import resource
+
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
