@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from bench.tuning import _evals_to, _gap_at, _run_kernelstream, _run_random, _summary
+from bench.tuning import (
+    _evals_to,
+    _gap_at,
+    _run_kernelstream,
+    _run_random,
+    _summary,
+    format_table,
+    run_benchmark,
+)
 
 
 def _cache(path: Path) -> dict[str, float]:
@@ -68,3 +76,26 @@ def test_kernelstream_run_only_sees_measured_launches(tmp_path: Path) -> None:
     assert curve and curve[-1] == pytest.approx(opt)  # it found the optimum of 11
     assert len(curve) <= 12
     assert out["rounds_to_5"] is not None
+
+
+def test_fleet_sizes_get_the_same_window_budget(tmp_path: Path) -> None:
+    _cache(tmp_path / "toy.json.gz")
+    report = run_benchmark(
+        tmp_path,
+        seeds=1,
+        budget=12,
+        strategies=[],
+        jobs=1,
+        fleet_seeds=2,
+        warm_seeds=0,
+        fleet_windows=30,
+        echo=lambda m: None,
+    )
+    assert report["fleet_windows"] == 30
+    fleet = report["spaces"]["toy.json.gz"]["fleet"]
+    for nodes in ("1_node", "4_node"):
+        per_seed = fleet[nodes]["per_seed"]
+        assert len(per_seed) == 2 and fleet[nodes]["seeds"] == 2
+        # windows per node until within 5%, never past the shared window budget
+        assert all(r is None or 1 <= r <= 30 for r in per_seed)
+    assert "fleet: windows per node" in format_table(report)
