@@ -15,13 +15,25 @@ try comes from a rotating *acquisition*:
 3. **confident**: the minimum of the ensemble's mean minus one standard deviation
    across trees (a lower confidence bound), which exploits the model.
 
-Two more acquisitions can be put in the rotation: **mode** (local search inside each
-value of a two-valued switch in turn, for kernels whose switches select code paths
-with different optima) and **random**.
+When the search stalls (the group's best is older than ``stall`` evaluations), the
+``confident`` slot becomes an **arm** step instead: an *arm* is one combination of the
+values of the space's switches (two-valued parameters, which usually select code paths:
+shared memory or not, a read-only cache or not). A bandit on the measurements alone
+(UCB on each arm's best log duration, arms never measured first) picks an arm, and the
+best-predicted config near that arm's best is tried. Trees extrapolate flat, so a
+code path whose first samples were poor looks certain to be poor; the bandit does
+not trust the model's confidence there. This is a restart rule in the spirit of
+trust-region methods (TuRBO), with the regions given by the space's switches.
 
-Before the model has enough data it tries an initial design: configurations other
-device models of the same kernel found fastest (a warm start), then, alternately, a random
-configuration and a random one-parameter change of the best one so far.
+Two more acquisitions can be put in the rotation: **mode** (local search inside each
+value of a two-valued switch in turn) and **random**.
+
+Before the model has enough data it tries an initial design: the configs other device
+models of the same kernel found fastest (a warm start, at most ``n_warm`` of them), then,
+alternately, a random configuration and a random one-parameter change of the best one so
+far. Other device models' measurements also enter the model as one more feature (their
+own model's prediction), which the trees use only where it explains this group's
+measurements.
 
 Why trees: GPU search spaces are small (thousands of points), discrete, full of
 interactions and cliffs (a tile that no longer fits in shared memory), so a model that
@@ -55,7 +67,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ModelGuidedSearch", "SpaceIndex", "space_features"]
 
-ACQUISITIONS = ("local", "mode", "sample", "confident", "random")
+ACQUISITIONS = ("local", "arm", "mode", "sample", "confident", "random")
 
 
 def space_features(space: SearchSpace, configs: Sequence[Mapping[str, Any]]) -> np.ndarray:
@@ -99,6 +111,7 @@ class SpaceIndex:
     position: dict[str, int]
     features: np.ndarray
     positions: np.ndarray | None = None
+    _arms: np.ndarray | None = None
 
     @classmethod
     def build(cls, space: SearchSpace) -> SpaceIndex:
@@ -118,6 +131,24 @@ class SpaceIndex:
                 ]
             ).reshape(len(self.configs), len(self.space.params))
         return self.positions
+
+    def arms(self, max_arms: int) -> np.ndarray | None:
+        """Each config's arm (its switches' values as one number), or None.
+
+        None where the space has no two-valued parameter or more than ``max_arms``
+        combinations of them occur.
+        """
+        if self._arms is None:
+            positions = self.positions_matrix()
+            flags = [k for k, v in enumerate(self.space.params.values()) if len(v) == 2]
+            if flags:
+                _, arm = np.unique(positions[:, flags], axis=0, return_inverse=True)
+                self._arms = arm.reshape(-1)
+            else:
+                self._arms = np.zeros(len(self.configs), dtype=np.int64)
+        arms = self._arms
+        n = int(arms.max()) + 1 if len(arms) else 0
+        return arms if 1 < n <= max_arms else None
 
     def near(self, i: int, distance: int) -> np.ndarray:
         """Configs differing from config ``i`` in 1 to ``distance`` parameters (any values)."""
@@ -141,6 +172,13 @@ class ModelGuidedSearch:
             this many times slower than the slowest measured one.
         local_distance: the ``local`` acquisition looks at configs that differ from the
             group's fastest in at most this many parameters (any values).
+        n_warm: at most this many of other device models' fastest configs are tried
+            first.
+        max_arms: no arm steps in spaces with more switch combinations than this.
+        arm_bonus: the bandit's exploration weight (log duration units).
+        stall: evaluations without a new best after which the ``stall_mode``
+            acquisition becomes an arm step; 0 never.
+        warm_feature: other device models' predictions as a model feature.
     """
 
     n_trees: int = 30
@@ -151,10 +189,17 @@ class ModelGuidedSearch:
     local_distance: int = 2
     max_features: float = 0.5
     bootstrap: bool = True
+    n_warm: int = 2
+    max_arms: int = 32
+    arm_bonus: float = 0.5
+    stall: int = 15
+    stall_mode: str = "confident"
+    warm_feature: bool = True
     _index: dict[int, SpaceIndex] = field(default_factory=dict, repr=False)
     _model: tuple[Any, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = field(
         default=None, repr=False
     )
+    _prior_cache: tuple[Any, np.ndarray] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         bad = [a for a in self.acquisitions if a not in ACQUISITIONS]
@@ -204,7 +249,7 @@ class ModelGuidedSearch:
             )
 
         if step < self.n_init or len(measured) < 2:
-            warm = self._warm(idx, related)
+            warm = self._warm(idx, related)[: self.n_warm]
             choice = first_allowed(warm)
             why = "warm start: fast on another device model of this kernel"
             if choice is None and measured and step % 2 == 1:
@@ -222,14 +267,28 @@ class ModelGuidedSearch:
         # spend a model fit on every one of their windows.
         key = (id(idx), frozenset(i for i, _ in measured), frozenset(failed))
         if self._model is None or self._model[0] != key:
-            self._model = (key, self._fit(idx, measured, failed, rng))
+            features = idx.features
+            prior = self._prior(idx, related, rng) if self.warm_feature else None
+            if prior is not None:
+                features = np.column_stack([features, prior])
+            self._model = (key, self._fit(features, measured, failed, rng))
         mu, sd, trees = self._model[1]
         mode = self.acquisitions[step % len(self.acquisitions)]
         best_i = min(measured, key=lambda m: m[1])[0]
+        if self.stall and mode == self.stall_mode:
+            # Stalled: the group's best is older than ``stall`` evaluations. Local
+            # steps and the model have settled on one basin; try the other arms.
+            since = len(measured) - 1 - next(k for k, (i, _) in enumerate(measured) if i == best_i)
+            if since >= self.stall:
+                mode = "arm"
         choice = None
         if mode == "local":
             near = idx.near(best_i, self.local_distance)
             choice = first_allowed(near[np.argsort(mu[near], kind="stable")])
+            if choice is None:
+                mode = "sample"
+        if mode == "arm":
+            choice = self._arm_step(idx, measured, failed, mu, first_allowed)
             if choice is None:
                 mode = "sample"
         if mode == "mode":
@@ -251,6 +310,46 @@ class ModelGuidedSearch:
             f"best measured {best_us:.1f} us after {step} configs",
             max(0.0, best_us / predicted - 1.0),
         )
+
+    def _arm_step(
+        self,
+        idx: SpaceIndex,
+        measured: list[tuple[int, float]],
+        failed: list[int],
+        mu: np.ndarray,
+        first_allowed: Callable[[Sequence[int] | np.ndarray], int | None],
+    ) -> int | None:
+        """Polish the best config of one *arm*: a combination of the switches' values.
+
+        Switches (two-valued parameters) select code paths, and the best path can hide
+        behind a few bad first samples that make the model write it off. Arms are
+        picked by a bandit on measurements alone (UCB on each arm's best log mean
+        duration, unexplored arms first), not by the model's own confidence.
+        """
+        arms = idx.arms(self.max_arms)
+        if arms is None:
+            return None
+        n_arms = int(arms.max()) + 1
+        counts = np.bincount(arms[[i for i, _ in measured] + failed], minlength=n_arms)
+        best = np.full(n_arms, np.inf)
+        at = np.full(n_arms, -1)
+        for i, us in measured:
+            a = arms[i]
+            if math.log(us) < best[a]:
+                best[a], at[a] = math.log(us), i
+        total = max(1, int(counts.sum()))
+        bonus = self.arm_bonus * np.sqrt(math.log(1 + total) / np.maximum(counts, 1))
+        score = np.where(counts == 0, -np.inf, np.where(np.isfinite(best), best - bonus, np.inf))
+        for a in np.argsort(score, kind="stable"):
+            if at[a] >= 0:
+                near = idx.near(int(at[a]), self.local_distance)
+                near = near[arms[near] == a]
+            else:
+                near = np.flatnonzero(arms == a)
+            choice = first_allowed(near[np.argsort(mu[near], kind="stable")])
+            if choice is not None:
+                return choice
+        return None
 
     def _mode_step(
         self,
@@ -295,9 +394,34 @@ class ModelGuidedSearch:
         )
         return [idx.position[cid] for _, cid in ranked]
 
+    def _prior(
+        self, idx: SpaceIndex, related: Sequence[GroupStats], rng: np.random.Generator
+    ) -> np.ndarray | None:
+        """What other device models' measurements predict, as one more feature.
+
+        A tree model of the related groups' log durations (each relative to its own
+        group's best) over the whole space. The trees of this group's model split on it
+        where it explains this group's measurements and not where the devices differ.
+        """
+        rows: dict[int, float] = {}
+        for g in related:
+            best = _best_mean(g)
+            for cid, m in g.configs.items():
+                if m.count > 0 and cid not in g.failed and cid in idx.position:
+                    rows[idx.position[cid]] = math.log(m.mean_us / best)
+        if len(rows) < 2:
+            return None
+        key = frozenset(rows.items())
+        if self._prior_cache is None or self._prior_cache[0] != key:
+            ordered = sorted(rows)
+            measured = [(i, math.exp(rows[i])) for i in ordered]
+            mu, _, _ = self._fit(idx.features, measured, [], rng)
+            self._prior_cache = (key, mu)
+        return self._prior_cache[1]
+
     def _fit(
         self,
-        idx: SpaceIndex,
+        features: np.ndarray,
         measured: list[tuple[int, float]],
         failed: list[int],
         rng: np.random.Generator,
@@ -317,8 +441,8 @@ class ModelGuidedSearch:
             random_state=int(rng.integers(2**31)),
             n_jobs=1,
         )
-        model.fit(idx.features[rows], np.asarray(y))
-        trees = np.stack([t.predict(idx.features) for t in model.estimators_])
+        model.fit(features[rows], np.asarray(y))
+        trees = np.stack([t.predict(features) for t in model.estimators_])
         return trees.mean(axis=0), trees.std(axis=0), trees
 
 

@@ -116,6 +116,55 @@ def test_warm_start_tries_the_other_device_models_best_first() -> None:
     assert p is not None and p.config == NEEDLE and "warm start" in p.reason
 
 
+def _measured(configs: list[Config], best: int = 0) -> GroupStats:
+    """The configs measured in this order; the one at ``best`` 3x faster than the rest."""
+    group = GroupStats()
+    for k, c in enumerate(configs):
+        us = cost(c) * (1.0 if k == best else 3.0)
+        group.configs[SPACE.config_id(c)] = Measurement(dict(c), 10, 10 * us, 1)
+    return group
+
+
+def test_arms_are_the_switch_combinations() -> None:
+    idx = ModelGuidedSearch().index(SPACE)
+    arms = idx.arms(max_arms=8)
+    assert arms is not None
+    assert {
+        a: {c["use_smem"] for c, b in zip(idx.configs, arms, strict=True) if b == a}
+        for a in set(arms.tolist())
+    } == {0: {0}, 1: {1}}
+    assert idx.arms(max_arms=1) is None  # too few arms allowed: no arm step
+    no_switch = SearchSpace("s", {"a": (1, 2, 3)}, default={"a": 1})
+    assert ModelGuidedSearch().index(no_switch).arms(max_arms=8) is None
+
+
+def test_a_stalled_search_tries_the_switch_combination_it_never_measured() -> None:
+    # The best is the first of many measured configs, all with the switch off: the
+    # search has stalled, so the stall acquisition becomes an arm step, and the arm
+    # never measured (use_smem=1) comes first whatever the model thinks of it.
+    off = [c for c in SPACE if c["use_smem"] == 0][:12]
+    group = _measured(off)
+    s = ModelGuidedSearch(seed=0, n_init=1, acquisitions=("confident",), stall=5)
+    f = SimpleNamespace(classification="x")
+    p = s.propose(f, SPACE, group, off[0], lambda c: True)  # type: ignore[arg-type]
+    assert p is not None and p.config["use_smem"] == 1 and "(arm)" in p.reason
+    # Not stalled (the best was measured last): the rotation's own acquisition.
+    group = _measured(off, best=len(off) - 1)
+    p = s.propose(f, SPACE, group, off[-1], lambda c: True)  # type: ignore[arg-type]
+    assert p is not None and "(confident)" in p.reason
+
+
+def test_other_device_models_inform_the_model_as_a_feature() -> None:
+    # The related group measured the whole space: its model ranks the needle first.
+    other = _measured(list(SPACE))
+    s = ModelGuidedSearch(seed=0, n_init=1)
+    idx = s.index(SPACE)
+    prior = s._prior(idx, [other], np.random.default_rng(0))
+    assert prior is not None and prior.shape == (SPACE.size(),)
+    assert int(np.argmin(prior)) == idx.position[SPACE.config_id(NEEDLE)]
+    assert s._prior(idx, [], np.random.default_rng(0)) is None
+
+
 def test_features_are_generic_and_finite() -> None:
     x = space_features(SPACE, list(SPACE))
     assert x.shape[0] == SPACE.size() and np.isfinite(x).all()
