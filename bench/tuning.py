@@ -582,12 +582,28 @@ def command(
     )
     table = format_table(report)
     click.echo(table)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    dated = _dated(results_dir, report["date"], json_out)
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(report, indent=1))
-    results_dir.mkdir(parents=True, exist_ok=True)
-    dated = results_dir / f"tuning-{report['date']}.json"
     if dated.resolve() != json_out.resolve():
         shutil.copyfile(json_out, dated)
     dated.with_suffix(".txt").write_text(table + "\n")
     for p in plot(report, dated):
         click.echo(f"plot: {p}", err=True)
+
+
+def _dated(results_dir: Path, date: str, json_out: Path) -> Path:
+    """Where the dated copy goes: ``json_out`` itself when it is one, else a new name.
+
+    An earlier run of the same day keeps its files: the next one is ``-run2``, ``-run3``...
+    """
+    if json_out.resolve().parent == results_dir.resolve() and json_out.name.startswith(
+        f"tuning-{date}"
+    ):
+        return json_out
+    for n in range(1, 1000):
+        path = results_dir / f"tuning-{date}{'' if n == 1 else f'-run{n}'}.json"
+        if not path.exists():
+            return path
+    raise click.UsageError(f"too many tuning results for {date} in {results_dir}")

@@ -99,3 +99,14 @@ def test_fleet_sizes_get_the_same_window_budget(tmp_path: Path) -> None:
         # windows per node until within 5%, never past the shared window budget
         assert all(r is None or 1 <= r <= 30 for r in per_seed)
     assert "fleet: windows per node" in format_table(report)
+
+
+def test_a_second_run_of_the_day_keeps_the_first_ones_files(tmp_path: Path) -> None:
+    from bench.tuning import _dated
+
+    out = tmp_path / "elsewhere.json"
+    assert _dated(tmp_path, "2026-01-02", out).name == "tuning-2026-01-02.json"
+    (tmp_path / "tuning-2026-01-02.json").write_text("{}")
+    assert _dated(tmp_path, "2026-01-02", out).name == "tuning-2026-01-02-run2.json"
+    mine = tmp_path / "tuning-2026-01-02-run2.json"
+    assert _dated(tmp_path, "2026-01-02", mine) == mine
