@@ -221,7 +221,7 @@ class ClosedLoop:
         g = self.tuner.group(key)
         if g is None:
             return
-        for cid in [*g.configs, *g.failed]:
+        for cid in [*g.configs, *sorted(g.failed)]:  # sorted: set order varies per process
             if cid in self._seen:
                 continue
             self._seen.add(cid)

@@ -231,7 +231,9 @@ class ModelGuidedSearch:
             for cid, m in group.configs.items()
             if cid in idx.position and m.count > 0 and cid not in group.failed
         ]
-        failed = [idx.position[cid] for cid in group.failed if cid in idx.position]
+        # Sorted: a set's order of strings changes with the process's hash seed, and the
+        # order of the training rows decides the trees' bootstrap samples.
+        failed = sorted(idx.position[cid] for cid in group.failed if cid in idx.position)
         step = len(measured) + len(failed)
         rng = np.random.default_rng([self.seed, step, len(group.trying)])
 
