@@ -43,6 +43,8 @@ from typing import Any
 import click
 import numpy as np
 
+from bench.results import dated_stem
+
 __all__ = ["command", "run_benchmark"]
 
 KT_STRATEGIES = (
@@ -602,8 +604,4 @@ def _dated(results_dir: Path, date: str, json_out: Path) -> Path:
         f"tuning-{date}"
     ):
         return json_out
-    for n in range(1, 1000):
-        path = results_dir / f"tuning-{date}{'' if n == 1 else f'-run{n}'}.json"
-        if not path.exists():
-            return path
-    raise click.UsageError(f"too many tuning results for {date} in {results_dir}")
+    return Path(f"{dated_stem(results_dir, 'tuning', date)}.json")
