@@ -9,8 +9,10 @@ One run, one embedded broker, one pre-produced input (a synthetic fleet, see
               ``--naive-launches`` of them: a per-record producer's messages);
 (c) worker    the real ``kernelstream worker`` process: launch records/s into windows;
 (e) memory    worker RSS sampled during a sustained run at half of (c);
-(f) ready     worker spawn -> first batch processed (input already waiting).
-(d) end-to-end latency is not measured by this version (reported as null).
+(f) ready     worker spawn -> first batch processed (input already waiting);
+(d) latency   a live fleet at ``--latency-rate``: each launch's completion -> the node
+              receiving the first recommendation its window led to, per hop, for
+              each window setting in ``_LATENCY_CONFIGS``.
 
 (a) and (c) alternate for ``--rounds`` rounds on the same topic (fresh consumer
 groups) because the machine is shared; medians are reported with every round.
