@@ -107,7 +107,7 @@ class _Kernel:
         self.fn = device.compile(self.workload, self.config)
         self.geo = self.workload.geometry(self.config)
         self.args = self.workload.kernel_args(device.arrays(self.workload))
-        self.cp = device._cp
+        self.cp = device.cupy
 
     def run_off(self, n: int) -> float:
         """Plain launches, one sync; returns wall seconds."""

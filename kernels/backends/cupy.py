@@ -183,6 +183,11 @@ class CupyDevice:
             if sampler.start():
                 self._sampler = sampler
 
+    @property
+    def cupy(self) -> ModuleType:
+        """The CuPy module this device runs on (benchmarks time raw launches with it)."""
+        return self._cp
+
     def workloads(self) -> list[Workload]:
         return list(self._workloads)
 
