@@ -125,14 +125,15 @@ def _producer(settings: Any) -> Any:
 
 
 def _rss_of(pid: int | None) -> int | None:
-    """Resident bytes of a process (Linux /proc), None when unknown."""
+    """Resident bytes of a process (psutil, as :meth:`WorkerProc.rss_bytes`), None if gone."""
+    import psutil
+
+    if pid is None:
+        return None
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return None
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return None
 
 
 async def _sustain(
