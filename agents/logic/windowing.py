@@ -47,7 +47,9 @@ __all__ = [
     "make_example_batch",
 ]
 
-_SNAPSHOT_VERSION = 1
+_SNAPSHOT_VERSION = 2
+# Version 1 also stored every launch's sequence number; restoring it ignores them.
+_READABLE_VERSIONS = (1, 2)
 
 # Per-batch constants copied into every aggregate. Taken from the first batch of a
 # (window, config): within one config these describe the same launch geometry.
@@ -122,12 +124,17 @@ class WindowerMetrics:
 
 @dataclass
 class _Acc:
-    """Launches of one (key, window, config). Only successful launches keep arrays."""
+    """Launches of one (key, window, config). Only successful launches keep arrays.
+
+    Chunks are appended in arrival order, which is sequence order: a stream's batches
+    are numbered without gaps and callers drop resent ones (:meth:`Windower.seen_through`),
+    and a batch's rows go in batch order. So per-launch sequence numbers need not be
+    kept: where they break ties (equal end times), arrival order is the same order.
+    """
 
     meta: dict[str, Any]
     t_end: list[_F64] = field(default_factory=list)
     duration_us: list[_F64] = field(default_factory=list)
-    seq: list[_I64] = field(default_factory=list)
     failures: int = 0
     late_accepted: int = 0
     seq_min: int = -1
@@ -226,9 +233,8 @@ class Windower:
         late_ok = int(np.searchsorted(t, watermark0, side="left")) if watermark0 > t[0] else 0
         st.max_t = max(st.max_t, float(t[-1]))
         self.metrics.late_accepted += late_ok
-        seq = batch.seq_start + np.arange(n, dtype=np.int64)
         if first == last:
-            self._add_slice(st, batch, first, t, cols.duration_us, cols.ok, seq, late_ok)
+            self._add_slice(st, batch, first, t, cols.duration_us, cols.ok, 0, late_ok)
             return []
         cuts = [0, *(np.flatnonzero(np.diff(idx)) + 1).tolist(), n]
         for lo, hi in itertools.pairwise(cuts):
@@ -239,7 +245,7 @@ class Windower:
                 t[lo:hi],
                 cols.duration_us[lo:hi],
                 cols.ok[lo:hi],
-                seq[lo:hi],
+                lo,
                 max(0, min(late_ok, hi) - lo),
             )
         return []
@@ -252,10 +258,10 @@ class Windower:
         t: _F64,
         dur: _F64,
         ok: npt.NDArray[np.bool_],
-        seq: _I64,
+        row: int,
         late_accepted: int,
     ) -> None:
-        """Launches of one window, in batch order (contiguous, so no index arrays)."""
+        """Launches of one window, in batch order: rows ``row`` .. ``row + t.size - 1``."""
         key = (window, batch.config_id)
         acc = st.open.get(key)
         if acc is None:
@@ -264,14 +270,13 @@ class Windower:
         if n_ok == t.size:
             acc.t_end.append(t)
             acc.duration_us.append(dur)
-            acc.seq.append(seq)
         else:
             acc.t_end.append(t[ok])
             acc.duration_us.append(dur[ok])
-            acc.seq.append(seq[ok])
         acc.failures += int(t.size - n_ok)
         acc.late_accepted += late_accepted
-        acc.add_seq_range(int(seq[0]), int(seq[-1]))
+        first = batch.seq_start + row
+        acc.add_seq_range(first, first + t.size - 1)
 
     def _add_unordered(self, st: _KeyState, cols: LaunchColumns) -> list[LaunchBatch]:
         """General path: launches out of completion order, or some of them too late."""
@@ -331,7 +336,6 @@ class Windower:
             sel_ok = ok[sel]
             acc.t_end.append(t[sel][sel_ok])
             acc.duration_us.append(dur[sel][sel_ok])
-            acc.seq.append(seq[sel][sel_ok])
             acc.failures += int(sel_ok.size - np.count_nonzero(sel_ok))
             acc.late_accepted += int(np.count_nonzero(late_ok[sel]))
             acc.add_seq_range(int(seq[sel].min()), int(seq[sel].max()))
@@ -508,10 +512,10 @@ class Windower:
     @classmethod
     def restore(cls, snapshot: Mapping[str, Any]) -> Windower:
         """Rebuild a windower from :meth:`snapshot` output."""
-        if snapshot.get("version") != _SNAPSHOT_VERSION:
+        if snapshot.get("version") not in _READABLE_VERSIONS:
             raise SnapshotError(
-                f"windower snapshot version {snapshot.get('version')!r} is not "
-                f"{_SNAPSHOT_VERSION}; discard it and replay the launches topic"
+                f"windower snapshot version {snapshot.get('version')!r} is not one of "
+                f"{_READABLE_VERSIONS}; discard it and replay the launches topic"
             )
         try:
             self = cls(WindowSpec(**snapshot["spec"]))
@@ -528,7 +532,6 @@ class Windower:
                         meta=dict(w["meta"]),
                         t_end=[np.asarray(w["t_end"], dtype=np.float64)],
                         duration_us=[np.asarray(w["duration_us"], dtype=np.float64)],
-                        seq=[np.asarray(w["seq"], dtype=np.int64)],
                         failures=int(w["failures"]),
                         late_accepted=int(w["late_accepted"]),
                         seq_min=int(w["seq_min"]),
@@ -546,7 +549,6 @@ class Windower:
 def _aggregate_acc(acc: _Acc, window: int, config_id: str, size_s: float) -> WindowAggregate:
     t = _cat(acc.t_end, np.float64)
     d = _cat(acc.duration_us, np.float64)
-    seq = _cat(acc.seq, np.int64)
     stats: dict[str, float] = dict.fromkeys(_DURATION_STATS, 0.0)
     stats["busy_fraction"] = stats["idle_gap_mean_us"] = 0.0
     if d.size:
@@ -561,9 +563,13 @@ def _aggregate_acc(acc: _Acc, window: int, config_id: str, size_s: float) -> Win
             busy_fraction=float(d.sum()) * 1e-6 / size_s,
         )
         if d.size > 1:
-            # Gaps follow completion order; seq breaks ties between equal end times.
-            order = np.lexsort((seq, t))
-            ts, ds = t[order], d[order]
+            # Gaps follow completion order; arrival (= sequence) order breaks ties
+            # between equal end times, so a window in completion order needs no sort.
+            if bool((t[1:] >= t[:-1]).all()):
+                ts, ds = t, d
+            else:
+                order = np.argsort(t, kind="stable")
+                ts, ds = t[order], d[order]
             gaps = np.maximum(0.0, (ts[1:] - ds[1:] * 1e-6) - ts[:-1])
             stats["idle_gap_mean_us"] = float(gaps.mean()) * 1e6
     return _build(
@@ -773,8 +779,7 @@ def _columns(acc: _Acc, arrays: bool) -> dict[str, Any]:
     # Merging the chunks in place keeps the next snapshot (and the aggregate) cheap.
     acc.t_end = [_cat(acc.t_end, np.float64)]
     acc.duration_us = [_cat(acc.duration_us, np.float64)]
-    acc.seq = [_cat(acc.seq, np.int64)]
-    cols = {"t_end": acc.t_end[0], "duration_us": acc.duration_us[0], "seq": acc.seq[0]}
+    cols = {"t_end": acc.t_end[0], "duration_us": acc.duration_us[0]}
     return cols if arrays else {k: v.tolist() for k, v in cols.items()}
 
 

@@ -247,6 +247,38 @@ def test_snapshot_restore_mid_stream_gives_identical_output() -> None:
     assert straight.metrics == resumed.metrics
 
 
+def test_equal_end_times_break_ties_in_sequence_order() -> None:
+    """Idle gaps depend on the order of launches that end together: sequence order."""
+    batches = [
+        batch([0.30, 0.10, 0.30], duration_us=[5.0, 1.0, 90.0], seq_start=0),
+        batch([0.10, 0.30, 0.20, 0.30], duration_us=[7.0, 3.0, 2.0, 40.0], seq_start=3),
+    ]
+    w = Windower(NO_WAIT)
+    got: list[WindowAggregate] = []
+    for b in batches:
+        w.add(b, now=0.0)
+        got += w.poll(0.0)
+    got += w.flush_all()
+    want = aggregate_reference(launch_rows(batches), NO_WAIT)
+    assert len(got) == len(want) == 1
+    _close(got[0], want[0])
+    assert got[0].idle_gap_mean_us > 0
+
+
+def test_version_1_snapshot_with_sequence_columns_restores() -> None:
+    """Checkpoints written before 2026-11-22 stored every launch's sequence number."""
+    w = Windower(NO_WAIT)
+    w.add(batch([0.1, 0.2, 0.4], duration_us=[1.0, 2.0, 3.0], seq_start=10), now=0.0)
+    snap = json.loads(json.dumps(w.snapshot()))
+    old = json.loads(json.dumps(snap))
+    old["version"] = 1
+    for window in old["keys"]["n1:0/saxpy"]["windows"]:
+        window["seq"] = list(range(10, 10 + len(window["t_end"])))
+    restored = Windower.restore(old)
+    assert restored.snapshot() == snap
+    assert _drain(restored) == _drain(w)
+
+
 def test_restore_rejects_unknown_version() -> None:
     with pytest.raises(SnapshotError, match="version"):
         Windower.restore({"version": 99})
