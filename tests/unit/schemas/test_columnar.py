@@ -1,0 +1,100 @@
+"""The worker's columnar decoder accepts and rejects exactly what the pydantic model does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from schemas import LaunchBatch, SchemaError, decode
+from schemas.columnar import decode_launch_columns
+
+_BASE: dict[str, Any] = {
+    "schema": "ks.launch_batch/1",
+    "node": "n",
+    "device_index": 0,
+    "device_model": "A100",
+    "backend": "sim",
+    "kernel": "k",
+    "workload": "k",
+    "problem_size": [1],
+    "config": {},
+    "config_id": "c",
+    "grid": [1, 1, 1],
+    "block": [1, 1, 1],
+    "dynamic_smem_bytes": 0,
+    "bytes_moved": 1.0,
+    "flops": 1.0,
+    "occupancy": 1.0,
+    "waves": 1.0,
+    "peak_gbs": 1.0,
+    "peak_gflops": 1.0,
+    "seq_start": 7,
+    "t_end": [1.5, 2.5],
+    "duration_us": [3.0, 4.0],
+    "ok": [1, 0],
+}
+
+_COLUMNS: list[tuple[str, Any]] = [
+    ("t_end", [1, 2]),  # ints are numbers
+    ("t_end", [1.5, "2.5"]),  # a numeric string
+    ("t_end", [1.5, None]),
+    ("t_end", [1.5, True]),
+    ("t_end", [1.5, [2.5]]),
+    ("t_end", [1.5, {"x": 1}]),
+    ("t_end", [1.5, 10**400]),
+    ("t_end", [1.5]),  # lengths differ
+    ("t_end", []),
+    ("t_end", "1.5,2.5"),
+    ("duration_us", [3.0, -1.0]),
+    ("duration_us", [3.0, 3.6e9]),
+    ("duration_us", [3.0, 3.7e9]),
+    ("duration_us", [3.0, 1e400]),  # orjson reads it as inf
+    ("duration_us", [0, 4]),
+    ("ok", [1, 2]),
+    ("ok", [True, False]),
+    ("ok", [1.0, 0.0]),
+    ("ok", ["1", 0]),
+    ("ok", [1, None]),
+    ("ok", [1, 1]),
+]
+
+
+def _raw(column: str, value: Any) -> bytes:
+    if column == "duration_us" and value == [3.0, 1e400]:
+        return orjson.dumps(_BASE | {"duration_us": [3.0, 0.0]}).replace(b"0.0]", b"1e400]")
+    if column == "t_end" and value == [1.5, 10**400]:
+        huge = b"1" + b"0" * 400 + b"]"
+        return orjson.dumps(_BASE | {"t_end": [1.5, 0.0]}).replace(b"0.0]", huge)
+    return orjson.dumps(_BASE | {column: value})
+
+
+@pytest.mark.parametrize(("column", "value"), _COLUMNS, ids=[f"{c}={v!r:.30}" for c, v in _COLUMNS])
+def test_same_verdict_and_values_as_the_model(column: str, value: Any) -> None:
+    raw = _raw(column, value)
+    try:
+        want = decode(raw, LaunchBatch)
+    except SchemaError as ex:
+        with pytest.raises(SchemaError) as got:
+            decode_launch_columns(raw)
+        assert got.value.code == ex.code
+        return
+    cols = decode_launch_columns(raw)
+    assert cols.t_end.dtype == np.float64 and cols.duration_us.dtype == np.float64
+    assert cols.t_end.tolist() == [float(x) for x in want.t_end]
+    assert cols.duration_us.tolist() == [float(x) for x in want.duration_us]
+    assert cols.ok.tolist() == [bool(o) for o in want.ok]
+    assert cols.meta.seq_start == want.seq_start
+
+
+def test_batch_sizes_from_one_to_many_decode_exactly() -> None:
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 3, 100, 2000, 2001):
+        t = (1.8e9 + np.cumsum(rng.random(n))).round(6).tolist()
+        d = (rng.random(n) * 100).round(3).tolist()
+        raw = orjson.dumps(_BASE | {"t_end": t, "duration_us": d, "ok": [1] * n})
+        cols = decode_launch_columns(raw)
+        assert cols.t_end.tolist() == t and cols.duration_us.tolist() == d
+        assert cols.ok.all() and len(cols) == n
