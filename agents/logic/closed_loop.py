@@ -67,6 +67,7 @@ class LoopNode:
     batcher: LaunchBatcher
     reconf: Reconfigurator
     pending: list[Recommendation] = field(default_factory=list)
+    newest: float = -math.inf  # event time of its latest launch
 
 
 class ClosedLoop:
@@ -81,6 +82,8 @@ class ClosedLoop:
         window_s: event-time window length (simulated seconds).
         policy: the nodes' reconfiguration policy.
         truth: config id -> true mean duration, for scoring only.
+        tick_s: the nodes' first tick of each window (a node ticks every 50 ms); see
+            :meth:`step`.
     """
 
     def __init__(
@@ -93,11 +96,15 @@ class ClosedLoop:
         policy: ReconfigPolicy | None = None,
         truth: Mapping[str, float] | None = None,
         max_launches_per_s: float = 20_000.0,
+        tick_s: float = 0.05,
     ) -> None:
         if not devices:
             raise ValueError("ClosedLoop needs at least one device")
+        if not 0 < 2 * tick_s < window_s:
+            raise ValueError(f"tick_s must be in (0, window_s / 2), got {tick_s}")
         self.tuner = tuner
         self.window_s = window_s
+        self.tick_s = tick_s
         self.truth = truth
         self.windower = Windower(
             WindowSpec(
@@ -148,25 +155,57 @@ class ClosedLoop:
         return self.trace
 
     def step(self) -> None:
-        """One round: apply pending changes, run a window, window, classify, tune."""
+        """One round (window) of every node, ticking as a node does.
+
+        1. The nodes tick (``tick_s``) until every node's launches passed the end of
+           the previous window, which closes it (usually the first tick; a node that
+           just rolled back measures its config with one launch first); each closed
+           window is classified and tuned, and the recommendations go out.
+        2. Each node applies what it got at that safe point, runs its next tick (a new
+           configuration's first tick measures it with one launch, as the runner does)
+           and the rest of the window; its reconfigurator keeps or rolls back the change.
+
+        A node's window therefore holds (almost) only the configuration it tries, and
+        the tuner has both the window and the keep/rollback outcome before the next
+        round, as a worker has them within a tick or two of the window's end.
+        """
         self._now += self.window_s
         now = self._now
+        start = t = now - self.window_s
+        while t + 2 * self.tick_s < now and (
+            t == start or any(node.newest < start for node in self.nodes)
+        ):
+            t += self.tick_s
+            for node in self.nodes:
+                self._run(node, t)
+            self._close(t)
         for node in self.nodes:
             for rec in node.pending:
-                self._deliver(node, rec, now - self.window_s)
+                self._deliver(node, rec, t)
             node.pending.clear()
-            kernel = node.workload.name
-            for chunk in node.runner.tick(now):
-                node.reconf.observe(kernel, chunk.duration_us, chunk.ok)
-                for batch in node.batcher.add(chunk, now):
-                    self.windower.add_runs(batch, now)
-            for batch in node.batcher.flush():
-                self.windower.add_runs(batch, now)
+            self._run(node, t + self.tick_s)
+            self._run(node, now)
             for ev in node.reconf.evaluate(now):
                 if ev.status == "rolled_back":
-                    node.runner.set_config(kernel, dict(ev.before_config))
+                    node.runner.set_config(node.workload.name, dict(ev.before_config))
                 self._outcome(node, ev.recommendation, ev.status, ev, now)
-        for agg in self.windower.poll(now + self.window_s):
+        self.trace.rounds += 1
+
+    def _run(self, node: LoopNode, until: float) -> None:
+        """The node's launches up to ``until`` (one tick), into its reconfigurator and windows."""
+        kernel = node.workload.name
+        for chunk in node.runner.tick(until):
+            if len(chunk.t_end):
+                node.newest = max(node.newest, float(chunk.t_end[-1]))
+            node.reconf.observe(kernel, chunk.duration_us, chunk.ok)
+            for batch in node.batcher.add(chunk, until):
+                self.windower.add_runs(batch, until)
+        for batch in node.batcher.flush():
+            self.windower.add_runs(batch, until)
+
+    def _close(self, now: float) -> None:
+        """Classify and tune every window the launches so far completed."""
+        for agg in self.windower.poll(now):
             finding = self.detector.classify(agg)
             self.tuner.observe_finding(finding)
             self._score(group_of(finding))
@@ -174,7 +213,6 @@ class ClosedLoop:
             if proposed is not None:
                 target = next(n for n in self.nodes if n.name == proposed.node)
                 target.pending.append(proposed)
-        self.trace.rounds += 1
 
     def _deliver(self, node: LoopNode, rec: Recommendation, now: float) -> None:
         decision = node.reconf.consider(rec, now)

@@ -275,7 +275,11 @@ class ModelGuidedSearch:
                 features = np.column_stack([features, prior])
             self._model = (key, self._fit(features, measured, failed, rng))
         mu, sd, trees = self._model[1]
-        mode = self.acquisitions[step % len(self.acquisitions)]
+        # Nodes of the group trying configs now: each gets the next acquisition of the
+        # rotation, so a batch of proposals from one model is a mix (one polishes, one
+        # samples, ...) rather than the top few of one score.
+        pending = sum(1 for cid in group.trying if not group.measured(cid))
+        mode = self.acquisitions[(step + pending) % len(self.acquisitions)]
         best_i = min(measured, key=lambda m: m[1])[0]
         if self.stall and mode == self.stall_mode:
             # Stalled: the group's best is older than ``stall`` evaluations. Local

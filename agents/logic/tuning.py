@@ -90,6 +90,11 @@ class GroupStats:
     def measured(self, config_id: str) -> bool:
         return config_id in self.configs or config_id in self.failed
 
+    def since(self, config_id: str) -> int:
+        """Configs first measured after ``config_id`` (its age, in evaluations)."""
+        ids = list(self.configs)
+        return len(ids) - 1 - ids.index(config_id) if config_id in self.configs else 0
+
     def best(self, min_windows: int) -> tuple[str, Measurement] | None:
         """Fastest non-failed config with at least ``min_windows`` good windows."""
         ranked = [
@@ -264,6 +269,12 @@ class Tuner:
         min_windows: the current config needs this many such windows before moving.
         share_min_gain: the group's best is sent to a node when it is at least this
             much faster (relative mean duration) than what the node runs.
+        share_after: ... and once the group measured this many configs after it (or
+            when the strategy has nothing left to try, or the node's config fails).
+            While the group's best keeps moving, a fresh best is usually soon
+            superseded, and a node's window spent re-running it is one new candidate
+            fewer; so nodes keep exploring (each trial is still judged against what the
+            node runs) and move to the best once it has held. 0 shares at once.
         strategy: how to explore; :class:`agents.logic.search.ModelGuidedSearch` by
             default.
         max_step: the nodes' step limit (positions any one parameter may move in one
@@ -278,6 +289,7 @@ class Tuner:
         min_launches: int = 10,
         min_windows: int = 1,
         share_min_gain: float = 0.03,
+        share_after: int = 15,
         strategy: Strategy | None = None,
         max_step: int | None = None,
     ) -> None:
@@ -294,7 +306,10 @@ class Tuner:
         self.ttl_s = ttl_s
         self.min_launches = min_launches
         self.min_windows = min_windows
+        if share_after < 0:
+            raise LogicSettingsError(f"Tuner.share_after must be >= 0, got {share_after}")
         self.share_min_gain = share_min_gain
+        self.share_after = share_after
         if strategy is None:
             from agents.logic.search import ModelGuidedSearch
 
@@ -444,11 +459,13 @@ class Tuner:
                 and (self.max_step is None or space.steps(current, config) <= self.max_step)
             )
 
-        proposal = self._share_best(g, cur, cur_id, cur_failed, allowed)
+        proposal = self._share_best(g, cur, cur_id, cur_failed, allowed, self.share_after)
         if proposal is None:
             key = group_of(finding)
             related = [o for k, o in self._groups.items() if k[1:] == key[1:] and k != key]
             proposal = self.strategy.propose(finding, space, g, current, untried, related)
+        if proposal is None:
+            proposal = self._share_best(g, cur, cur_id, cur_failed, allowed, 0)
         if proposal is None and cur_failed and allowed(space.start_config()):
             proposal = Proposal(space.start_config(), "current config fails: back to start", 0.0)
         if proposal is None or not allowed(proposal.config):
@@ -462,6 +479,7 @@ class Tuner:
         cur_id: str,
         cur_failed: bool,
         allowed: Callable[[Config], bool],
+        min_age: int,
     ) -> Proposal | None:
         best = g.best(self.min_windows)
         if best is None or best[0] == cur_id or not allowed(best[1].config):
@@ -469,7 +487,7 @@ class Tuner:
         best_id, m = best
         if cur_failed or cur is None:
             return Proposal(m.config, f"current config fails; fleet best is {best_id}", 0.0)
-        if m.mean_us > cur.mean_us * (1.0 - self.share_min_gain):
+        if m.mean_us > cur.mean_us * (1.0 - self.share_min_gain) or g.since(best_id) < min_age:
             return None
         return Proposal(
             m.config,
@@ -558,6 +576,7 @@ class Tuner:
                 "min_launches": self.min_launches,
                 "min_windows": self.min_windows,
                 "share_min_gain": self.share_min_gain,
+                "share_after": self.share_after,
                 "max_step": self.max_step,
             },
             "recommend_count": self.recommend_count,

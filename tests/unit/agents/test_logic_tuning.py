@@ -167,7 +167,7 @@ def test_failed_current_config_moves_to_fleet_best() -> None:
 
 
 def test_fleet_sharing_node_b_gets_node_a_best() -> None:
-    t = Tuner()
+    t = Tuner(share_after=0)
     best = {"block": 256, "tile": 2, "use_smem": True}
     seen(t, finding(START, 100.0, node="a"))
     t.observe_finding(finding(best, 60.0, node="a", t=1.0))
@@ -176,6 +176,27 @@ def test_fleet_sharing_node_b_gets_node_a_best() -> None:
     assert rec is not None and rec.node == "b"
     assert rec.config == best and "fleet best" in rec.reason
     assert rec.expected_gain == pytest.approx(100.0 / 60.0 - 1.0)
+
+
+def test_a_fresh_fleet_best_is_shared_once_it_has_held() -> None:
+    # While the group's best keeps moving, a node keeps exploring rather than spend a
+    # window re-running a best that is soon superseded; once the group measured
+    # ``share_after`` configs after it, the best goes to the node.
+    t = Tuner(share_after=3)
+    best = {"block": 256, "tile": 2, "use_smem": True}
+    seen(t, finding(START, 100.0, node="a"))
+    t.observe_finding(finding(best, 60.0, node="a", t=1.0))
+    rec = seen(t, finding(START, 100.0, node="b", t=5.0))
+    assert rec is not None and rec.config != best
+    group = t.group(GROUP)
+    assert group is not None and group.since(SPACE.config_id(best)) == 0
+    others = [c for c in SPACE if c not in (START, best)][:3]
+    for k, c in enumerate(others):
+        t.observe_finding(finding(c, 90.0, node="a", t=2.0 + k))
+    assert group.since(SPACE.config_id(best)) == 3
+    t.observe_outcome(outcome(rec, "rolled_back", START, after_mean_us=120.0, after_count=50))
+    rec = seen(t, finding(START, 100.0, node="b", t=9.0), now=6.0)
+    assert rec is not None and rec.config == best and "fleet best" in rec.reason
 
 
 def test_best_within_noise_is_not_shared() -> None:

@@ -154,6 +154,24 @@ def test_a_stalled_search_tries_the_switch_combination_it_never_measured() -> No
     assert p is not None and "(confident)" in p.reason
 
 
+def test_concurrent_proposals_take_the_next_acquisitions_of_the_rotation() -> None:
+    # Configs other nodes of the group are trying now shift the rotation: a batch of
+    # proposals from one model mixes acquisitions instead of repeating one.
+    group = _measured(list(itertools.islice(SPACE, 12)), best=11)
+    s = ModelGuidedSearch(seed=0, n_init=1, acquisitions=("local", "sample", "confident"))
+    f = SimpleNamespace(classification="x")
+    step = len(group.configs)
+    modes = []
+    for _ in range(3):
+        p = s.propose(f, SPACE, group, SPACE.start_config(), lambda c: True)  # type: ignore[arg-type]
+        assert p is not None
+        modes.append(p.reason.split("(")[1].split(")")[0])
+        group.trying[SPACE.config_id(p.config)] = math.inf  # a node tries it now
+    rotation = s.acquisitions
+    assert modes == [rotation[(step + k) % 3] for k in range(3)], modes
+    assert len(set(modes)) == 3
+
+
 def test_other_device_models_inform_the_model_as_a_feature() -> None:
     # The related group measured the whole space: its model ranks the needle first.
     other = _measured(list(SPACE))
@@ -247,6 +265,28 @@ def test_closed_loop_converges_through_windows_and_rollbacks(tmp_path: Path) -> 
     # evaluations are unique configs, in the order they were first measured
     ids = [cid for cid, _ in trace.evaluated]
     assert len(ids) == len(set(ids))
+
+
+def test_a_node_evaluates_a_new_config_every_window(tmp_path: Path) -> None:
+    # The node ticks like a real one (a short first tick per window): the window after
+    # a change holds the new config's launches, so the tuner has the window and the
+    # keep/rollback outcome before the next window and no window is spent idle.
+    path, truth = _trace_cache(tmp_path / "toy.json.gz")
+    loop = ClosedLoop(
+        [TraceDevice(path, seed=1)],
+        load_cache(path).name,
+        Tuner(strategy=ModelGuidedSearch(seed=0)),
+        truth=truth,
+        policy=ReconfigPolicy(max_step=8, min_eval_s=0.0),
+    )
+    trace = loop.run(20)
+    rounds = [r for _, r in trace.evaluated]
+    # The start config's first window closes in round 2, whose window tries the first
+    # proposal; every later window tries another one and is decided within its round.
+    assert rounds == [2, *range(2, 21)], rounds
+    assert sum(trace.outcomes.values()) == 19
+    with pytest.raises(ValueError):
+        ClosedLoop([TraceDevice(path)], load_cache(path).name, Tuner(), tick_s=0.5)
 
 
 def test_four_nodes_sharing_need_fewer_windows(tmp_path: Path) -> None:
