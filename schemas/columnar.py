@@ -21,6 +21,7 @@ fast checks are unsure about is handed to :func:`schemas.decode`, whose verdict
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
@@ -125,9 +126,10 @@ def _fast_columns(
         da = _floats(d, n)
     except (struct.error, TypeError, ValueError, OverflowError):
         return None  # e.g. a string or null in a column: the slow path gives the verdict
-    if not (np.isfinite(ta).all() and np.isfinite(da).all()):
+    # min and max carry any NaN along, so these bounds also reject NaN and infinities.
+    if not (math.isfinite(ta.min()) and math.isfinite(ta.max())):
         return None
-    if n and not (da.min() >= 0.0 and da.max() <= _MAX_DURATION_US):
+    if not (da.min() >= 0.0 and da.max() <= _MAX_DURATION_US):
         return None
     # ``ok`` is Literal[0, 1]: equality with 0 or 1 is what the model checks
     # (True and 1.0 pass, "1" does not); list.count compares in C.
