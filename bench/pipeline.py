@@ -96,7 +96,11 @@ def _worker_rate(st: dict[str, Any]) -> float:
 async def _run_worker(settings: Any, log: Path, n: int, argv: list[str] | None = None) -> dict:
     w = WorkerProc(settings, log, argv)
     with running(w):
-        st = await w.wait_stats(lambda s: s["window"]["launches"] >= n, 600, "all launches")
+        # The rate comes from the worker's own first/last batch times, so polling its
+        # stats page (which costs its event loop) need not be frequent.
+        st = await w.wait_stats(
+            lambda s: s["window"]["launches"] >= n, 600, "all launches", every_s=0.5
+        )
         rss = w.rss_bytes()
     first = st["window"]["first_batch_at"]
     return {
@@ -107,6 +111,10 @@ async def _run_worker(settings: Any, log: Path, n: int, argv: list[str] | None =
         "assigned_s": (st["window"].get("assigned_at") or first) - w.spawned_at,
         "rss_bytes_end": rss,
         "load_avg": os.getloadavg(),
+        "stage_ns_per_launch": {
+            k: v / st["window"]["launches"] * 1e9
+            for k, v in (st["window"].get("stage_s") or {}).items()
+        },
         "stats": st,
     }
 
@@ -571,6 +579,18 @@ def _hops_text(hops: dict[str, dict[str, float]]) -> str:
     return ", ".join(f"{h} {v['p50']:.3f}/{v['p99']:.3f}" for h, v in hops.items())
 
 
+def _stage_lines(r: dict[str, Any]) -> list[str]:
+    """ns per launch of the ceiling and of each stage of the worker's loop, per round."""
+    out = []
+    for i, (a, c) in enumerate(zip(r["ceiling_a"]["rounds"], r["worker_c"]["rounds"], strict=True)):
+        stages = c.get("stage_ns_per_launch") or {}
+        out.append(
+            f"    round {i}: (a) {1e9 / a['per_s']:.0f} ns/launch, (c) {1e9 / c['per_s']:.0f}"
+            " = " + " + ".join(f"{k} {v:.0f}" for k, v in stages.items())
+        )
+    return out
+
+
 def _throughput_lines(r: dict[str, Any]) -> list[str]:
     return [
         f"input: {r['input']['messages']} messages, {r['input']['launches']:,} launches "
@@ -580,6 +600,7 @@ def _throughput_lines(r: dict[str, Any]) -> list[str]:
         f"(b) naive    Faust per-record {r['naive_b']['per_s']:>14,.0f} launches/s",
         f"(c) worker   kernelstream     {r['worker_c']['median_per_s']:>14,.0f} launches/s",
         f"(c)/(a) = {r['ratios']['c_over_a']:.2f}   (c)/(b) = {r['ratios']['c_over_b']:.0f}x",
+        *_stage_lines(r),
         f"(f) ready    {r['ready_f']['median_s']:.2f} s (rounds "
         + ", ".join(f"{x:.2f}" for x in r["ready_f"]["rounds_s"])
         + "; load1 "
@@ -593,9 +614,10 @@ def _throughput_lines(r: dict[str, Any]) -> list[str]:
 @click.option(
     "--input-s",
     type=float,
-    default=4.0,
+    default=12.0,
     show_default=True,
-    help="Event-time seconds of fleet telemetry to pre-produce (16 nodes x 4 kernels).",
+    help="Event-time seconds of fleet telemetry to pre-produce (16 nodes x 4 kernels; "
+    "12 s is 15.4M launches, ~5 s of the worker at full speed).",
 )
 @click.option(
     "--batch", type=int, default=2000, show_default=True, help="Node max launches per batch."

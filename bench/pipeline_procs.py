@@ -90,7 +90,14 @@ class WorkerProc:
         assert self.proc is not None
         return int(psutil.Process(self.proc.pid).memory_info().rss)
 
-    async def wait_stats(self, cond: Any, timeout_s: float, what: str) -> dict[str, Any]:
+    async def wait_stats(
+        self, cond: Any, timeout_s: float, what: str, every_s: float = 0.05
+    ) -> dict[str, Any]:
+        """Poll the stats page every ``every_s`` until ``cond(stats)``.
+
+        Each poll costs the worker an HTTP request on its event loop (~1 ms): phases
+        that time the worker by its own timestamps poll less often.
+        """
         deadline = time.monotonic() + timeout_s
         while True:
             st = await asyncio.to_thread(self.stats)
@@ -100,7 +107,7 @@ class WorkerProc:
                 raise RuntimeError(f"worker exited ({self.proc.returncode}); see {self.log_path}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"worker: no {what} within {timeout_s} s; last stats {st}")
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(every_s)
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
