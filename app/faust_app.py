@@ -106,7 +106,7 @@ def create_app(
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
-        producer_linger=0.005,
+        producer_linger=settings.worker_linger_ms / 1000.0,
         # The window agent publishes a burst at every window close (a window and a
         # finding per stream: 64 streams ~ 200 KB). aiokafka keeps one open batch per
         # partition and one produce request in flight per broker, and send() waits

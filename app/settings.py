@@ -104,7 +104,21 @@ class Settings(BaseSettings):
         gt=0,
         description=(
             "How often the window agent checkpoints its state with its input offsets "
-            "(RocksDB under data_dir) and commits them: a crash replays at most this much."
+            "(files under data_dir/window-state) and commits them: a crash replays at most "
+            "this much."
+        ),
+    )
+    worker_linger_ms: int = Field(
+        default=50,
+        ge=0,
+        le=1000,
+        description=(
+            "How long the worker's producer gathers windows, findings and recommendations "
+            "into one produce request. Each request costs the worker's event loop a broker "
+            "round trip: at 5 ms the worker sent ~370 requests/s at full speed and spent "
+            "78-93 ns per launch publishing, at 50 ms 50-53 ns (bench pipeline (c)); each "
+            "produce hop of a recommendation waits up to this long (p99 launch -> "
+            "recommendation 1.29 s at 5 ms, 1.32 s at 50 ms, with 1 s windows)."
         ),
     )
     max_message_bytes: int = Field(
