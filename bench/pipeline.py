@@ -111,6 +111,8 @@ async def _run_worker(settings: Any, log: Path, n: int, argv: list[str] | None =
         "assigned_s": (st["window"].get("assigned_at") or first) - w.spawned_at,
         "rss_bytes_end": rss,
         "load_avg": os.getloadavg(),
+        "windows_per_s": st["window"].get("windows", 0) / (st["window"]["last_batch_at"] - first),
+        "batches_per_s": st["window"].get("batches", 0) / (st["window"]["last_batch_at"] - first),
         "stage_ns_per_launch": {
             k: v / st["window"]["launches"] * 1e9
             for k, v in (st["window"].get("stage_s") or {}).items()
@@ -403,7 +405,11 @@ def _slope(points: list[tuple[float, int]]) -> float:
 
 async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) -> dict[str, Any]:
     fleet = FleetSpec(
-        seconds=opts["input_s"], max_launches=opts["batch"], t0=recent_t0(opts["input_s"])
+        nodes=opts.get("nodes", 16),
+        launches_per_s_per_kernel=opts.get("rate_per_kernel", 20_000.0),
+        seconds=opts["input_s"],
+        max_launches=opts["batch"],
+        t0=recent_t0(opts["input_s"]),
     )
     out: dict[str, Any] = {"date": dt.date.today().isoformat(), "load_avg_start": os.getloadavg()}
     if broker.running and opts["latency_only"]:
@@ -579,6 +585,15 @@ def _hops_text(hops: dict[str, dict[str, float]]) -> str:
     return ", ".join(f"{h} {v['p50']:.3f}/{v['p99']:.3f}" for h, v in hops.items())
 
 
+def _per_stream_text(r: dict[str, Any]) -> str:
+    rounds = r["worker_c"]["rounds"]
+    if not rounds or "windows_per_s" not in rounds[0]:
+        return ""
+    w = statistics.median(x["windows_per_s"] for x in rounds)
+    b = statistics.median(x["batches_per_s"] for x in rounds)
+    return f" ({w:,.0f} windows/s, {b:,.0f} batches/s)"
+
+
 def _stage_lines(r: dict[str, Any]) -> list[str]:
     """ns per launch of the ceiling and of each stage of the worker's loop, per round."""
     out = []
@@ -598,7 +613,8 @@ def _throughput_lines(r: dict[str, Any]) -> list[str]:
         f"{r['input'].get('compression_type', 'none')}-compressed batches)",
         f"(a) ceiling  aiokafka+orjson  {r['ceiling_a']['median_per_s']:>14,.0f} launches/s",
         f"(b) naive    Faust per-record {r['naive_b']['per_s']:>14,.0f} launches/s",
-        f"(c) worker   kernelstream     {r['worker_c']['median_per_s']:>14,.0f} launches/s",
+        f"(c) worker   kernelstream     {r['worker_c']['median_per_s']:>14,.0f} launches/s"
+        + _per_stream_text(r),
         f"(c)/(a) = {r['ratios']['c_over_a']:.2f}   (c)/(b) = {r['ratios']['c_over_b']:.0f}x",
         *_stage_lines(r),
         f"(f) ready    {r['ready_f']['median_s']:.2f} s (rounds "
@@ -621,6 +637,22 @@ def _throughput_lines(r: dict[str, Any]) -> list[str]:
 )
 @click.option(
     "--batch", type=int, default=2000, show_default=True, help="Node max launches per batch."
+)
+@click.option(
+    "--nodes",
+    type=int,
+    default=16,
+    show_default=True,
+    help="Nodes of the pre-produced fleet (4 kernels each: 4 x nodes streams).",
+)
+@click.option(
+    "--rate-per-kernel",
+    type=float,
+    default=20_000.0,
+    show_default=True,
+    help="Launches/s of each kernel of each node in the pre-produced fleet (batches close at "
+    "--batch launches or 0.1 s: 1,000/s gives 100-launch batches and 1,000-launch windows, "
+    "which measures the worker's per-batch and per-window costs).",
 )
 @click.option("--rounds", type=int, default=3, show_default=True)
 @click.option("--naive-launches", type=int, default=40_000, show_default=True)
@@ -646,6 +678,8 @@ def command(
     json_path: Path,
     input_s: float,
     batch: int,
+    nodes: int,
+    rate_per_kernel: float,
     rounds: int,
     naive_launches: int,
     sustain_s: float,
@@ -660,6 +694,8 @@ def command(
     opts = {
         "input_s": input_s,
         "batch": batch,
+        "nodes": nodes,
+        "rate_per_kernel": rate_per_kernel,
         "rounds": rounds,
         "naive_launches": naive_launches,
         "sustain_s": sustain_s,
