@@ -534,7 +534,7 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
     show_default=True,
     help="Kernel Tuner strategies to run as peers (comma-separated).",
 )
-@click.option("--fleet-seeds", type=int, default=10, show_default=True)
+@click.option("--fleet-seeds", type=int, default=20, show_default=True)
 @click.option(
     "--fleet-windows",
     type=int,
