@@ -609,6 +609,8 @@ def _stage_lines(r: dict[str, Any]) -> list[str]:
 def _throughput_lines(r: dict[str, Any]) -> list[str]:
     return [
         f"input: {r['input']['messages']} messages, {r['input']['launches']:,} launches "
+        f"from {r['input']['fleet']['nodes']} nodes x 4 kernels at "
+        f"{r['input']['fleet']['launches_per_s_per_kernel']:,.0f} launches/s each "
         f"({r['input']['launches_per_message_mean']:.0f} per message, "
         f"{r['input'].get('compression_type', 'none')}-compressed batches)",
         f"(a) ceiling  aiokafka+orjson  {r['ceiling_a']['median_per_s']:>14,.0f} launches/s",
