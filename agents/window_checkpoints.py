@@ -1,6 +1,6 @@
 """The window agent's local checkpoints: window state and input offset, per partition.
 
-One directory per worker, ``<data_dir>/window-checkpoints``, one file per launches
+One directory per worker, ``<data_dir>/window-state``, one file per launches
 partition (``<topic>/<partition>.ckpt``). A checkpoint of a partition holds the
 windowing state of the partition's stream keys *and* the offset of the next launch
 batch to process (packed with :mod:`agents.logic.snapshot_codec`), so state and
