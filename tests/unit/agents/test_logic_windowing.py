@@ -207,16 +207,21 @@ def _close(a: WindowAggregate, b: WindowAggregate) -> None:
             assert va == vb, (k, va, vb)
 
 
+def _windows_of(w: Windower, batches: list[LaunchBatch]) -> list[WindowAggregate]:
+    """Every window ``batches`` yield, added in order and polled after each, then flushed."""
+    got: list[WindowAggregate] = []
+    for b in batches:
+        w.add(b, now=0.0)
+        got += w.poll(0.0)
+    return got + w.flush_all()
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
 def test_batched_equals_reference(seed: int) -> None:
     spec = WindowSpec(size_s=0.5, out_of_orderness_s=0.05, allowed_lateness_s=0.1)
     batches = _random_batches(seed)
     w = Windower(spec)
-    got: list[WindowAggregate] = []
-    for b in batches:
-        w.add(b, now=0.0)
-        got += w.poll(0.0)
-    got += w.flush_all()
+    got = _windows_of(w, batches)
     key = lambda a: (a.stream_key, a.window_start, a.config_id)  # noqa: E731
     got.sort(key=key)
     want = aggregate_reference(launch_rows(batches), spec)
@@ -253,12 +258,7 @@ def test_equal_end_times_break_ties_in_sequence_order() -> None:
         batch([0.30, 0.10, 0.30], duration_us=[5.0, 1.0, 90.0], seq_start=0),
         batch([0.10, 0.30, 0.20, 0.30], duration_us=[7.0, 3.0, 2.0, 40.0], seq_start=3),
     ]
-    w = Windower(NO_WAIT)
-    got: list[WindowAggregate] = []
-    for b in batches:
-        w.add(b, now=0.0)
-        got += w.poll(0.0)
-    got += w.flush_all()
+    got = _windows_of(Windower(NO_WAIT), batches)
     want = aggregate_reference(launch_rows(batches), NO_WAIT)
     assert len(got) == len(want) == 1
     _close(got[0], want[0])

@@ -8,34 +8,14 @@ import numpy as np
 import orjson
 import pytest
 
+from agents.logic.windowing import make_example_batch
 from schemas import LaunchBatch, SchemaError, decode
 from schemas.columnar import decode_launch_columns
 
-_BASE: dict[str, Any] = {
-    "schema": "ks.launch_batch/1",
-    "node": "n",
-    "device_index": 0,
-    "device_model": "A100",
-    "backend": "sim",
-    "kernel": "k",
-    "workload": "k",
-    "problem_size": [1],
-    "config": {},
-    "config_id": "c",
-    "grid": [1, 1, 1],
-    "block": [1, 1, 1],
-    "dynamic_smem_bytes": 0,
-    "bytes_moved": 1.0,
-    "flops": 1.0,
-    "occupancy": 1.0,
-    "waves": 1.0,
-    "peak_gbs": 1.0,
-    "peak_gflops": 1.0,
-    "seq_start": 7,
-    "t_end": [1.5, 2.5],
-    "duration_us": [3.0, 4.0],
-    "ok": [1, 0],
-}
+# A valid record as a node sends it (the shared example batch), columns replaced per case.
+_BASE: dict[str, Any] = make_example_batch(
+    [1.5, 2.5], duration_us=[3.0, 4.0], ok=[1, 0]
+).model_dump(by_alias=True)
 
 _COLUMNS: list[tuple[str, Any]] = [
     ("t_end", [1, 2]),  # ints are numbers
