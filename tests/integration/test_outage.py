@@ -60,7 +60,22 @@ async def _scenario(base: Settings, broker: EmbeddedBroker, gate: Gate) -> None:
         task = asyncio.create_task(run_node(s, bootstrap, stop=stop, report=report))
         nodes[s.node_id] = (stop, report, task)
 
-    await asyncio.sleep(4.0)  # the nodes run and publish normally
+    # The nodes run and publish normally: both have delivered launches (their producers
+    # are connected) before the outage begins. Under load a node can take seconds to
+    # start; cutting the gate while its producer is still connecting tests nothing more.
+    async with TopicReader(bootstrap, base.topic_launches) as early:
+        await early.until(
+            lambda: (
+                {
+                    decode(m.value, LaunchBatch).stream_key.split(":")[0]
+                    for m in early.raw[base.topic_launches]
+                }
+                >= set(nodes)
+            ),
+            60,
+            "launches from both nodes before the outage",
+        )
+    await asyncio.sleep(1.0)
     gate.close()  # from here on nothing the nodes send can reach a broker
     at_down = {n: dict(r.next_seq) for n, (_, r, _) in nodes.items()}
     await asyncio.to_thread(broker.stop)
@@ -139,12 +154,22 @@ class Gate:
         if not self.is_open:
             writer.close()
             return
+        self._conns.add(writer)  # from here on close() cuts it, even mid-connect
         try:
             up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
         except OSError:
             writer.close()
+            self._conns.discard(writer)
             return
-        self._conns.update((writer, up_w))
+        if not self.is_open or writer.is_closing():
+            # close() ran while this connection was being made: a connection that
+            # slipped through would reach the old broker, which acknowledges records
+            # and then loses them when it stops (a CI run lost one batch that way).
+            up_w.close()
+            writer.close()
+            self._conns.discard(writer)
+            return
+        self._conns.add(up_w)
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             try:
