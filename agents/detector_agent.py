@@ -37,4 +37,4 @@ class InlineDetector:
         finding = self.detector.classify(agg)
         self.ctx.counters[f"findings.{finding.classification}"] += 1
         key = group_key(agg.device_model, agg.workload, agg.problem_size)
-        await self.ctx.topics["findings"].send(key=key.encode(), value=encode(finding))
+        await self.ctx.send("findings", key.encode(), encode(finding))

@@ -34,7 +34,6 @@ def register(app: Any, ctx: WorkerContext) -> Tuner:
     signer = signer_from_settings(ctx.settings)
     spaces = SpaceResolver(ctx.settings.tuning_spaces_dir)
     findings, reconfig = ctx.topics["findings"], ctx.topics["reconfig"]
-    recommendations = ctx.topics["recommendations"]
     # Choosing a config fits a model (tens of ms); it runs on a worker thread so the
     # window agent's event loop never waits for it. The lock keeps the tuner's state
     # single-writer: findings and outcomes update it one at a time. Findings come in
@@ -76,7 +75,7 @@ def register(app: Any, ctx: WorkerContext) -> Tuner:
                 if signer is not None:
                     rec = signer.sign(rec)
                 ctx.counters["recommendations.out"] += 1
-                await recommendations.send(key=rec.node.encode(), value=encode(rec))
+                await ctx.send("recommendations", rec.node.encode(), encode(rec))
 
     @app.agent(reconfig, name="outcomes")
     async def outcome_agent(stream: Any) -> None:

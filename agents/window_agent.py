@@ -288,7 +288,7 @@ class WindowIngest(Service):
         t1 = time.perf_counter()
         for too_late in self.windower.add_columns(cols, now):
             ctx.counters["launches.late"] += len(too_late.t_end)
-            await self.ctx.topics["late"].send(key=key.encode(), value=encode(too_late))
+            await self.ctx.send("late", key.encode(), encode(too_late))
         t2 = time.perf_counter()
         stage["window"] += t2 - t1
         closed = self.windower.poll_key(key)
@@ -300,12 +300,11 @@ class WindowIngest(Service):
         stats.last_batch_at = time.time()
 
     async def publish(self, aggs: list[WindowAggregate]) -> None:
-        windows = self.ctx.topics["windows"]
         for agg in aggs:
             self.stats.windows += 1
             self.stats.launches_in_windows += agg.count + agg.failures
             self.ctx.counters["windows.out"] += 1
-            await windows.send(key=agg.stream_key.encode(), value=encode(agg))
+            await self.ctx.send("windows", agg.stream_key.encode(), encode(agg))
             if self.detector is not None:
                 await self.detector.on_window(agg)
 
@@ -383,9 +382,8 @@ class WindowIngest(Service):
                 return
             records = {tp: self._state_record(tp) for tp in owned}
             await self.app.producer.flush()
-            state = self.ctx.topics["window_state"]
             for tp in owned:
-                fut = await state.send(key=b"state", value=records[tp], partition=tp.partition)
+                fut = await self.ctx.send("window_state", b"state", records[tp], tp.partition)
                 await fut
                 self.stats.handovers_out += 1
             if self._store is not None:  # no longer ours: a later owner's state supersedes
@@ -484,7 +482,7 @@ async def _read_states(ingest: WindowIngest, partitions: set[int]) -> dict[int, 
     topic = state_topic(ingest.settings)
     marker = uuid.uuid4().hex.encode()
     for p in partitions:
-        fut = await ingest.ctx.topics["window_state"].send(key=b"marker", value=marker, partition=p)
+        fut = await ingest.ctx.send("window_state", b"marker", marker, p)
         await fut
     consumer = AIOKafkaConsumer(
         bootstrap_servers=ingest.bootstrap,

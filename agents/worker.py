@@ -25,7 +25,7 @@ def register_agents(
     app: Any, settings: Any, topics: dict[str, Any], window_consumer: Any = None
 ) -> WorkerAgents:
     """Register the window agent (with the detector inline) and the tuner agents on ``app``."""
-    ctx = WorkerContext(settings=settings, topics=topics)
+    ctx = WorkerContext(settings=settings, topics=topics, app=app)
     windower, stats = window_agent.register(
         app, ctx, detector_agent.InlineDetector(ctx), window_consumer
     )

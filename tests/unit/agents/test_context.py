@@ -20,7 +20,9 @@ class FakeTopic:
     def __init__(self) -> None:
         self.sent: list[tuple[bytes | None, bytes]] = []
 
-    async def send(self, key: bytes | None = None, value: bytes = b"") -> None:
+    async def send(
+        self, key: bytes | None = None, value: bytes = b"", partition: int | None = None
+    ) -> None:
         self.sent.append((key, value))
 
 
