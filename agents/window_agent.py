@@ -33,10 +33,13 @@ has neither idempotent producers nor transactions):
 * **Partition handover.** When a partition is revoked (rebalance, or a clean
   shutdown, done on Faust's ``on_before_shutdown`` while its producer still runs),
   its state record goes to the ``<launches>.window-state`` topic (same partition)
-  before its offset is committed. A new owner takes the newest state it can see,
-  handed over on the topic or checkpointed locally, whose offset is at or after the
-  committed offset. With neither (another worker crashed before any handover) the
-  open windows of that partition are lost: counted as ``window.state_lost``.
+  before its offset is committed, split into messages of at most
+  ``window_state_chunk_bytes`` (a busy partition's state outgrows a Kafka message;
+  its reader reassembles the newest complete record, :class:`StateReassembler`). A new
+  owner takes the newest state it can see, handed over on the topic or checkpointed
+  locally, whose offset is at or after the committed offset. With neither (another
+  worker crashed before any handover) the open windows of that partition are lost:
+  counted as ``window.state_lost``.
 * **Emission is at least once, identical copies.** Windows published after the last
   checkpoint and before a crash are published again after recovery, with the same
   content (the windower is deterministic given the same batches in the same
@@ -97,6 +100,64 @@ def state_topic(settings: Any) -> str:
     return f"{settings.topic_launches}.window-state"
 
 
+def state_messages(record: bytes, chunk_bytes: int) -> list[tuple[bytes, bytes]]:
+    """(key, value) messages carrying one partition's state record on the handover topic.
+
+    A record that fits goes whole under key ``state``. A larger one (open windows hold
+    16 bytes per launch, so a busy partition's state is megabytes, while the producer
+    refuses messages over ``max_request_size`` and Kafka over ``message.max.bytes``,
+    both about 1 MB by default) goes as consecutive chunks keyed
+    ``chunk:<handover id>:<index>:<count>``.
+    """
+    if len(record) <= chunk_bytes:
+        return [(b"state", record)]
+    ident = uuid.uuid4().hex
+    n = -(-len(record) // chunk_bytes)
+    return [
+        (f"chunk:{ident}:{i}:{n}".encode(), record[i * chunk_bytes : (i + 1) * chunk_bytes])
+        for i in range(n)
+    ]
+
+
+class StateReassembler:
+    """The newest complete state record per partition, from the handover topic in order.
+
+    A handover that stopped part way (its worker died) leaves chunks that are never
+    completed: they are skipped, and the partition's offset was not committed for
+    them, so an older record or a local checkpoint still covers it.
+    """
+
+    def __init__(self) -> None:
+        self.latest: dict[int, bytes] = {}
+        self._partial: dict[int, tuple[bytes, int, list[bytes]]] = {}
+
+    def add(self, partition: int, key: bytes | None, value: bytes) -> None:
+        if key == b"state":
+            self.latest[partition] = value
+            self._partial.pop(partition, None)
+            return
+        if key is None or not key.startswith(b"chunk:"):
+            return  # markers, and anything this version does not know
+        try:
+            _, ident, index, count = key.split(b":")
+            i, n = int(index), int(count)
+        except ValueError:
+            log.warning("ignoring a malformed window-state chunk key %r", key)
+            return
+        if i == 0:
+            self._partial[partition] = (ident, n, [value])
+        else:
+            part = self._partial.get(partition)
+            if part is None or part[0] != ident or len(part[2]) != i:
+                self._partial.pop(partition, None)  # an interrupted handover
+                return
+            part[2].append(value)
+        ident, n, chunks = self._partial[partition]
+        if len(chunks) == n:
+            self.latest[partition] = b"".join(chunks)
+            del self._partial[partition]
+
+
 @dataclass
 class WindowAgentStats:
     """Progress of the window agent, for the worker's stats page and the benchmark."""
@@ -110,6 +171,7 @@ class WindowAgentStats:
     assigned_at: float | None = None
     assigned_partitions: int = 0
     handovers_out: int = 0
+    handover_messages_out: int = 0
     handovers_in: int = 0
     duplicates: int = 0
     checkpoints: int = 0
@@ -382,10 +444,15 @@ class WindowIngest(Service):
                 return
             records = {tp: self._state_record(tp) for tp in owned}
             await self.app.producer.flush()
+            chunk = int(getattr(self.settings, "window_state_chunk_bytes", 512 * 1024))
             for tp in owned:
-                fut = await self.ctx.send("window_state", b"state", records[tp], tp.partition)
-                await fut
+                futs = [
+                    await self.ctx.send("window_state", key, value, tp.partition)
+                    for key, value in state_messages(records[tp], chunk)
+                ]
+                await asyncio.gather(*futs)
                 self.stats.handovers_out += 1
+                self.stats.handover_messages_out += len(futs)
             if self._store is not None:  # no longer ours: a later owner's state supersedes
                 self._store.delete(self.topic, [tp.partition for tp in owned])
             try:
@@ -490,7 +557,7 @@ async def _read_states(ingest: WindowIngest, partitions: set[int]) -> dict[int, 
         **ingest.settings.kafka_client_kwargs(),
     )
     await consumer.start()
-    latest: dict[int, bytes] = {}
+    states = StateReassembler()
     try:
         tps = [TopicPartition(topic, p) for p in partitions]
         consumer.assign(tps)
@@ -504,12 +571,12 @@ async def _read_states(ingest: WindowIngest, partitions: set[int]) -> dict[int, 
                         if m.value == marker:
                             pending.discard(tp.partition)
                     elif tp.partition in pending:
-                        latest[tp.partition] = m.value
+                        states.add(tp.partition, m.key, m.value)
         if pending:
             log.warning("window state of partitions %s not read to the end", sorted(pending))
     finally:
         await consumer.stop()
-    return latest
+    return states.latest
 
 
 def register(

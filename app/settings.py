@@ -121,6 +121,18 @@ class Settings(BaseSettings):
             "recommendation 1.29 s at 5 ms, 1.32 s at 50 ms, with 1 s windows)."
         ),
     )
+    window_state_chunk_bytes: int = Field(
+        default=512 * 1024,
+        ge=1024,
+        le=900_000,
+        description=(
+            "Largest message of a window-state handover: a partition's state record "
+            "(16 bytes per open launch; megabytes on a busy partition) is split into "
+            "chunks of this size, below the producer's max_request_size (1,000,000) and "
+            "Kafka's default message.max.bytes (1 MiB). A 4.5 MB record once failed the "
+            "handover whole."
+        ),
+    )
     max_message_bytes: int = Field(
         default=8 * 1024 * 1024,
         gt=0,

@@ -1,6 +1,7 @@
 """Two workers share the launches topic; one joins and then one leaves mid-stream.
 
-On the real embedded broker, with real ``kernelstream worker`` processes: worker A
+On the real embedded broker, with real ``kernelstream worker`` processes (state
+handed over in 1 KiB chunks, as a busy partition's megabytes are): worker A
 starts alone, B joins after the first third of the input (A hands the state of
 its revoked partitions over to B through the window-state topic), A stops after
 the second third (B adopts everything). The windows published by the two
@@ -42,7 +43,14 @@ _CLOSE_AHEAD_S = 5.0
 
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
-    return settings.model_copy(update={"partitions": _PARTITIONS, "idle_timeout_s": 3600.0})
+    # Handover messages of at most 1 KiB: each partition's state crosses in chunks.
+    return settings.model_copy(
+        update={
+            "partitions": _PARTITIONS,
+            "idle_timeout_s": 3600.0,
+            "window_state_chunk_bytes": 1024,
+        }
+    )
 
 
 def _input(t0: float) -> tuple[list[LaunchBatch], list[LaunchBatch]]:
@@ -99,6 +107,7 @@ async def _scenario(s: Settings, tmp: Path) -> None:
             "the second third",
         )
         assert a.window("handovers_out") > 0 and b.window("handovers_in") > 0
+        assert a.window("handover_messages_out") > a.window("handovers_out"), "not chunked"
 
         a.stop()  # leaves: hands everything to B
         await wait_for(lambda: b.window("assigned_partitions") == _PARTITIONS, 90, "B owns all")
