@@ -209,9 +209,8 @@ class WorkerContext:
             value = _value(event, max_bytes)
             key = check_key(event.key)
             cols = decode_launch_columns(value)
-            t_range = (float(cols.t_end.min()), float(cols.t_end.max()))
             problem = launch_batch_problem(
-                cols.meta, key, time.time(), self.launch_limits, self.known_workload, t_range
+                cols.meta, key, time.time(), self.launch_limits, self.known_workload, cols.t_range()
             )
             if problem is not None:
                 raise problem
