@@ -78,3 +78,60 @@ def test_batch_sizes_from_one_to_many_decode_exactly() -> None:
         cols = decode_launch_columns(raw)
         assert cols.t_end.tolist() == t and cols.duration_us.tolist() == d
         assert cols.ok.all() and len(cols) == n
+
+
+# Per-batch fields varied around the base record, each decoded twice (the second time the
+# validated fields may come from the decoder's cache): the verdict, the error code and the
+# fields must be the model's every time.
+_FIELDS: list[tuple[str, Any]] = [
+    ("seq_start", 7),
+    ("seq_start", 8),
+    ("seq_start", -1),
+    ("seq_start", 7.0),  # the model accepts a whole float for an int
+    ("seq_start", "7"),
+    ("seq_start", True),
+    ("device_index", 0),
+    ("device_index", 0.0),
+    ("device_index", True),
+    ("device_index", "0"),
+    ("occupancy", 1),
+    ("occupancy", 1.0),
+    ("occupancy", 1.5),
+    ("occupancy", True),
+    ("problem_size", [64, 64]),
+    ("problem_size", [64.0, 64]),
+    ("config", {"block_size_x": 64}),
+    ("config", {"block_size_x": 64.0}),
+    ("kernel", "other"),
+    ("kernel", ""),
+    ("unknown_field", 1),
+    ("samples", [{"t": 1.0}]),
+]
+
+
+def _verdict(raw: bytes) -> tuple[str, Any]:
+    try:
+        return "ok", decode(raw, LaunchBatch).model_dump(exclude={"t_end", "duration_us", "ok"})
+    except SchemaError as ex:
+        return "error", ex.code
+
+
+@pytest.mark.parametrize(("field", "value"), _FIELDS, ids=[f"{f}={v!r:.30}" for f, v in _FIELDS])
+def test_cached_per_batch_fields_give_the_models_verdict(field: str, value: Any) -> None:
+    raw = orjson.dumps(_BASE | {field: value})
+    want = _verdict(raw)
+    for _ in range(2):
+        try:
+            cols = decode_launch_columns(raw)
+        except SchemaError as ex:
+            assert want == ("error", ex.code)
+            continue
+        assert want[0] == "ok", f"accepted what the model refuses: {want}"
+        got = cols.meta.model_dump(exclude={"t_end", "duration_us", "ok"})
+        assert got == want[1] and type(got[field]) is type(want[1][field])
+
+
+def test_a_streams_batches_keep_their_own_sequence_numbers() -> None:
+    metas = [decode_launch_columns(orjson.dumps(_BASE | {"seq_start": s})).meta for s in range(5)]
+    assert [m.seq_start for m in metas] == list(range(5))
+    assert len({id(m) for m in metas}) == 5
