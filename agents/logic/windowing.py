@@ -553,14 +553,21 @@ def _aggregate_acc(acc: _Acc, window: int, config_id: str, size_s: float) -> Win
     stats["busy_fraction"] = stats["idle_gap_mean_us"] = 0.0
     if d.size:
         p50, p95 = _percentiles(d, (50.0, 95.0))
+        # What d.mean() and d.std() compute, the same operations in the same order
+        # (bit-identical), without their Python-level wrappers: a third of closing a
+        # 1,000-launch window (many small streams).
+        total = float(d.sum())
+        mean = total / d.size
+        dev = d - mean
+        np.multiply(dev, dev, out=dev)
         stats.update(
-            duration_mean_us=float(d.mean()),
+            duration_mean_us=mean,
             duration_p50_us=float(p50),
             duration_p95_us=float(p95),
             duration_min_us=float(d.min()),
             duration_max_us=float(d.max()),
-            duration_std_us=float(d.std()),
-            busy_fraction=float(d.sum()) * 1e-6 / size_s,
+            duration_std_us=math.sqrt(float(dev.sum()) / d.size),
+            busy_fraction=total * 1e-6 / size_s,
         )
         if d.size > 1:
             # Gaps follow completion order; arrival (= sequence) order breaks ties
@@ -576,7 +583,7 @@ def _aggregate_acc(acc: _Acc, window: int, config_id: str, size_s: float) -> Win
             gaps += ts[1:]
             gaps -= ts[:-1]
             np.maximum(gaps, 0.0, out=gaps)
-            stats["idle_gap_mean_us"] = float(gaps.mean()) * 1e6
+            stats["idle_gap_mean_us"] = float(gaps.sum()) / gaps.size * 1e6
     return _build(
         acc.meta,
         config_id,
