@@ -14,6 +14,7 @@ from typing import Any
 
 import faust
 
+from app.partitioner import CachedKeyPartitioner
 from app.settings import Settings
 from app.topics import topic_specs
 
@@ -115,6 +116,8 @@ def create_app(
         # window on a busy machine). 256 KiB holds a burst and stays far below Kafka's
         # default message.max.bytes (1 MiB) per batch.
         producer_max_batch_size=256 * 1024,
+        # The default partitioner's murmur2, once per key (pure Python: ~7 us a send).
+        producer_partitioner=CachedKeyPartitioner(),
         web_enabled=web,
         web_port=settings.web_port,
         web_bind="127.0.0.1" if settings.embedded else "0.0.0.0",

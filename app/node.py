@@ -32,6 +32,7 @@ from agents.context import dead_letter_record
 from agents.logic.reconfiguration import ReconfigPolicy, Reconfigurator
 from agents.reconfig_agent import RecommendationInbox, outcome_record
 from app.outbox import DurableSeenIds, NodeStore, Outbox, OutboxSender
+from app.partitioner import CachedKeyPartitioner
 from app.settings import Settings
 from kernels import open_device
 from kernels.runner import LaunchBatcher, WorkloadRunner
@@ -172,6 +173,7 @@ class _Node:
         )
         self.audit = _Audit(settings.node_dir() / "audit.jsonl")
         self.metrics: Any = None  # app.metrics.NodeMetrics when the node is scraped
+        self._partitioner = CachedKeyPartitioner()  # kept across producers the sender makes
 
     def _producer(self, bootstrap: str) -> Any:
         from aiokafka import AIOKafkaProducer
@@ -183,6 +185,7 @@ class _Node:
             max_request_size=8 * 1024 * 1024,
             request_timeout_ms=10_000,
             compression_type=self.s.producer_compression(),
+            partitioner=self._partitioner,
             **self.s.kafka_client_kwargs(),
         )
 
