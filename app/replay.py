@@ -185,6 +185,9 @@ class KafkaSource:
     async def __aenter__(self) -> KafkaSource:
         from aiokafka import AIOKafkaConsumer
 
+        from app import zstd_decode
+
+        zstd_decode.install()  # as the worker reads launch batches
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
             enable_auto_commit=False,

@@ -39,6 +39,9 @@ def window_group(settings: Settings) -> str:
 
 def window_consumer(settings: Settings, bootstrap: str) -> AIOKafkaConsumer:
     """The window agent's plain aiokafka group consumer of the launches topic."""
+    from app import zstd_decode
+
+    zstd_decode.install()  # the launch batches' decompression, ~2x faster per batch
     s = settings
     return AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
