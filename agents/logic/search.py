@@ -8,8 +8,9 @@ configuration's mean duration from its parameters. The ensemble then scores ever
 configuration of the declared space that nobody has measured yet, and the next one to
 try comes from a rotating *acquisition*:
 
-1. **local**: the best-predicted unmeasured config that differs from the group's
-   fastest in at most two parameters, which polishes a good region;
+1. **local**: the unmeasured config with the lowest lower confidence bound (below) that
+   differs from the group's fastest in at most two parameters and keeps its switches
+   (see *arm* below), which polishes a good region of the best's own code path;
 2. **sample**: the minimum of one randomly chosen tree (Thompson sampling), which
    explores where the trees disagree;
 3. **confident**: the minimum of the ensemble's mean minus one standard deviation
@@ -172,6 +173,10 @@ class ModelGuidedSearch:
             this many times slower than the slowest measured one.
         local_distance: the ``local`` acquisition looks at configs that differ from the
             group's fastest in at most this many parameters (any values).
+        local_arm: ... and keep its switches (its arm): the best's code path is
+            polished; other paths are the arm steps' job.
+        local_score: ``"lcb"`` ranks the local candidates by mean minus one standard
+            deviation across trees, ``"mu"`` by the mean prediction.
         n_warm: at most this many of other device models' fastest configs are tried
             first.
         max_arms: no arm steps in spaces with more switch combinations than this.
@@ -195,6 +200,8 @@ class ModelGuidedSearch:
     stall: int = 15
     stall_mode: str = "confident"
     warm_feature: bool = True
+    local_arm: bool = True
+    local_score: str = "lcb"
     _index: dict[int, SpaceIndex] = field(default_factory=dict, repr=False)
     _model: tuple[Any, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = field(
         default=None, repr=False
@@ -207,6 +214,8 @@ class ModelGuidedSearch:
             raise ValueError(f"acquisitions must be drawn from {ACQUISITIONS}, got {bad}")
         if self.n_trees < 2 or self.n_init < 1:
             raise ValueError("ModelGuidedSearch needs n_trees >= 2 and n_init >= 1")
+        if self.local_score not in ("mu", "lcb"):
+            raise ValueError(f"local_score must be 'mu' or 'lcb', got {self.local_score!r}")
 
     def index(self, space: SearchSpace) -> SpaceIndex:
         idx = self._index.get(id(space))
@@ -290,7 +299,13 @@ class ModelGuidedSearch:
         choice = None
         if mode == "local":
             near = idx.near(best_i, self.local_distance)
-            choice = first_allowed(near[np.argsort(mu[near], kind="stable")])
+            arms = idx.arms(self.max_arms) if self.local_arm else None
+            if arms is not None:
+                # Polish the best's own code path: a switch flipped next to the best
+                # is the model's guess about another path, which arm steps handle.
+                near = near[arms[near] == arms[best_i]]
+            score = mu - sd if self.local_score == "lcb" else mu
+            choice = first_allowed(near[np.argsort(score[near], kind="stable")])
             if choice is None:
                 mode = "sample"
         if mode == "arm":
