@@ -13,11 +13,13 @@ exactly: one frame whose header states its content size (what aiokafka, librdkaf
 and other one-shot compressors write). Anything else (several frames, no content
 size, trailing bytes, a corrupt frame) goes to aiokafka's own decoder, unchanged, so
 the result, or the error, is the one aiokafka would give. Without ``zstandard``
-installed nothing is replaced.
+installed, or with an aiokafka that no longer calls a ``zstd_decode`` of its record
+modules (a warning says so), nothing is replaced.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -65,7 +67,13 @@ def install() -> bool:
 
     if _fallback is None:
         _fallback = aiokafka.codec.zstd_decode
-    for module in _record_modules():
+    modules = _record_modules()
+    if not modules:  # an aiokafka that no longer looks the decoder up there: say so
+        logging.getLogger("kernelstream.zstd").warning(
+            "aiokafka's record modules have no zstd_decode: its own decoder stays in use"
+        )
+        return False
+    for module in modules:
         module.zstd_decode = zstd_decode
     return True
 
