@@ -34,14 +34,19 @@ def _differs(a: Config, b: Config) -> list[str]:
     return [p for p in a if a[p] != b[p]]
 
 
+def _best_on_a_slower_path() -> tuple[Config, GroupStats]:
+    """The best is on the (smem, read-only) path; every other path measured faster on average."""
+    best = {"block_size_x": 64, "tile_size_x": 2, "use_smem": 1, "read_only": 1}
+    others = [c for c in itertools.islice(SPACE, 0, None, 3) if c != best][:14]
+    us = [60.0 if (c["use_smem"], c["read_only"]) == (1, 1) else 40.0 for c in others]
+    return best, _group([best, *others], [10.0, *us])
+
+
 def test_local_steps_keep_the_switches_of_the_best() -> None:
     # The best is on the (smem, read-only) path; every other path was measured as
     # slightly faster on average, so an unrestricted model would happily flip a switch
     # next to the best. The local step polishes the best's own path instead.
-    best = {"block_size_x": 64, "tile_size_x": 2, "use_smem": 1, "read_only": 1}
-    others = [c for c in itertools.islice(SPACE, 0, None, 3) if c != best][:14]
-    us = [60.0 if (c["use_smem"], c["read_only"]) == (1, 1) else 40.0 for c in others]
-    group = _group([best, *others], [10.0, *us])
+    best, group = _best_on_a_slower_path()
     f = SimpleNamespace(classification="x")
     s = ModelGuidedSearch(seed=0, n_init=1, acquisitions=("local",), stall=0)
     for _ in range(6):
@@ -55,10 +60,7 @@ def test_local_steps_keep_the_switches_of_the_best() -> None:
 def test_without_local_arm_the_local_step_may_flip_a_switch() -> None:
     # The same group without the restriction: the model's favourite neighbour of the
     # best is on another path (the other paths measured faster on average).
-    best = {"block_size_x": 64, "tile_size_x": 2, "use_smem": 1, "read_only": 1}
-    others = [c for c in itertools.islice(SPACE, 0, None, 3) if c != best][:14]
-    us = [60.0 if (c["use_smem"], c["read_only"]) == (1, 1) else 40.0 for c in others]
-    group = _group([best, *others], [10.0, *us])
+    best, group = _best_on_a_slower_path()
     f = SimpleNamespace(classification="x")
     s = ModelGuidedSearch(seed=0, n_init=1, acquisitions=("local",), stall=0, local_arm=False)
     flipped = 0
