@@ -175,14 +175,13 @@ class OfflineAnalysis:
                 raise SchemaError("the message has no value (a tombstone)", "invalid_json")
             key = check_key(msg.key)
             cols = decode_launch_columns(msg.value)
-            t_range = (float(cols.t_end.min()), float(cols.t_end.max()))
             problem = launch_batch_problem(
                 cols.meta,
                 key,
                 msg.timestamp_ms / 1000.0,
                 self.limits,
                 self.known_workload,
-                t_range,
+                cols.t_range(),
             )
             if problem is not None:
                 raise problem
