@@ -115,29 +115,38 @@ def _loop(
         policy=ReconfigPolicy(max_step=10**6, min_eval_s=0.0),
     )
 
-    # Stop at the budget; or once within 5% with the curve long enough for every
-    # reported gap; or once the optimum itself is found (nothing left to gain).
-    # With ``windows`` (the fleet comparison) the budget is windows per node instead,
-    # the same for every fleet size, and the run stops once within 5%.
+    # With a ``budget`` of evaluations: stop at the budget; or once within 5% with the
+    # curve long enough for every reported gap; or once the optimum itself is found
+    # (nothing left to gain). With ``windows`` (the fleet comparison) the budget is
+    # windows per node instead, the same for every fleet size: go on until within 5% or
+    # that many windows. With both (the single-node run that also serves as the
+    # fleet's one-node run), both.
     def done(tr: Any) -> bool:
         n, best = len(tr.evaluated), tr.best_true[-1] if tr.best_true else math.inf
-        if windows is not None:
-            return best <= opt * 1.05
-        return n >= budget or best <= opt or (best <= opt * 1.05 and n >= max(GAP_AT))
+        reached = best <= opt * 1.05
+        curve_done = not budget or n >= budget or best <= opt or (reached and n >= max(GAP_AT))
+        return curve_done and (windows is None or reached or tr.rounds >= windows)
 
-    loop.run(windows if windows is not None else 40 * budget, stop=done)
+    loop.run(40 * budget + (windows or 0), stop=done)
     return loop
 
 
-def _run_kernelstream(path: str, seed: int, budget: int, nodes: int = 1) -> dict[str, Any]:
-    loop = _loop([path], seed, nodes, budget)
+def _run_kernelstream(
+    path: str, seed: int, budget: int, nodes: int = 1, windows: int | None = None
+) -> dict[str, Any]:
+    """One tuner run for ``budget`` evaluations.
+
+    With ``windows`` it goes on, if it has not got within 5% by then, until it does or
+    has run that many windows: ``rounds_to_5`` is then also this seed's one-node fleet
+    figure (the same run :func:`_run_fleet` would make for one node).
+    """
+    loop = _loop([path], seed, nodes, budget, windows=windows)
     tr = loop.trace
     opt = min(loop.truth.values()) if loop.truth else math.inf
-    return {
-        "curve": tr.best_true[:budget],
-        "rounds_to_5": tr.rounds_to(opt * 1.05),
-        "outcomes": tr.outcomes,
-    }
+    rounds = tr.rounds_to(opt * 1.05)
+    if windows is not None and rounds is not None and rounds > windows:
+        rounds = None  # the evaluation budget ran past the window budget
+    return {"curve": tr.best_true[:budget], "rounds_to_5": rounds, "outcomes": tr.outcomes}
 
 
 def _run_fleet(path: str, seed: int, nodes: int, windows: int) -> dict[str, Any]:
@@ -214,7 +223,7 @@ def _task(args: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, Any]]:
     s, b = int(seed), int(budget)
     t0 = time.perf_counter()
     if kind == "kernelstream":
-        out = _run_kernelstream(space, s, b)
+        out = _run_kernelstream(space, s, b, windows=int(extra) if extra else None)
     elif kind.startswith("fleet"):
         out = _run_fleet(space, s, int(kind.removeprefix("fleet")), windows=b)
     elif kind == "warm":
@@ -319,12 +328,15 @@ def run_benchmark(
         for p in files:
             sp = str(p)
             for seed in range(seeds):
-                tasks.append(("kernelstream", sp, "", str(seed), str(budget)))
+                # The first fleet seeds' one-node figure comes from this same run.
+                fleet_w = str(fleet_windows) if seed < fleet_seeds else ""
+                tasks.append(("kernelstream", sp, fleet_w, str(seed), str(budget)))
                 tasks.append(("random", sp, "", str(seed), str(budget)))
                 tasks.extend(("kt:" + s, sp, plain[sp], str(seed), str(budget)) for s in strategies)
             for seed in range(fleet_seeds):
                 for nodes in FLEET_SIZES:
-                    tasks.append((f"fleet{nodes}", sp, "", str(seed), str(fleet_windows)))
+                    if nodes > 1 or seed >= seeds:
+                        tasks.append((f"fleet{nodes}", sp, "", str(seed), str(fleet_windows)))
             if warm_seeds:
                 siblings = [
                     str(q)
@@ -391,9 +403,12 @@ def run_benchmark(
             ),
             default=None,
         )
-        fleet = {}
+        fleet: dict[str, Any] = {}
         for nodes in FLEET_SIZES:
-            rounds = [r.get("rounds_to_5") for r in results.get((f"fleet{nodes}", sp), [])]
+            runs = results.get((f"fleet{nodes}", sp), [])
+            if nodes == 1:  # seeds run as kernelstream first, in seed order
+                runs = results.get(("kernelstream", sp), [])[:fleet_seeds] + runs
+            rounds = [r.get("rounds_to_5") for r in runs]
             # Unreached seeds count as more than the window budget, as in _summary.
             vals = [r if r is not None else fleet_windows + 1 for r in rounds]
             fleet[f"{nodes}_node"] = {
@@ -405,6 +420,11 @@ def run_benchmark(
         m1 = fleet[f"{FLEET_SIZES[0]}_node"]["median_windows_to_5pct"]
         mn = fleet[f"{FLEET_SIZES[-1]}_node"]["median_windows_to_5pct"]
         fleet["speedup"] = m1 / mn if m1 and mn and mn <= fleet_windows else None
+        fleet["speedup_ci90"] = _speedup_interval(
+            fleet[f"{FLEET_SIZES[0]}_node"]["per_seed"],
+            fleet[f"{FLEET_SIZES[-1]}_node"]["per_seed"],
+            fleet_windows,
+        )
         report["spaces"][meta[sp]["file"]] = {
             **meta[sp],
             "methods": methods,
@@ -413,6 +433,34 @@ def run_benchmark(
             "median_gap_curve": curves,
         }
     return report
+
+
+def _speedup_interval(
+    one: Sequence[int | None], many: Sequence[int | None], windows: int
+) -> list[float] | None:
+    """90% bootstrap interval of the fleet speedup (ratio of the two medians).
+
+    Seeds are resampled in pairs (seed s of one node with seed s of the fleet), as the
+    runs share their devices' seeds. Medians of heavy-tailed counts from 20 seeds move a
+    lot; the interval says how much, so a ratio near a target is read with it.
+    """
+    from scipy.stats import bootstrap
+
+    a = np.array([r if r is not None else windows + 1 for r in one], dtype=np.float64)
+    b = np.array([r if r is not None else windows + 1 for r in many], dtype=np.float64)
+    if len(a) != len(b) or len(a) < 2 or (len(set(a)) < 2 and len(set(b)) < 2):
+        return None
+    res = bootstrap(
+        (a, b),
+        lambda x, y, axis=-1: np.median(x, axis=axis) / np.median(y, axis=axis),
+        paired=True,
+        vectorized=True,
+        confidence_level=0.9,
+        n_resamples=9999,
+        method="percentile",
+        random_state=np.random.default_rng(0),
+    )
+    return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
 
 
 def _kt_version() -> str | None:
@@ -454,6 +502,11 @@ def format_table(report: dict[str, Any]) -> str:
             f"{_n(f1['median_windows_to_5pct'], w)} ({f1['reached']}/{f1['seeds']}), 4 nodes "
             f"sharing {_n(f4['median_windows_to_5pct'], w)} ({f4['reached']}/{f4['seeds']})"
             + (f", {speedup:.1f}x fewer" if speedup else "")
+            + (
+                f" (90% bootstrap interval over seeds {ci[0]:.1f}-{ci[1]:.1f}x)"
+                if speedup and (ci := sp["fleet"].get("speedup_ci90"))
+                else ""
+            )
         )
         if "warm" in sp["methods"]:
             warm = sp["methods"]["warm"]["within_5pct"]
@@ -534,7 +587,13 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
     show_default=True,
     help="Kernel Tuner strategies to run as peers (comma-separated).",
 )
-@click.option("--fleet-seeds", type=int, default=20, show_default=True)
+@click.option(
+    "--fleet-seeds",
+    type=int,
+    default=40,
+    show_default=True,
+    help="Seeds for the fleet comparison (a ratio of two medians: noisier than one median).",
+)
 @click.option(
     "--fleet-windows",
     type=int,

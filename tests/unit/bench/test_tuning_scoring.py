@@ -14,8 +14,10 @@ import pytest
 from bench.tuning import (
     _evals_to,
     _gap_at,
+    _run_fleet,
     _run_kernelstream,
     _run_random,
+    _speedup_interval,
     _summary,
     format_table,
     run_benchmark,
@@ -99,6 +101,12 @@ def test_fleet_sizes_get_the_same_window_budget(tmp_path: Path) -> None:
         # windows per node until within 5%, never past the shared window budget
         assert all(r is None or 1 <= r <= 30 for r in per_seed)
     assert "fleet: windows per node" in format_table(report)
+    # Seed 0's one-node figure is taken from its single-node run (seeds=1), seed 1's
+    # from a fleet run: both are what a one-node fleet run gives.
+    path = str(tmp_path / "toy.json.gz")
+    assert fleet["1_node"]["per_seed"] == [
+        _run_fleet(path, seed, 1, windows=30)["rounds_to_5"] for seed in (0, 1)
+    ]
 
 
 def test_a_second_run_of_the_day_keeps_the_first_ones_files(tmp_path: Path) -> None:
@@ -110,3 +118,19 @@ def test_a_second_run_of_the_day_keeps_the_first_ones_files(tmp_path: Path) -> N
     assert _dated(tmp_path, "2026-01-02", out).name == "tuning-2026-01-02-run2.json"
     mine = tmp_path / "tuning-2026-01-02-run2.json"
     assert _dated(tmp_path, "2026-01-02", mine) == mine
+
+
+def test_fleet_speedup_interval_brackets_the_ratio_and_pairs_seeds() -> None:
+    one = [100, 120, 80, 150, None, 90, 110, 130, 95, 105]
+    many = [30, 40, 25, 50, 140, 28, 36, 45, 31, 33]
+    low, high = _speedup_interval(one, many, windows=400)
+    ratio = 105 / 34.5  # medians; the unreached seed counts as 401 windows
+    assert low < ratio < high
+    # Paired: fleet runs that track their single-node seeds exactly give a tight
+    # interval around the common ratio, however spread the seeds are.
+    exact = [3 * w for w in many]
+    low, high = _speedup_interval(exact, many, windows=400)
+    assert low == pytest.approx(3.0) and high == pytest.approx(3.0)
+    # Nothing to resample: identical seeds, or too few.
+    assert _speedup_interval([2] * 5, [2] * 5, windows=400) is None
+    assert _speedup_interval([5], [2], windows=400) is None
