@@ -70,6 +70,7 @@ from agents.logic.errors import SnapshotError
 from agents.logic.snapshot_codec import pack, unpack
 from agents.logic.windowing import Windower, WindowSpec
 from agents.window_checkpoints import CheckpointStore
+from app.settings import WINDOW_STATE_CHUNK_BYTES
 from app.worker_start import EarlyConsumer, window_consumer
 from schemas import WindowAggregate, encode
 
@@ -444,7 +445,9 @@ class WindowIngest(Service):
                 return
             records = {tp: self._state_record(tp) for tp in owned}
             await self.app.producer.flush()
-            chunk = int(getattr(self.settings, "window_state_chunk_bytes", 512 * 1024))
+            chunk = int(
+                getattr(self.settings, "window_state_chunk_bytes", WINDOW_STATE_CHUNK_BYTES)
+            )
             for tp in owned:
                 futs = [
                     await self.ctx.send("window_state", key, value, tp.partition)
