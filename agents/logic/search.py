@@ -13,11 +13,18 @@ try comes from a rotating *acquisition*:
    (see *arm* below), which polishes a good region of the best's own code path;
 2. **sample**: the minimum of one randomly chosen tree (Thompson sampling), which
    explores where the trees disagree;
-3. **confident**: the minimum of the ensemble's mean minus one standard deviation
-   across trees (a lower confidence bound), which exploits the model.
+3. **plane**: the best config, by the ensemble's mean minus one standard deviation
+   across trees (a lower confidence bound), of the *plane* the model expects most of
+   to be fast. A plane is one combination of the values of the space's few-valued
+   parameters (at most ``plane_max_values`` values: switches, tile and unroll
+   factors, which select a variant of the code), so what varies inside it is the
+   launch geometry (block sizes). Planes are ranked by a low quantile of the lower
+   confidence bound over their configs: a plane where many geometries look good,
+   rather than the single most extreme prediction, which on rugged spaces is a
+   lone cliff or a lone needle the trees cannot see.
 
 When the search stalls (the group's best is older than ``stall`` evaluations), the
-``confident`` slot becomes an **arm** step instead: an *arm* is one combination of the
+``plane`` slot becomes an **arm** step instead: an *arm* is one combination of the
 values of the space's switches (two-valued parameters, which usually select code paths:
 shared memory or not, a read-only cache or not). A bandit on the measurements alone
 (UCB on each arm's best log duration, arms never measured first) picks an arm, and the
@@ -26,8 +33,10 @@ code path whose first samples were poor looks certain to be poor; the bandit doe
 not trust the model's confidence there. This is a restart rule in the spirit of
 trust-region methods (TuRBO), with the regions given by the space's switches.
 
-Two more acquisitions can be put in the rotation: **mode** (local search inside each
-value of a two-valued switch in turn) and **random**.
+More acquisitions can be put in the rotation: **confident** (the minimum of the lower
+confidence bound over the whole space; the third slot until the plane step replaced
+it), **mode** (local search inside each value of a two-valued switch in turn) and
+**random**.
 
 Before the model has enough data it tries an initial design: the configs other device
 models of the same kernel found fastest (a warm start, at most ``n_warm`` of them), then,
@@ -40,7 +49,7 @@ Why trees: GPU search spaces are small (thousands of points), discrete, full of
 interactions and cliffs (a tile that no longer fits in shared memory), so a model that
 splits on parameter values fits them better than a smooth kernel does, and it fits in
 milliseconds. Why a rotation: each acquisition alone stalls on some spaces (the local
-one in a basin, the confident one on a deceptive region, sampling on a needle). The
+one in a basin, the lower confidence bound on a deceptive region, sampling on a needle). The
 measurements behind these defaults, and how far they are from the targets, are in
 bench/results/tuning-*.txt (``kernelstream bench tuning``) and the README.
 
@@ -68,7 +77,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ModelGuidedSearch", "SpaceIndex", "space_features"]
 
-ACQUISITIONS = ("local", "arm", "mode", "sample", "confident", "random")
+ACQUISITIONS = ("local", "arm", "mode", "sample", "confident", "plane", "random")
 
 
 def space_features(space: SearchSpace, configs: Sequence[Mapping[str, Any]]) -> np.ndarray:
@@ -113,6 +122,7 @@ class SpaceIndex:
     features: np.ndarray
     positions: np.ndarray | None = None
     _arms: np.ndarray | None = None
+    _planes: dict[int, list[np.ndarray] | None] = field(default_factory=dict)
 
     @classmethod
     def build(cls, space: SearchSpace) -> SpaceIndex:
@@ -151,6 +161,30 @@ class SpaceIndex:
         n = int(arms.max()) + 1 if len(arms) else 0
         return arms if 1 < n <= max_arms else None
 
+    def planes(self, max_values: int) -> list[np.ndarray] | None:
+        """Config positions per plane (see the module docstring), or None.
+
+        A plane is one combination of the values of the parameters with 2 to
+        ``max_values`` values; None where no parameter qualifies or every config is
+        in one plane.
+        """
+        if max_values not in self._planes:
+            positions = self.positions_matrix()
+            small = [
+                k
+                for k, values in enumerate(self.space.params.values())
+                if 2 <= len(values) <= max_values
+            ]
+            result = None
+            if small:
+                _, plane = np.unique(positions[:, small], axis=0, return_inverse=True)
+                plane = plane.reshape(-1)
+                members = np.argsort(plane, kind="stable")
+                split = np.split(members, np.flatnonzero(np.diff(plane[members])) + 1)
+                result = split if len(split) > 1 else None
+            self._planes[max_values] = result
+        return self._planes[max_values]
+
     def near(self, i: int, distance: int) -> np.ndarray:
         """Configs differing from config ``i`` in 1 to ``distance`` parameters (any values)."""
         positions = self.positions_matrix()
@@ -166,7 +200,8 @@ class ModelGuidedSearch:
         n_trees: trees in the ensemble.
         n_init: measured configs (the start included) before the model leads.
         acquisitions: the rotation, a sequence of ``"local"``, ``"sample"`` and
-            ``"confident"``; the step (number of measured configs) picks the entry.
+            ``"plane"`` (or any of ``ACQUISITIONS``); the step (number of measured
+            configs) picks the entry.
         seed: seeds the initial design and the trees; the same measurements and the
             same seed give the same proposal.
         failure_penalty: a config that failed to launch is taught to the model as
@@ -184,11 +219,15 @@ class ModelGuidedSearch:
         stall: evaluations without a new best after which the ``stall_mode``
             acquisition becomes an arm step; 0 never.
         warm_feature: other device models' predictions as a model feature.
+        plane_max_values: parameters with at most this many values (and at least two)
+            span the planes of the ``plane`` acquisition.
+        plane_quantile: planes are ranked by this quantile of their configs' lower
+            confidence bounds.
     """
 
     n_trees: int = 30
     n_init: int = 8
-    acquisitions: tuple[str, ...] = ("local", "sample", "confident")
+    acquisitions: tuple[str, ...] = ("local", "sample", "plane")
     seed: int = 0
     failure_penalty: float = 2.0
     local_distance: int = 2
@@ -198,10 +237,12 @@ class ModelGuidedSearch:
     max_arms: int = 32
     arm_bonus: float = 0.5
     stall: int = 15
-    stall_mode: str = "confident"
+    stall_mode: str = "plane"
     warm_feature: bool = True
     local_arm: bool = True
     local_score: str = "lcb"
+    plane_max_values: int = 4
+    plane_quantile: float = 0.25
     _index: dict[int, SpaceIndex] = field(default_factory=dict, repr=False)
     _model: tuple[Any, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = field(
         default=None, repr=False
@@ -214,6 +255,10 @@ class ModelGuidedSearch:
             raise ValueError(f"acquisitions must be drawn from {ACQUISITIONS}, got {bad}")
         if self.n_trees < 2 or self.n_init < 1:
             raise ValueError("ModelGuidedSearch needs n_trees >= 2 and n_init >= 1")
+        if self.plane_max_values < 2 or not 0.0 <= self.plane_quantile <= 1.0:
+            raise ValueError(
+                "ModelGuidedSearch needs plane_max_values >= 2 and plane_quantile in [0, 1]"
+            )
         if self.local_score not in ("mu", "lcb"):
             raise ValueError(f"local_score must be 'mu' or 'lcb', got {self.local_score!r}")
 
@@ -316,6 +361,10 @@ class ModelGuidedSearch:
             choice = self._mode_step(idx, measured, mu, step, first_allowed)
             if choice is None:
                 mode = "sample"
+        if mode == "plane":
+            choice = self._plane_step(idx, mu - sd, first_allowed)
+            if choice is None:
+                mode = "confident"
         if choice is None and mode == "random":
             choice = first_allowed(rng.permutation(len(idx.ids)))
         if choice is None:
@@ -368,6 +417,30 @@ class ModelGuidedSearch:
             else:
                 near = np.flatnonzero(arms == a)
             choice = first_allowed(near[np.argsort(mu[near], kind="stable")])
+            if choice is not None:
+                return choice
+        return None
+
+    def _plane_step(
+        self,
+        idx: SpaceIndex,
+        lcb: np.ndarray,
+        first_allowed: Callable[[Sequence[int] | np.ndarray], int | None],
+    ) -> int | None:
+        """The best config, by ``lcb``, of the plane whose configs look best overall.
+
+        Planes are ranked by the ``plane_quantile`` of ``lcb`` over all their configs
+        (measured ones too: a plane is judged as a whole); the first plane with an
+        allowed unmeasured config gives its lowest-``lcb`` one.
+        """
+        planes = idx.planes(self.plane_max_values)
+        if planes is None:
+            return None
+        ranked = np.argsort(
+            [np.quantile(lcb[m], self.plane_quantile) for m in planes], kind="stable"
+        )
+        for m in (planes[k] for k in ranked):
+            choice = first_allowed(m[np.argsort(lcb[m], kind="stable")])
             if choice is not None:
                 return choice
         return None

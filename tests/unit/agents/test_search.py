@@ -144,14 +144,14 @@ def test_a_stalled_search_tries_the_switch_combination_it_never_measured() -> No
     # never measured (use_smem=1) comes first whatever the model thinks of it.
     off = [c for c in SPACE if c["use_smem"] == 0][:12]
     group = _measured(off)
-    s = ModelGuidedSearch(seed=0, n_init=1, acquisitions=("confident",), stall=5)
+    s = ModelGuidedSearch(seed=0, n_init=1, acquisitions=("plane",), stall=5)
     f = SimpleNamespace(classification="x")
     p = s.propose(f, SPACE, group, off[0], lambda c: True)  # type: ignore[arg-type]
     assert p is not None and p.config["use_smem"] == 1 and "(arm)" in p.reason
     # Not stalled (the best was measured last): the rotation's own acquisition.
     group = _measured(off, best=len(off) - 1)
     p = s.propose(f, SPACE, group, off[-1], lambda c: True)  # type: ignore[arg-type]
-    assert p is not None and "(confident)" in p.reason
+    assert p is not None and "(plane)" in p.reason
 
 
 def test_concurrent_proposals_take_the_next_acquisitions_of_the_rotation() -> None:
@@ -170,6 +170,52 @@ def test_concurrent_proposals_take_the_next_acquisitions_of_the_rotation() -> No
     rotation = s.acquisitions
     assert modes == [rotation[(step + k) % 3] for k in range(3)], modes
     assert len(set(modes)) == 3
+
+
+def test_planes_are_the_few_valued_parameter_combinations() -> None:
+    idx = ModelGuidedSearch().index(SPACE)
+    planes = idx.planes(max_values=3)  # tile_size_x (3 values) x use_smem (2)
+    assert planes is not None and len(planes) == 6
+    assert sorted(int(i) for m in planes for i in m) == list(range(SPACE.size()))
+    for m in planes:
+        assert len({(idx.configs[i]["tile_size_x"], idx.configs[i]["use_smem"]) for i in m}) == 1
+    assert len(idx.planes(max_values=4) or []) == 24  # block_size_y has 4 values
+    assert idx.planes(max_values=2) is not None
+    no_small = SearchSpace("s", {"a": tuple(range(8))}, default={"a": 0})
+    assert ModelGuidedSearch().index(no_small).planes(max_values=4) is None
+
+
+def test_the_plane_step_picks_the_plane_most_of_whose_configs_look_fast() -> None:
+    # One config of a poor plane is predicted fastest of all (a lone extreme the model
+    # cannot back up); another plane is predicted fast almost everywhere. The plane
+    # step goes to that plane, to its best config, not to the lone extreme.
+    s = ModelGuidedSearch(plane_max_values=3)
+    idx = s.index(SPACE)
+    planes = idx.planes(3)
+    assert planes is not None
+    lcb = np.full(SPACE.size(), 5.0)
+    lone = int(planes[0][0])
+    lcb[lone] = -10.0
+    broad = planes[4]
+    lcb[broad] = 1.0
+    lcb[broad[3]] = 0.5
+    assert int(np.argmin(lcb)) == lone
+    assert s._plane_step(idx, lcb, lambda order: int(order[0])) == int(broad[3])
+    # Everything of that plane taken: the next plane by the same rule.
+    taken = {int(i) for i in broad}
+    first_outside = lambda order: next((int(j) for j in order if int(j) not in taken), None)  # noqa: E731
+    assert s._plane_step(idx, lcb, first_outside) == lone
+    # Through the rotation: the plane acquisition says so in the reason.
+    group = _measured(list(itertools.islice(SPACE, 12)), best=11)
+    p = ModelGuidedSearch(seed=0, n_init=1, acquisitions=("plane",)).propose(
+        SimpleNamespace(classification="x"),  # type: ignore[arg-type]
+        SPACE,
+        group,
+        SPACE.start_config(),
+        lambda c: True,
+    )
+    assert p is not None and "(plane)" in p.reason
+    assert not group.measured(SPACE.config_id(p.config))
 
 
 def test_other_device_models_inform_the_model_as_a_feature() -> None:
@@ -195,6 +241,10 @@ def test_bad_settings() -> None:
         ModelGuidedSearch(acquisitions=("greedy",))
     with pytest.raises(ValueError):
         ModelGuidedSearch(n_trees=1)
+    with pytest.raises(ValueError):
+        ModelGuidedSearch(plane_max_values=1)
+    with pytest.raises(ValueError):
+        ModelGuidedSearch(plane_quantile=1.5)
 
 
 # -- the closed loop on a trace cache the test writes ---------------------------------
