@@ -241,6 +241,14 @@ def _evals_to(curve: Sequence[float], target: float) -> int | None:
     return next((i + 1 for i, b in enumerate(curve) if b <= target), None)
 
 
+def _or_over(counts: Sequence[int | None], budget: int) -> list[int]:
+    """Counts with a seed that never got there as "more than the budget" (budget + 1).
+
+    So medians and percentiles of a method that fails cannot look good.
+    """
+    return [c if c is not None else budget + 1 for c in counts]
+
+
 def _gap_at(curve: Sequence[float], n: int, opt: float) -> float | None:
     if not curve:
         return None
@@ -253,9 +261,7 @@ def _summary(curves: list[Sequence[float]], opt: float, budget: int) -> dict[str
     for thr in THRESHOLDS:
         tag = f"within_{round((thr - 1) * 100)}pct"
         hits = [_evals_to(c, opt * thr) for c in curves]
-        # A seed that never got there counts as "more than the budget" (budget + 1) for
-        # the median and percentile, so a failing method cannot look good.
-        vals = [h if h is not None else budget + 1 for h in hits]
+        vals = _or_over(hits, budget)
         out[tag] = {
             "median": float(np.median(vals)),
             "p90": float(np.percentile(vals, 90)),
@@ -409,8 +415,7 @@ def run_benchmark(
             if nodes == 1:  # seeds run as kernelstream first, in seed order
                 runs = results.get(("kernelstream", sp), [])[:fleet_seeds] + runs
             rounds = [r.get("rounds_to_5") for r in runs]
-            # Unreached seeds count as more than the window budget, as in _summary.
-            vals = [r if r is not None else fleet_windows + 1 for r in rounds]
+            vals = _or_over(rounds, fleet_windows)
             fleet[f"{nodes}_node"] = {
                 "median_windows_to_5pct": float(np.median(vals)) if vals else None,
                 "reached": sum(r is not None for r in rounds),
@@ -446,8 +451,8 @@ def _speedup_interval(
     """
     from scipy.stats import bootstrap
 
-    a = np.array([r if r is not None else windows + 1 for r in one], dtype=np.float64)
-    b = np.array([r if r is not None else windows + 1 for r in many], dtype=np.float64)
+    a = np.array(_or_over(one, windows), dtype=np.float64)
+    b = np.array(_or_over(many, windows), dtype=np.float64)
     if len(a) != len(b) or len(a) < 2 or (len(set(a)) < 2 and len(set(b)) < 2):
         return None
     res = bootstrap(
@@ -512,9 +517,7 @@ def format_table(report: dict[str, Any]) -> str:
             warm = sp["methods"]["warm"]["within_5pct"]
             # Cold on the same seeds as the warm runs, and on all seeds.
             cold = sp["methods"]["kernelstream"]["within_5pct"]
-            same = [
-                h if h is not None else b + 1 for h in cold["per_seed"][: len(warm["per_seed"])]
-            ]
+            same = _or_over(cold["per_seed"][: len(warm["per_seed"])], b)
             lines.append(
                 f"warm start from {sp.get('warm_from')}: median evaluations to 5% "
                 f"{_n(warm['median'], b)} ({warm['reached']}/{len(warm['per_seed'])}) vs cold "
