@@ -6,6 +6,7 @@ import gzip
 import itertools
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -39,7 +40,7 @@ SPACE = SearchSpace(
 NEEDLE = {"block_size_x": 64, "block_size_y": 4, "tile_size_x": 2, "use_smem": 1}
 
 
-def cost(c: Config) -> float:
+def cost(c: Mapping[str, Any]) -> float:
     threads = int(c["block_size_x"]) * int(c["block_size_y"])
     base = 100.0 * (1 + 0.25 * abs(math.log2(threads) - 8) + 0.1 * abs(int(c["tile_size_x"]) - 2))
     base *= 0.8 if c["use_smem"] else 1.0
