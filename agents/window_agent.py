@@ -70,7 +70,6 @@ from agents.logic.errors import SnapshotError
 from agents.logic.snapshot_codec import pack, unpack
 from agents.logic.windowing import Windower, WindowSpec
 from agents.window_checkpoints import CheckpointStore
-from app.settings import WINDOW_STATE_CHUNK_BYTES
 from app.worker_start import EarlyConsumer, window_consumer
 from schemas import WindowAggregate, encode
 
@@ -283,7 +282,7 @@ class WindowIngest(Service):
 
     async def _run(self) -> None:
         consumer = self._consumer
-        interval = float(getattr(self.settings, "checkpoint_interval_s", 1.0))
+        interval = float(self.settings.checkpoint_interval_s)
         stage = self.stats.stage_s
         while not (self.should_stop or self._left):
             try:
@@ -445,9 +444,7 @@ class WindowIngest(Service):
                 return
             records = {tp: self._state_record(tp) for tp in owned}
             await self.app.producer.flush()
-            chunk = int(
-                getattr(self.settings, "window_state_chunk_bytes", WINDOW_STATE_CHUNK_BYTES)
-            )
+            chunk = int(self.settings.window_state_chunk_bytes)
             for tp in owned:
                 futs = [
                     await self.ctx.send("window_state", key, value, tp.partition)

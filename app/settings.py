@@ -24,10 +24,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-# Largest message of a window-state handover (see ``Settings.window_state_chunk_bytes``).
-WINDOW_STATE_CHUNK_BYTES = 512 * 1024
-
-__all__ = ["WINDOW_STATE_CHUNK_BYTES", "Settings", "load_settings"]
+__all__ = ["Settings", "load_settings"]
 
 
 class Settings(BaseSettings):
@@ -125,7 +122,7 @@ class Settings(BaseSettings):
         ),
     )
     window_state_chunk_bytes: int = Field(
-        default=WINDOW_STATE_CHUNK_BYTES,
+        default=512 * 1024,
         ge=1024,
         le=900_000,
         description=(
