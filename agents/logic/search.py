@@ -41,9 +41,14 @@ it), **mode** (local search inside each value of a two-valued switch in turn) an
 Before the model has enough data it tries an initial design: the configs other device
 models of the same kernel found fastest (a warm start, at most ``n_warm`` of them), then,
 alternately, a random configuration and a random one-parameter change of the best one so
-far. Other device models' measurements also enter the model as one more feature (their
-own model's prediction), which the trees use only where it explains this group's
-measurements.
+far. Concurrent proposals (other nodes of the group are trying configs now) take the next
+slots of that alternation, as they take the next acquisitions of the rotation later, and a
+concurrent random one is drawn from the *arms* (code paths, above) that nobody has
+measured or is trying. Before, every initial proposal of a batch perturbed the best config
+(a batch's proposals share one step count), so four nodes never left the default's
+neighbourhood before the model led. Other device models' measurements also enter the model
+as one more feature (their own model's prediction), which the trees use only where it
+explains this group's measurements.
 
 Why trees: GPU search spaces are small (thousands of points), discrete, full of
 interactions and cliffs (a tile that no longer fits in shared memory), so a model that
@@ -223,6 +228,8 @@ class ModelGuidedSearch:
             span the planes of the ``plane`` acquisition.
         plane_quantile: planes are ranked by this quantile of their configs' lower
             confidence bounds.
+        init_paths: concurrent random proposals of the initial design come from arms
+            nobody has measured or is trying (one node alone draws from the whole space).
     """
 
     n_trees: int = 30
@@ -243,6 +250,7 @@ class ModelGuidedSearch:
     local_score: str = "lcb"
     plane_max_values: int = 4
     plane_quantile: float = 0.25
+    init_paths: bool = True
     _index: dict[int, SpaceIndex] = field(default_factory=dict, repr=False)
     _model: tuple[Any, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = field(
         default=None, repr=False
@@ -290,6 +298,10 @@ class ModelGuidedSearch:
         failed = sorted(idx.position[cid] for cid in group.failed if cid in idx.position)
         step = len(measured) + len(failed)
         rng = np.random.default_rng([self.seed, step, len(group.trying)])
+        # Nodes of the group trying configs now: each concurrent proposal takes the
+        # next slot of the initial design or of the rotation (below), as if the
+        # pending ones had been measured, so a batch mixes them.
+        pending = sum(1 for cid in group.trying if not group.measured(cid))
 
         def first_allowed(order: Sequence[int] | np.ndarray) -> int | None:
             # ``allowed`` is checked lazily, best first: scoring is vectorized, the
@@ -308,12 +320,15 @@ class ModelGuidedSearch:
             warm = self._warm(idx, related)[: self.n_warm]
             choice = first_allowed(warm)
             why = "warm start: fast on another device model of this kernel"
-            if choice is None and measured and step % 2 == 1:
+            if choice is None and measured and (step + pending) % 2 == 1:
                 # Half the initial design perturbs the best config so far in one
                 # parameter: cheap insurance when the default is already nearly good.
                 best_i = min(measured, key=lambda m: m[1])[0]
                 choice = first_allowed(rng.permutation(idx.near(best_i, 1)))
                 why = "initial design: one parameter of the best so far changed at random"
+            if choice is None and pending and self.init_paths:
+                choice = first_allowed(self._untouched_arms(idx, group, rng))
+                why = "initial design: random configuration of a code path nobody measured"
             if choice is None:
                 choice = first_allowed(rng.permutation(len(idx.ids)))
                 why = "initial design: random configuration"
@@ -332,7 +347,6 @@ class ModelGuidedSearch:
         # Nodes of the group trying configs now: each gets the next acquisition of the
         # rotation, so a batch of proposals from one model is a mix (one polishes, one
         # samples, ...) rather than the top few of one score.
-        pending = sum(1 for cid in group.trying if not group.measured(cid))
         mode = self.acquisitions[(step + pending) % len(self.acquisitions)]
         best_i = min(measured, key=lambda m: m[1])[0]
         if self.stall and mode == self.stall_mode:
@@ -380,6 +394,20 @@ class ModelGuidedSearch:
             f"best measured {best_us:.1f} us after {step} configs",
             max(0.0, best_us / predicted - 1.0),
         )
+
+    def _untouched_arms(
+        self, idx: SpaceIndex, group: GroupStats, rng: np.random.Generator
+    ) -> np.ndarray:
+        """Configs, in random order, of the arms nobody measured, saw fail or is trying."""
+        arms = idx.arms(self.max_arms)
+        if arms is None:
+            return np.array([], dtype=np.int64)
+        touched = [
+            idx.position[c]
+            for c in (*group.configs, *group.failed, *group.trying)
+            if c in idx.position
+        ]
+        return rng.permutation(np.flatnonzero(~np.isin(arms, arms[touched])))
 
     def _arm_step(
         self,

@@ -173,6 +173,33 @@ def test_concurrent_proposals_take_the_next_acquisitions_of_the_rotation() -> No
     assert len(set(modes)) == 3
 
 
+def test_concurrent_initial_proposals_alternate_and_spread_over_code_paths() -> None:
+    # Only the default is measured (use_smem=0) and four nodes ask at once. The batch
+    # takes the initial design's slots in turn (a one-parameter change of the best, then
+    # a random config, ...), and a concurrent random one goes to a code path (switch
+    # combination) nobody measured or is trying: here use_smem=1.
+    start = SPACE.start_config()
+    group = _measured([start])
+    s = ModelGuidedSearch(seed=0)
+    f = SimpleNamespace(classification="x")
+    reasons, configs = [], []
+    for _ in range(4):
+        p = s.propose(f, SPACE, group, start, lambda c: True)  # type: ignore[arg-type]
+        assert p is not None
+        reasons.append(p.reason)
+        configs.append(p.config)
+        group.trying[SPACE.config_id(p.config)] = math.inf
+    assert ["one parameter" in r for r in reasons] == [True, False, True, False], reasons
+    assert "code path nobody measured" in reasons[1] and configs[1]["use_smem"] == 1
+    # Both arms are touched by then: the fourth is an ordinary random configuration.
+    assert reasons[3] == "initial design: random configuration"
+    assert len({SPACE.config_id(c) for c in configs}) == 4
+    # One node alone (nothing pending) keeps the plain random configuration.
+    alone = _measured([start, configs[0]])
+    p = s.propose(f, SPACE, alone, start, lambda c: True)  # type: ignore[arg-type]
+    assert p is not None and p.reason == "initial design: random configuration"
+
+
 def test_planes_are_the_few_valued_parameter_combinations() -> None:
     idx = ModelGuidedSearch().index(SPACE)
     planes = idx.planes(max_values=3)  # tile_size_x (3 values) x use_smem (2)
