@@ -44,9 +44,9 @@ alternately, a random configuration and a random one-parameter change of the bes
 far. Concurrent proposals (other nodes of the group are trying configs now) take the next
 slots of that alternation, as they take the next acquisitions of the rotation later, and a
 concurrent random one is drawn from the *arms* (code paths, above) that nobody has
-measured or is trying. Before, every initial proposal of a batch perturbed the best config
-(a batch's proposals share one step count), so four nodes never left the default's
-neighbourhood before the model led. Other device models' measurements also enter the model
+measured or is trying: a batch's proposals share one step count, so without this they
+would all perturb the best, and four nodes would not leave the default's neighbourhood
+before the model leads. Other device models' measurements also enter the model
 as one more feature (their own model's prediction), which the trees use only where it
 explains this group's measurements.
 
@@ -344,9 +344,8 @@ class ModelGuidedSearch:
                 features = np.column_stack([features, prior])
             self._model = (key, self._fit(features, measured, failed, rng))
         mu, sd, trees = self._model[1]
-        # Nodes of the group trying configs now: each gets the next acquisition of the
-        # rotation, so a batch of proposals from one model is a mix (one polishes, one
-        # samples, ...) rather than the top few of one score.
+        # As in the initial design, ``pending`` shifts the rotation: a batch from one
+        # model mixes acquisitions rather than taking the top few of one score.
         mode = self.acquisitions[(step + pending) % len(self.acquisitions)]
         best_i = min(measured, key=lambda m: m[1])[0]
         if self.stall and mode == self.stall_mode:
