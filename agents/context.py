@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from schemas import DeadLetter, LaunchBatch, Record, SchemaError, decode, encode
-from schemas.codec import MAX_MESSAGE_BYTES, check_key
+from schemas.codec import check_key
 
 if TYPE_CHECKING:
     from schemas.columnar import LaunchColumns
@@ -153,8 +153,8 @@ class WorkerContext:
     def launch_limits(self) -> LaunchLimits:
         s = self.settings
         return LaunchLimits(
-            max_future_s=getattr(s, "max_event_future_s", LaunchLimits.max_future_s),
-            max_age_s=getattr(s, "max_event_age_s", LaunchLimits.max_age_s),
+            max_future_s=s.max_event_future_s,
+            max_age_s=s.max_event_age_s,
         )
 
     def known_workload(self, workload: str, problem_size: Any) -> bool:
@@ -164,7 +164,7 @@ class WorkerContext:
             if self._resolver is None:
                 from kernels.resolve import SpaceResolver
 
-                self._resolver = SpaceResolver(getattr(self.settings, "tuning_spaces_dir", None))
+                self._resolver = SpaceResolver(self.settings.tuning_spaces_dir)
             try:
                 self._resolver.space_for(workload, key[1])
                 self._known[key] = True
@@ -204,7 +204,7 @@ class WorkerContext:
         """:meth:`decode` for launch batches, straight to columns (the worker's hot path)."""
         from schemas.columnar import decode_launch_columns
 
-        max_bytes = getattr(self.settings, "max_message_bytes", MAX_MESSAGE_BYTES)
+        max_bytes = self.settings.max_message_bytes
         try:
             value = _value(event, max_bytes)
             key = check_key(event.key)
@@ -221,7 +221,7 @@ class WorkerContext:
 
     async def decode(self, stage: str, event: Any, cls: type[R]) -> R | None:
         """Validate an event at the edge; dead-letter it and return None when invalid."""
-        max_bytes = getattr(self.settings, "max_message_bytes", MAX_MESSAGE_BYTES)
+        max_bytes = self.settings.max_message_bytes
         try:
             value = _value(event, max_bytes)
             key = check_key(event.key)

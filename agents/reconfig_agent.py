@@ -76,7 +76,7 @@ class RecommendationInbox:
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
                 # The broker may hold a fetch this long even when a recommendation is there.
-                fetch_max_wait_ms=getattr(self.settings, "fetch_max_wait_ms", 500),
+                fetch_max_wait_ms=self.settings.fetch_max_wait_ms,
                 **self.settings.kafka_client_kwargs(),
             )
             try:

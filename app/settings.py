@@ -24,6 +24,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from agents.context import LaunchLimits
+from schemas.codec import MAX_MESSAGE_BYTES
+
 __all__ = ["Settings", "load_settings"]
 
 
@@ -134,17 +137,17 @@ class Settings(BaseSettings):
         ),
     )
     max_message_bytes: int = Field(
-        default=8 * 1024 * 1024,
+        default=MAX_MESSAGE_BYTES,
         gt=0,
         description="Larger input messages are dead-lettered before parsing.",
     )
     max_event_future_s: float = Field(
-        default=300.0,
+        default=LaunchLimits.max_future_s,
         gt=0,
         description="Launches stamped further than this ahead of the worker's clock are refused.",
     )
     max_event_age_s: float = Field(
-        default=7 * 24 * 3600.0,
+        default=LaunchLimits.max_age_s,
         gt=0,
         description="Launches older than this (the launches topic's retention) are refused.",
     )
