@@ -192,8 +192,8 @@ class LiveFleet:
 
         metas: dict[str, LaunchBatch] = {}
         spec = FleetSpec(nodes=nodes, seconds=0.05, max_delay_s=0.05, node_prefix=node_prefix)
-        for b in fleet_batches(spec):
-            metas.setdefault(b.stream_key, b)
+        for batch in fleet_batches(spec):
+            metas.setdefault(batch.stream_key, batch)
         self.streams = sorted(metas)
         per_key = rate / len(self.streams)
         self.per_s = max(math.ceil(1.0 / max_delay_s), math.ceil(per_key / max_launches))

@@ -18,6 +18,7 @@ from kernels import WORKLOAD_NAMES, get_workload
 from kernels.backends.cupy import CupyDevice
 from kernels.backends.sim import SimDevice
 from kernels.devices import device_spec_for_name, theoretical_occupancy
+from kernels.workloads import CudaWorkload
 
 pytestmark = pytest.mark.gpu
 
@@ -73,6 +74,7 @@ def test_launch_timing_and_driver_occupancy(dev: CupyDevice, name: str) -> None:
 @pytest.mark.parametrize("name", WORKLOAD_NAMES)
 def test_formula_occupancy_agrees_with_the_driver(dev: CupyDevice, name: str) -> None:
     w = next(x for x in dev.workloads() if x.name == name)
+    assert isinstance(w, CudaWorkload)  # workloads() is typed list[Workload]; CuPy's are CUDA
     for config in _configs(w)[:3]:
         plan = dev.plan(w, config)
         smem = plan.dynamic_smem_bytes + int(dev.compile(w, config).shared_size_bytes)

@@ -8,6 +8,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
@@ -31,6 +32,20 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
 def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
     """Settings with topic names, app id and state directory unique to this test."""
     tag = uuid.uuid4().hex[:8]
+    # Any: fields named at run time (mypy would match a str dict against
+    # BaseSettings' own typed _-prefixed keyword arguments)
+    topics: dict[str, Any] = {
+        f"topic_{role}": f"t{tag}.{role}"
+        for role in (
+            "launches",
+            "windows",
+            "findings",
+            "recommendations",
+            "reconfig",
+            "late",
+            "deadletter",
+        )
+    }
     return Settings(
         bootstrap=broker.bootstrap,
         app_id=f"ks-test-{tag}",
@@ -39,18 +54,7 @@ def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
         web_port=free_port(),
         partitions=2,
         node_id=f"node-{tag}",
-        **{
-            f"topic_{role}": f"t{tag}.{role}"
-            for role in (
-                "launches",
-                "windows",
-                "findings",
-                "recommendations",
-                "reconfig",
-                "late",
-                "deadletter",
-            )
-        },
+        **topics,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import subprocess
+from typing import TypeVar
 
 import pytest
 
@@ -22,7 +23,10 @@ from tests.integration.helpers import TopicReader, produce
 pytestmark = pytest.mark.integration
 
 
-def of(records: list[object], cls: type) -> list:  # type: ignore[type-arg]
+T = TypeVar("T")
+
+
+def of(records: list[object], cls: type[T]) -> list[T]:
     return [r for r in records if isinstance(r, cls)]
 
 
@@ -46,10 +50,12 @@ async def _scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None
         s.topic_reconfig,
         s.topic_deadletter,
     ) as r:
-        await r.until(lambda: of(r.records[s.topic_windows], WindowAggregate), 60, "a window")
-        await r.until(lambda: of(r.records[s.topic_findings], Finding), 30, "a finding")
+        await r.until(lambda: bool(of(r.records[s.topic_windows], WindowAggregate)), 60, "a window")
+        await r.until(lambda: bool(of(r.records[s.topic_findings], Finding)), 30, "a finding")
         await r.until(
-            lambda: of(r.records[s.topic_recommendations], Recommendation), 30, "a recommendation"
+            lambda: bool(of(r.records[s.topic_recommendations], Recommendation)),
+            30,
+            "a recommendation",
         )
         await r.until(
             lambda: any(
@@ -70,7 +76,9 @@ async def _scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None
         # A bad record: the worker dead-letters it with the reason and keeps going.
         bad = b'{"schema": "ks.launch_batch/1", "node": 42}'
         await produce(bootstrap, s.topic_launches, [(b"evil", bad)])
-        await r.until(lambda: of(r.records[s.topic_deadletter], DeadLetter), 30, "a dead letter")
+        await r.until(
+            lambda: bool(of(r.records[s.topic_deadletter], DeadLetter)), 30, "a dead letter"
+        )
         dl = of(r.records[s.topic_deadletter], DeadLetter)[0]
         assert base64.b64decode(dl.value_b64) == bad
         assert "node" in dl.reason and dl.stage == "window"

@@ -21,7 +21,9 @@ SPACE = SearchSpace(
     "tiny",
     {"block": (64, 128, 256, 512), "tile": (1, 2, 4), "use_smem": (False, True)},
     default={"block": 128, "tile": 1, "use_smem": False},
-    constraints=(Constraint("block*tile <= 1024", lambda c: c["block"] * c["tile"] <= 1024),),
+    constraints=(
+        Constraint("block*tile <= 1024", lambda c: int(c["block"]) * int(c["tile"]) <= 1024),
+    ),
 )
 START: Config = {"block": 128, "tile": 1, "use_smem": False}
 GROUP = ("A100", "k", (1024,))
@@ -49,7 +51,7 @@ def finding(
         config_id=SPACE.config_id(config),
         window_start=t,
         window_end=t + 1.0,
-        classification=classification,  # type: ignore[arg-type]
+        classification=classification,
         evidence={"bw_fraction": 0.2},
         summary="s.",
         count=count,
@@ -70,7 +72,7 @@ def outcome(
         kernel=rec.kernel,
         workload=rec.workload,
         problem_size=rec.problem_size,
-        status=status,  # type: ignore[arg-type]
+        status=status,
         reason="test",
         before_config=before,
         before_config_id=space.config_id(before),
@@ -135,7 +137,7 @@ def test_terminal_outcome_frees_slot_and_moves_current() -> None:
 @pytest.mark.parametrize("strategy", ["model", "local"])
 def test_never_invalid_failed_rejected_or_current(strategy: str) -> None:
     t = Tuner(strategy=GuidedLocalSearch() if strategy == "local" else None)
-    failed = {"block": 128, "tile": 2, "use_smem": False}
+    failed: Config = {"block": 128, "tile": 2, "use_smem": False}
     # n9 runs the failed config; what it is sent meanwhile is reserved for it
     r9 = seen(t, finding(failed, 0.0, count=0, failures=5, node="n9"))
     elsewhere = {r9.config_id} if r9 is not None else set()
@@ -160,7 +162,7 @@ def test_never_invalid_failed_rejected_or_current(strategy: str) -> None:
 
 def test_failed_current_config_moves_to_fleet_best() -> None:
     t = Tuner()
-    good = {"block": 256, "tile": 1, "use_smem": False}
+    good: Config = {"block": 256, "tile": 1, "use_smem": False}
     seen(t, finding(good, 50.0, node="n2"))
     rec = seen(t, finding(START, 0.0, count=0, failures=10, t=1.0))
     assert rec is not None and rec.config == good
@@ -168,7 +170,7 @@ def test_failed_current_config_moves_to_fleet_best() -> None:
 
 def test_fleet_sharing_node_b_gets_node_a_best() -> None:
     t = Tuner(share_after=0)
-    best = {"block": 256, "tile": 2, "use_smem": True}
+    best: Config = {"block": 256, "tile": 2, "use_smem": True}
     seen(t, finding(START, 100.0, node="a"))
     t.observe_finding(finding(best, 60.0, node="a", t=1.0))
     assert t.best(GROUP) == (best, 60.0)
@@ -183,7 +185,7 @@ def test_a_fresh_fleet_best_is_shared_once_it_has_held() -> None:
     # window re-running a best that is soon superseded; once the group measured
     # ``share_after`` configs after it, the best goes to the node.
     t = Tuner(share_after=3)
-    best = {"block": 256, "tile": 2, "use_smem": True}
+    best: Config = {"block": 256, "tile": 2, "use_smem": True}
     seen(t, finding(START, 100.0, node="a"))
     t.observe_finding(finding(best, 60.0, node="a", t=1.0))
     rec = seen(t, finding(START, 100.0, node="b", t=5.0))
@@ -201,7 +203,7 @@ def test_a_fresh_fleet_best_is_shared_once_it_has_held() -> None:
 
 def test_best_within_noise_is_not_shared() -> None:
     t = Tuner(share_min_gain=0.03)
-    other = {"block": 256, "tile": 1, "use_smem": False}
+    other: Config = {"block": 256, "tile": 1, "use_smem": False}
     t.observe_finding(finding(other, 99.0, node="a"))
     rec = seen(t, finding(START, 100.0, node="b"))
     assert rec is None or rec.config != other
@@ -245,7 +247,9 @@ LOOP_SPACE = SearchSpace(
     "loop",
     {"block": (32, 64, 128, 256, 512, 1024), "tile": (1, 2, 4, 8)},
     default={"block": 32, "tile": 1},
-    constraints=(Constraint("block*tile <= 2048", lambda c: c["block"] * c["tile"] <= 2048),),
+    constraints=(
+        Constraint("block*tile <= 2048", lambda c: int(c["block"]) * int(c["tile"]) <= 2048),
+    ),
 )
 OPTIMUM = {"block": 256, "tile": 2}
 
@@ -303,11 +307,11 @@ def _run_loop(
                     )
                 )
                 continue
-            rec = tuner.recommend(f, LOOP_SPACE, now=float(step))
-            if rec is not None:
-                recs.append(rec)
-                trial[n] = (rec, current[n], agg.duration_mean_us)
-                current[n] = dict(rec.config)
+            new = tuner.recommend(f, LOOP_SPACE, now=float(step))
+            if new is not None:
+                recs.append(new)
+                trial[n] = (new, current[n], agg.duration_mean_us)
+                current[n] = dict(new.config)
         for n in nodes:
             if current[n] == OPTIMUM and n not in trial:
                 reached.setdefault(n, step)

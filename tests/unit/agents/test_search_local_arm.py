@@ -36,7 +36,7 @@ def _differs(a: Config, b: Config) -> list[str]:
 
 def _best_on_a_slower_path() -> tuple[Config, GroupStats]:
     """The best is on the (smem, read-only) path; every other path measured faster on average."""
-    best = {"block_size_x": 64, "tile_size_x": 2, "use_smem": 1, "read_only": 1}
+    best: Config = {"block_size_x": 64, "tile_size_x": 2, "use_smem": 1, "read_only": 1}
     others = [c for c in itertools.islice(SPACE, 0, None, 3) if c != best][:14]
     us = [60.0 if (c["use_smem"], c["read_only"]) == (1, 1) else 40.0 for c in others]
     return best, _group([best, *others], [10.0, *us])

@@ -21,17 +21,21 @@ def test_sim_sweep_then_calibrate(tmp_path: Path) -> None:
     runner = CliRunner()
     out = tmp_path / "stencil.json.gz"
     args = ["sweep", "--backend", "sim", "--model", "L4", "--workload", "stencil2d"]
-    r = runner.invoke(main, [*args, "--iterations", "3", "--problem-scale", "0.05", "--out", out])
+    r = runner.invoke(
+        main, [*args, "--iterations", "3", "--problem-scale", "0.05", "--out", str(out)]
+    )
     assert r.exit_code == 0, r.output
     assert "stencil2d" in r.output and "0 failed" in r.output
     assert load_cache(out).name == "stencil2d"
     r = runner.invoke(
-        main, ["sweep", "--backend", "sim", "--workload", "transpose", "--out", tmp_path]
+        main, ["sweep", "--backend", "sim", "--workload", "transpose", "--out", str(tmp_path)]
     )
     assert r.exit_code == 0, r.output
     (dated,) = tmp_path.glob("sweep-transpose-A100-SXM4-80GB-*.json.gz")
     report = tmp_path / "calibration.json"
-    r = runner.invoke(main, ["calibrate", "--sweep", out, "--sweep", dated, "--json", report])
+    r = runner.invoke(
+        main, ["calibrate", "--sweep", str(out), "--sweep", str(dated), "--json", str(report)]
+    )
     assert r.exit_code == 0, r.output
     assert "spearman" in r.output
     results = json.loads(report.read_text())["results"]
@@ -43,7 +47,7 @@ def test_sweep_usage_errors(tmp_path: Path) -> None:
     runner = CliRunner()
     r = runner.invoke(main, ["sweep", "--backend", "sim", "--workload", "nope"])
     assert r.exit_code != 0 and "unknown workload" in r.output
-    r = runner.invoke(main, ["sweep", "--backend", "sim", "--out", tmp_path / "one.json"])
+    r = runner.invoke(main, ["sweep", "--backend", "sim", "--out", str(tmp_path / "one.json")])
     assert r.exit_code != 0 and "exactly one" in r.output
 
 
@@ -98,7 +102,7 @@ def test_sigterm_ends_a_sweep_that_still_writes_its_file(
     before = signal.getsignal(signal.SIGTERM)
     out = tmp_path / "partial.json"
     r = CliRunner().invoke(
-        main, ["sweep", "--backend", "sim", "--workload", "transpose", "--out", out]
+        main, ["sweep", "--backend", "sim", "--workload", "transpose", "--out", str(out)]
     )
     assert signal.getsignal(signal.SIGTERM) == before  # the handler is restored
     assert r.exit_code == 143, r.output

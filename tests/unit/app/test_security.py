@@ -26,7 +26,12 @@ def _pki(d: Path) -> tuple[Path, Path, Path]:
     """A CA and a client certificate signed by it; the client key encrypted with 'pw'."""
     now = dt.datetime.now(dt.UTC)
 
-    def cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: str, signer: object) -> bytes:
+    def cert(
+        subject: str,
+        key: ec.EllipticCurvePrivateKey,
+        issuer: str,
+        signer: ec.EllipticCurvePrivateKey,
+    ) -> bytes:
         c = (
             x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
@@ -36,7 +41,7 @@ def _pki(d: Path) -> tuple[Path, Path, Path]:
             .not_valid_before(now)
             .not_valid_after(now + dt.timedelta(days=1))
             .add_extension(x509.BasicConstraints(ca=subject == issuer, path_length=None), True)
-            .sign(signer, hashes.SHA256())  # type: ignore[arg-type]
+            .sign(signer, hashes.SHA256())
         )
         return c.public_bytes(serialization.Encoding.PEM)
 
@@ -62,9 +67,9 @@ def _aiokafka_accepts(kw: dict[str, object]) -> None:
     from aiokafka.admin import AIOKafkaAdminClient
 
     async def build() -> None:  # aiokafka validates the security options in its constructors
-        AIOKafkaProducer(bootstrap_servers="kafka:9093", **kw)  # type: ignore[arg-type]
-        AIOKafkaConsumer(bootstrap_servers="kafka:9093", **kw)  # type: ignore[arg-type]
-        AIOKafkaAdminClient(bootstrap_servers="kafka:9093", **kw)  # type: ignore[arg-type]
+        AIOKafkaProducer(bootstrap_servers="kafka:9093", **kw)
+        AIOKafkaConsumer(bootstrap_servers="kafka:9093", **kw)
+        AIOKafkaAdminClient(bootstrap_servers="kafka:9093", **kw)
 
     import asyncio
 
@@ -90,7 +95,7 @@ def test_sasl_plaintext_scram_reaches_aiokafka_and_faust() -> None:
         security_protocol="SASL_PLAINTEXT",
         sasl_mechanism="SCRAM-SHA-256",
         sasl_username="ks",
-        sasl_password="s3cret",  # type: ignore[arg-type]
+        sasl_password="s3cret",
     )
     kw = s.kafka_client_kwargs()
     assert kw == {
@@ -111,7 +116,7 @@ def test_sasl_ssl_with_a_private_ca(tmp_path: Path) -> None:
         security_protocol="SASL_SSL",
         sasl_mechanism="PLAIN",
         sasl_username="ks",
-        sasl_password="s3cret",  # type: ignore[arg-type]
+        sasl_password="s3cret",
         ssl_cafile=ca,
     )
     kw = s.kafka_client_kwargs()
@@ -132,13 +137,13 @@ def test_mutual_tls_with_an_encrypted_client_key(tmp_path: Path) -> None:
         ssl_cafile=ca,
         ssl_certfile=cert,
         ssl_keyfile=key,
-        ssl_password="pw",  # type: ignore[arg-type]
+        ssl_password="pw",
         ssl_check_hostname=False,
         sasl_mechanism="PLAIN",  # ignored: not a SASL protocol
     )
     kw = s.kafka_client_kwargs()
     assert set(kw) == {"security_protocol", "ssl_context"} and kw["security_protocol"] == "SSL"
-    assert not kw["ssl_context"].check_hostname  # type: ignore[attr-defined]
+    assert not kw["ssl_context"].check_hostname
     _aiokafka_accepts(kw)
     auth = _faust_auth(s)
     assert auth["security_protocol"] == "SSL" and isinstance(auth["ssl_context"], ssl.SSLContext)
@@ -147,7 +152,7 @@ def test_mutual_tls_with_an_encrypted_client_key(tmp_path: Path) -> None:
             security_protocol="SSL",
             ssl_certfile=cert,
             ssl_keyfile=key,
-            ssl_password="wrong",  # type: ignore[arg-type]
+            ssl_password="wrong",
         ).kafka_client_kwargs()
 
 

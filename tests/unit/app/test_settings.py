@@ -45,7 +45,7 @@ def test_toml_file(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
 
 def test_invalid_values_are_refused() -> None:
     with pytest.raises(ValueError, match="backend"):
-        Settings(backend="tpu")  # type: ignore[arg-type]
+        Settings(backend="tpu")
     with pytest.raises(ValueError, match="partitions"):
         Settings(partitions=0)
 
@@ -56,7 +56,7 @@ def test_sasl_settings_reach_clients_and_secret_is_not_printed() -> None:
         sasl_mechanism="SCRAM-SHA-512",
         sasl_username="ks",
         sasl_password="hunter2",
-    )  # type: ignore[arg-type]
+    )
     kw = s.kafka_client_kwargs()
     assert kw["sasl_mechanism"] == "SCRAM-SHA-512" and kw["sasl_plain_password"] == "hunter2"
     assert "hunter2" not in repr(s)
@@ -76,4 +76,4 @@ def test_launch_batches_compress_with_zstd_by_default(monkeypatch: pytest.Monkey
     monkeypatch.setenv("KERNELSTREAM_COMPRESSION_TYPE", "none")
     assert Settings().producer_compression() is None
     with pytest.raises(ValidationError):
-        Settings(compression_type="brotli")  # type: ignore[arg-type]
+        Settings(compression_type="brotli")

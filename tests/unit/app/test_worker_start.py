@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from aiokafka.abc import ConsumerRebalanceListener
+
 from app.worker_start import DeferredListener
 
 
-class _Recorder:
+class _Recorder(ConsumerRebalanceListener):
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
 
@@ -27,7 +29,7 @@ def test_assignment_waits_for_the_agent_and_revocation_before_it_is_a_no_op() ->
         pending = asyncio.create_task(listener.on_partitions_assigned({"p1"}))
         await asyncio.sleep(0.01)
         assert not pending.done()  # waits for the window agent
-        listener.attach(target)  # type: ignore[arg-type]
+        listener.attach(target)
         await asyncio.wait_for(pending, 1)
         await listener.on_partitions_revoked({"p1"})
         return target.calls

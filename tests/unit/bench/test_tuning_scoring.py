@@ -123,13 +123,17 @@ def test_a_second_run_of_the_day_keeps_the_first_ones_files(tmp_path: Path) -> N
 def test_fleet_speedup_interval_brackets_the_ratio_and_pairs_seeds() -> None:
     one = [100, 120, 80, 150, None, 90, 110, 130, 95, 105]
     many = [30, 40, 25, 50, 140, 28, 36, 45, 31, 33]
-    low, high = _speedup_interval(one, many, windows=400)
+    interval = _speedup_interval(one, many, windows=400)
+    assert interval is not None
+    low, high = interval
     ratio = 105 / 34.5  # medians; the unreached seed counts as 401 windows
     assert low < ratio < high
     # Paired: fleet runs that track their single-node seeds exactly give a tight
     # interval around the common ratio, however spread the seeds are.
     exact = [3 * w for w in many]
-    low, high = _speedup_interval(exact, many, windows=400)
+    interval = _speedup_interval(exact, many, windows=400)
+    assert interval is not None
+    low, high = interval
     assert low == pytest.approx(3.0) and high == pytest.approx(3.0)
     # Nothing to resample: identical seeds, or too few.
     assert _speedup_interval([2] * 5, [2] * 5, windows=400) is None

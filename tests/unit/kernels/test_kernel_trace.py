@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kernels import load_cache, open_device
+from kernels import TraceSpace, load_cache, open_device
 from kernels.errors import TraceFileError
 
 
@@ -69,6 +69,7 @@ def test_durations_come_from_times(tmp_path: Path) -> None:
 def test_failed_and_missing_configs_fail(tmp_path: Path) -> None:
     dev = open_device("trace", trace_file=_cache(tmp_path / "c.json"))
     (w,) = dev.workloads()
+    assert isinstance(w, TraceSpace)  # a trace device's workloads are its measured spaces
     base = {"filter_width": 15, "filter_height": 15}
     for bx, by in ((32, 2), (64, 2)):
         r = dev.launch(w, {"block_size_x": bx, "block_size_y": by, **base}, 4)
@@ -82,7 +83,7 @@ def test_models_and_geometry(tmp_path: Path) -> None:
     c = w.default
     assert w.flops(c) == 2 * 256 * 128 * 15 * 15
     assert w.bytes_moved(c) == 4 * ((256 + 14) * (128 + 14) + 256 * 128 + 225)
-    assert w.geometry(c).grid == (256 // c["block_size_x"], 128 // c["block_size_y"], 1)
+    assert w.geometry(c).grid == (256 // int(c["block_size_x"]), 128 // int(c["block_size_y"]), 1)
 
 
 def test_bad_files(tmp_path: Path) -> None:

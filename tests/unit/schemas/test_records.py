@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import jsonschema
 import orjson
@@ -15,6 +17,7 @@ from schemas import (
     LaunchBatch,
     Recommendation,
     ReconfigOutcome,
+    Record,
     SchemaError,
     WindowAggregate,
     decode,
@@ -51,10 +54,10 @@ def launch_batch(**over: object) -> LaunchBatch:
         ok=[1, 1, 0],
     )
     base.update(over)
-    return LaunchBatch(**base)  # type: ignore[arg-type]
+    return LaunchBatch(**base)
 
 
-def samples() -> list[object]:
+def samples() -> list[Record]:
     b = launch_batch()
     common = dict(
         node="n1",
@@ -138,16 +141,16 @@ def samples() -> list[object]:
 
 
 @pytest.mark.parametrize("record", samples(), ids=lambda r: type(r).__name__)
-def test_round_trip(record: object) -> None:
-    data = encode(record)  # type: ignore[arg-type]
-    assert decode(data, type(record)) == record  # type: ignore[arg-type]
+def test_round_trip(record: Record) -> None:
+    data = encode(record)
+    assert decode(data, type(record)) == record
     assert decode_any(data) == record
 
 
 @pytest.mark.parametrize("record", samples(), ids=lambda r: type(r).__name__)
-def test_wire_form_validates_against_json_schema_file(record: object) -> None:
-    schema = orjson.loads((SCHEMA_DIR / schema_filename(record.SCHEMA)).read_bytes())  # type: ignore[attr-defined]
-    jsonschema.validate(orjson.loads(encode(record)), schema)  # type: ignore[arg-type]
+def test_wire_form_validates_against_json_schema_file(record: Record) -> None:
+    schema = orjson.loads((SCHEMA_DIR / schema_filename(record.SCHEMA)).read_bytes())
+    jsonschema.validate(orjson.loads(encode(record)), schema)
 
 
 def test_schema_files_match_models() -> None:
@@ -169,9 +172,11 @@ def test_schema_files_match_models() -> None:
         (lambda d: d.update(extra_field=1), "extra_field"),
     ],
 )
-def test_invalid_batches_give_clear_errors(mutate: object, needle: str) -> None:
+def test_invalid_batches_give_clear_errors(
+    mutate: Callable[[dict[str, Any]], object], needle: str
+) -> None:
     d = orjson.loads(encode(launch_batch()))
-    mutate(d)  # type: ignore[operator]
+    mutate(d)
     with pytest.raises(SchemaError, match=needle.replace(".", r"\.")):
         decode(orjson.dumps(d), LaunchBatch)
 

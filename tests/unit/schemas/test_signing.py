@@ -38,7 +38,7 @@ def rec(**over: object) -> Recommendation:
         expires_at=21.0,
     )
     base.update(over)
-    return Recommendation(**base)  # type: ignore[arg-type]
+    return Recommendation(**base)
 
 
 @pytest.fixture
@@ -90,7 +90,7 @@ def test_keys_from_settings_pem_or_base64(tmp_path: object) -> None:
     assert signer is not None and verifier is not None
     assert verifier.problem(signer.sign(rec())) == ""
     assert signer_from_settings(Settings()) is None and verifier_from_settings(Settings()) is None
-    assert priv.decode() not in repr(Settings(signing_private_key=priv.decode()))  # type: ignore[arg-type]
+    assert priv.decode() not in repr(Settings(signing_private_key=priv.decode()))
 
 
 def test_bad_keys_say_so() -> None:
