@@ -302,6 +302,8 @@ class ModelGuidedSearch:
         # next slot of the initial design or of the rotation (below), as if the
         # pending ones had been measured, so a batch mixes them.
         pending = sum(1 for cid in group.trying if not group.measured(cid))
+        # The group's fastest measured config (None before the first measurement).
+        best_i = min(measured, key=lambda m: m[1])[0] if measured else None
 
         def first_allowed(order: Sequence[int] | np.ndarray) -> int | None:
             # ``allowed`` is checked lazily, best first: scoring is vectorized, the
@@ -320,10 +322,9 @@ class ModelGuidedSearch:
             warm = self._warm(idx, related)[: self.n_warm]
             choice = first_allowed(warm)
             why = "warm start: fast on another device model of this kernel"
-            if choice is None and measured and (step + pending) % 2 == 1:
+            if choice is None and best_i is not None and (step + pending) % 2 == 1:
                 # Half the initial design perturbs the best config so far in one
                 # parameter: cheap insurance when the default is already nearly good.
-                best_i = min(measured, key=lambda m: m[1])[0]
                 choice = first_allowed(rng.permutation(idx.near(best_i, 1)))
                 why = "initial design: one parameter of the best so far changed at random"
             if choice is None and pending and self.init_paths:
@@ -347,7 +348,7 @@ class ModelGuidedSearch:
         # As in the initial design, ``pending`` shifts the rotation: a batch from one
         # model mixes acquisitions rather than taking the top few of one score.
         mode = self.acquisitions[(step + pending) % len(self.acquisitions)]
-        best_i = min(measured, key=lambda m: m[1])[0]
+        assert best_i is not None  # len(measured) >= 2 past the initial design
         if self.stall and mode == self.stall_mode:
             # Stalled: the group's best is older than ``stall`` evaluations. Local
             # steps and the model have settled on one basin; try the other arms.
