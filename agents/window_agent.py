@@ -282,7 +282,7 @@ class WindowIngest(Service):
 
     async def _run(self) -> None:
         consumer = self._consumer
-        interval = float(self.settings.checkpoint_interval_s)
+        interval = self.settings.checkpoint_interval_s
         stage = self.stats.stage_s
         while not (self.should_stop or self._left):
             try:
@@ -444,7 +444,7 @@ class WindowIngest(Service):
                 return
             records = {tp: self._state_record(tp) for tp in owned}
             await self.app.producer.flush()
-            chunk = int(self.settings.window_state_chunk_bytes)
+            chunk = self.settings.window_state_chunk_bytes
             for tp in owned:
                 futs = [
                     await self.ctx.send("window_state", key, value, tp.partition)
