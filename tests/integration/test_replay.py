@@ -92,7 +92,15 @@ async def _live_run(settings: Settings) -> tuple[list[WindowAggregate], list[Fin
         await r.until(lambda: len(r.records[settings.topic_windows]) >= 8, 90, "live windows")
         await asyncio.sleep(4.0)
         stop.set()
-        await asyncio.gather(*nodes)
+        reports = await asyncio.gather(*nodes)
+        # Every launch the nodes made reached the broker: the total is known, so the
+        # wait below cannot stop at a moment where this reader has read as many
+        # launches as windowed launches but not all of either (the reader does not
+        # poll while the nodes run down, then catches up partition by partition).
+        assert all(rep.outbox["pending"] == 0 for rep in reports), [rep.outbox for rep in reports]
+        assert all(rep.outbox["dropped_launches"] == 0 for rep in reports)
+        total = sum(rep.launches for rep in reports)
+        assert total > 0
 
         def launches() -> int:
             batches = r.records[settings.topic_launches]
@@ -102,7 +110,7 @@ async def _live_run(settings: Settings) -> tuple[list[WindowAggregate], list[Fin
             return sum(w.count + w.failures for w in r.records[settings.topic_windows])
 
         # The worker flushes the last windows once the keys are idle (processing time).
-        await r.until(lambda: launches() > 0 and windowed() == launches(), 60, "all windows")
+        await r.until(lambda: launches() == total and windowed() == total, 60, "all windows")
         await r.until(
             lambda: (
                 len(r.records[settings.topic_findings]) == len(r.records[settings.topic_windows])
