@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import gzip
 import itertools
-import json
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,37 +19,11 @@ from bench.tuning import (
     format_table,
     run_benchmark,
 )
-
-
-def _cache(path: Path) -> dict[str, float]:
-    params = {"block_size_x": [32, 64, 128, 256], "tile_size_x": [1, 2, 4]}
-    cache: dict[str, Any] = {}
-    truth = {}
-    for i, (bx, tx) in enumerate(itertools.product(*params.values())):
-        rec: dict[str, Any] = {"block_size_x": bx, "tile_size_x": tx}
-        if (bx, tx) == (256, 4):
-            rec["time"] = "CompilationFailedConfig"
-        else:
-            ms = 1.0 + abs(i - 5) * 0.25
-            rec.update(time=ms, times=[ms * 0.99, ms * 1.01])
-            truth[f"block_size_x={bx},tile_size_x={tx}"] = ms * 1000.0
-        cache[f"{bx},{tx}"] = rec
-    doc = {
-        "device_name": "NVIDIA A100-PCIE-40GB",
-        "kernel_name": "toy",
-        "problem_size": [1024],
-        "tune_params_keys": list(params),
-        "tune_params": params,
-        "objective": "time",
-        "cache": cache,
-    }
-    with gzip.open(path, "wt") as fh:
-        json.dump(doc, fh)
-    return truth
+from tests.toy_cache import write_toy_cache
 
 
 def test_curves_and_summary_use_the_files_means(tmp_path: Path) -> None:
-    truth = _cache(tmp_path / "toy.json.gz")
+    truth = write_toy_cache(tmp_path / "toy.json.gz")
     opt = min(truth.values())
     out = _run_random(str(tmp_path / "toy.json.gz"), seed=0, budget=12)
     curve = out["curve"]
@@ -71,7 +42,7 @@ def test_curves_and_summary_use_the_files_means(tmp_path: Path) -> None:
 
 
 def test_kernelstream_run_only_sees_measured_launches(tmp_path: Path) -> None:
-    truth = _cache(tmp_path / "toy.json.gz")
+    truth = write_toy_cache(tmp_path / "toy.json.gz")
     opt = min(truth.values())
     out = _run_kernelstream(str(tmp_path / "toy.json.gz"), seed=0, budget=12)
     curve = out["curve"]
@@ -81,7 +52,7 @@ def test_kernelstream_run_only_sees_measured_launches(tmp_path: Path) -> None:
 
 
 def test_fleet_sizes_get_the_same_window_budget(tmp_path: Path) -> None:
-    _cache(tmp_path / "toy.json.gz")
+    write_toy_cache(tmp_path / "toy.json.gz")
     report = run_benchmark(
         tmp_path,
         seeds=1,

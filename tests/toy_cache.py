@@ -1,0 +1,37 @@
+"""A toy Kernel Tuner cache file for the bench tests (12 configs, one failed)."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+
+def write_toy_cache(path: Path) -> dict[str, float]:
+    """Write the cache to ``path``; returns each valid config's true mean (us) by config id."""
+    params = {"block_size_x": [32, 64, 128, 256], "tile_size_x": [1, 2, 4]}
+    cache: dict[str, Any] = {}
+    truth = {}
+    for i, (bx, tx) in enumerate(itertools.product(*params.values())):
+        rec: dict[str, Any] = {"block_size_x": bx, "tile_size_x": tx}
+        if (bx, tx) == (256, 4):
+            rec["time"] = "CompilationFailedConfig"
+        else:
+            ms = 1.0 + abs(i - 5) * 0.25
+            rec.update(time=ms, times=[ms * 0.99, ms * 1.01])
+            truth[f"block_size_x={bx},tile_size_x={tx}"] = ms * 1000.0
+        cache[f"{bx},{tx}"] = rec
+    doc = {
+        "device_name": "NVIDIA A100-PCIE-40GB",
+        "kernel_name": "toy",
+        "problem_size": [1024],
+        "tune_params_keys": list(params),
+        "tune_params": params,
+        "objective": "time",
+        "cache": cache,
+    }
+    with gzip.open(path, "wt") as fh:
+        json.dump(doc, fh)
+    return truth
