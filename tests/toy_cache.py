@@ -1,4 +1,4 @@
-"""A toy Kernel Tuner cache file for the bench tests (12 configs, one failed)."""
+"""Kernel Tuner cache files the tests make themselves (a toy one: 12 configs, one failed)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,27 @@ import itertools
 import json
 from pathlib import Path
 from typing import Any
+
+
+def write_kt_cache(
+    path: Path,
+    params: dict[str, list[Any]],
+    cache: dict[str, dict[str, Any]],
+    kernel_name: str,
+    problem_size: list[int],
+) -> None:
+    """A gzipped Kernel Tuner cache file (on an A100) with these entries."""
+    doc = {
+        "device_name": "NVIDIA A100-PCIE-40GB",
+        "kernel_name": kernel_name,
+        "problem_size": problem_size,
+        "tune_params_keys": list(params),
+        "tune_params": params,
+        "objective": "time",
+        "cache": cache,
+    }
+    with gzip.open(path, "wt") as fh:
+        json.dump(doc, fh)
 
 
 def write_toy_cache(path: Path) -> dict[str, float]:
@@ -23,15 +44,5 @@ def write_toy_cache(path: Path) -> dict[str, float]:
             rec.update(time=ms, times=[ms * 0.99, ms * 1.01])
             truth[f"block_size_x={bx},tile_size_x={tx}"] = ms * 1000.0
         cache[f"{bx},{tx}"] = rec
-    doc = {
-        "device_name": "NVIDIA A100-PCIE-40GB",
-        "kernel_name": "toy",
-        "problem_size": [1024],
-        "tune_params_keys": list(params),
-        "tune_params": params,
-        "objective": "time",
-        "cache": cache,
-    }
-    with gzip.open(path, "wt") as fh:
-        json.dump(doc, fh)
+    write_kt_cache(path, params, cache, "toy", [1024])
     return truth

@@ -11,9 +11,7 @@ every step on the way was legal.
 from __future__ import annotations
 
 import asyncio
-import gzip
 import itertools
-import json
 import math
 import subprocess
 from pathlib import Path
@@ -28,6 +26,7 @@ from app.topics import ensure_topics
 from kernels import load_cache
 from schemas import Recommendation, ReconfigOutcome
 from tests.integration.helpers import TopicReader
+from tests.toy_cache import write_kt_cache
 
 pytestmark = pytest.mark.integration
 
@@ -56,17 +55,7 @@ def _write_cache(path: Path) -> tuple[dict[str, float], str]:
             rec.update(time=float(np.mean(times)), times=times)
             truth[cid] = float(np.mean(times)) * 1000.0
         cache[",".join(str(v) for v in values)] = rec
-    doc = {
-        "device_name": "NVIDIA A100-PCIE-40GB",
-        "kernel_name": "toy_conv",
-        "problem_size": [2048, 2048],
-        "tune_params_keys": list(params),
-        "tune_params": params,
-        "objective": "time",
-        "cache": cache,
-    }
-    with gzip.open(path, "wt") as fh:
-        json.dump(doc, fh)
+    write_kt_cache(path, params, cache, "toy_conv", [2048, 2048])
     return truth, min(truth, key=lambda c: truth[c])
 
 

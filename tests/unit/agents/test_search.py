@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import gzip
 import itertools
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +18,7 @@ from agents.logic.search import ModelGuidedSearch, space_features
 from agents.logic.tuning import GroupStats, Measurement, Tuner
 from kernels.backends.trace import TraceDevice, load_cache
 from kernels.space import Config, Constraint, SearchSpace
+from tests.toy_cache import write_kt_cache
 
 # A rugged space: a smooth trend plus a needle that no neighbour points to.
 SPACE = SearchSpace(
@@ -305,17 +304,7 @@ def _trace_cache(path: Path) -> tuple[Path, dict[str, float]]:
                 np.mean(rec["times"]) * 1000
             )
         cache[",".join(str(v) for v in values)] = rec
-    doc = {
-        "device_name": "NVIDIA A100-PCIE-40GB",
-        "kernel_name": "toy_kernel",
-        "problem_size": [4096, 4096],
-        "tune_params_keys": list(params),
-        "tune_params": params,
-        "objective": "time",
-        "cache": cache,
-    }
-    with gzip.open(path, "wt") as fh:
-        json.dump(doc, fh)
+    write_kt_cache(path, params, cache, "toy_kernel", [4096, 4096])
     return path, truth
 
 
