@@ -91,9 +91,8 @@ def compare(
     """
     if metric not in ("evals", "windows"):
         raise ValueError(f"metric must be 'evals' or 'windows', got {metric!r}")
-    for doc in (base, variant):
-        if doc["space"] != base["space"] or doc["nodes"] != base["nodes"]:
-            raise ValueError("compare runs of the same space and number of nodes")
+    if (variant["space"], variant["nodes"]) != (base["space"], base["nodes"]):
+        raise ValueError("compare runs of the same space and number of nodes")
 
     def counts(doc: Mapping[str, Any]) -> dict[int, int]:
         miss = int(doc["windows"]) + 1
@@ -136,7 +135,11 @@ def format_comparison(c: Mapping[str, Any]) -> str:
 def _commit() -> str | None:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+            # "-dirty" when the working tree has changes: a scratch variant's code
+            ["git", "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            check=True,
         )
     except (OSError, subprocess.CalledProcessError):
         return None
