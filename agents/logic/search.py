@@ -58,6 +58,12 @@ one in a basin, the lower confidence bound on a deceptive region, sampling on a 
 measurements behind these defaults, and how far they are from the targets, are in
 bench/results/tuning-*.txt (``kernelstream bench tuning``) and the README.
 
+The trees can be replaced by a *pairwise* model (``model="pairwise"``,
+``pairwise_posterior``): one Gaussian process term per value of each parameter and per
+pair of values of two parameters, the posterior in closed form; it ranks the A100
+convolution space's optimum far better than the trees from the same random samples
+but misjudges the A4000 one's, so it is an option, not the default (README, Tuning).
+
 Features are generic (nothing here knows a particular kernel): each parameter's
 position in its value list, the log2 of positive numeric values, and, following the
 Kernel Tuner naming convention, the log2 product of the ``block_size_*`` parameters
@@ -80,7 +86,7 @@ if TYPE_CHECKING:
     from agents.logic.tuning import GroupStats, Proposal
     from schemas.records import Finding
 
-__all__ = ["ModelGuidedSearch", "SpaceIndex", "space_features"]
+__all__ = ["ModelGuidedSearch", "SpaceIndex", "pairwise_posterior", "space_features"]
 
 ACQUISITIONS = ("local", "arm", "mode", "sample", "confident", "plane", "random")
 
@@ -230,6 +236,11 @@ class ModelGuidedSearch:
             confidence bounds.
         init_paths: concurrent random proposals of the initial design come from arms
             nobody has measured or is trying (one node alone draws from the whole space).
+        model: ``"trees"`` (the default) or ``"pairwise"`` (``pairwise_posterior``: a
+            Gaussian process with a term per parameter value and per pair of values,
+            its posterior samples in the trees' place). Measured against the trees in
+            the README (Tuning, "A pairwise model"): better on the A100 convolution
+            space, far worse on the A4000 one, so not the default.
     """
 
     n_trees: int = 30
@@ -252,6 +263,7 @@ class ModelGuidedSearch:
     plane_quantile: float = 0.25
     init_paths: bool = True
     _index: dict[int, SpaceIndex] = field(default_factory=dict, repr=False)
+    model: str = "trees"
     _model: tuple[Any, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = field(
         default=None, repr=False
     )
@@ -267,6 +279,8 @@ class ModelGuidedSearch:
             raise ValueError(
                 "ModelGuidedSearch needs plane_max_values >= 2 and plane_quantile in [0, 1]"
             )
+        if self.model not in ("trees", "pairwise"):
+            raise ValueError(f"model must be 'trees' or 'pairwise', got {self.model!r}")
         if self.local_score not in ("mu", "lcb"):
             raise ValueError(f"local_score must be 'mu' or 'lcb', got {self.local_score!r}")
 
@@ -343,7 +357,7 @@ class ModelGuidedSearch:
             prior = self._prior(idx, related, rng) if self.warm_feature else None
             if prior is not None:
                 features = np.column_stack([features, prior])
-            self._model = (key, self._fit(features, measured, failed, rng))
+            self._model = (key, self._fit(features, measured, failed, rng, idx))
         mu, sd, trees = self._model[1]
         # As in the initial design, ``pending`` shifts the rotation: a batch from one
         # model mixes acquisitions rather than taking the top few of one score.
@@ -537,7 +551,7 @@ class ModelGuidedSearch:
         if self._prior_cache is None or self._prior_cache[0] != key:
             ordered = sorted(rows)
             measured = [(i, math.exp(rows[i])) for i in ordered]
-            mu, _, _ = self._fit(idx.features, measured, [], rng)
+            mu, _, _ = self._fit(idx.features, measured, [], rng, idx)
             self._prior_cache = (key, mu)
         return self._prior_cache[1]
 
@@ -547,6 +561,7 @@ class ModelGuidedSearch:
         measured: list[tuple[int, float]],
         failed: list[int],
         rng: np.random.Generator,
+        idx: SpaceIndex,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         from sklearn.ensemble import ExtraTreesRegressor
 
@@ -556,6 +571,11 @@ class ModelGuidedSearch:
             worst = max(y) + math.log(self.failure_penalty)
             rows += failed
             y += [worst] * len(failed)
+        if self.model == "pairwise":
+            extra = features[:, idx.features.shape[1] :]
+            return pairwise_posterior(
+                idx.positions_matrix(), extra, rows, np.asarray(y), self.n_trees, rng
+            )
         model = ExtraTreesRegressor(
             n_estimators=self.n_trees,
             max_features=self.max_features,
@@ -571,3 +591,77 @@ class ModelGuidedSearch:
 def _best_mean(g: GroupStats) -> float:
     means = [m.mean_us for cid, m in g.configs.items() if m.count > 0 and cid not in g.failed]
     return min(means) if means else math.inf
+
+
+def pairwise_posterior(
+    positions: np.ndarray,
+    extra: np.ndarray,
+    rows: Sequence[int] | np.ndarray,
+    y: np.ndarray,
+    n_samples: int,
+    rng: np.random.Generator,
+    noise_grid: Sequence[float] = (0.03, 0.1, 0.3, 1.0, 3.0),
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Posterior of a model with a weight per parameter value and per pair of them.
+
+    ``y`` (at configs ``rows``) is modelled as an intercept plus one term per value of
+    each parameter plus one per combination of the values of each pair of parameters
+    (all terms independent, same prior variance), i.e. a Gaussian process whose
+    covariance of two configs is ``m + m (m - 1) / 2``, ``m`` the number of
+    parameters on which they agree (plus ``extra`` columns, other device models'
+    predictions, as linear terms). The noise-to-signal ratio is chosen from
+    ``noise_grid`` by marginal likelihood and the scale is its maximum-likelihood
+    estimate. Returns the posterior mean and standard deviation at every config and
+    ``n_samples`` joint posterior samples (Matheron's rule: a prior sample drawn term
+    by term, corrected by the data), the role the trees play in the tree model.
+    """
+    varying = [k for k in range(positions.shape[1]) if positions[:, k].max() > 0]
+    pos = positions[:, varying]
+    rows = np.asarray(rows)
+    agree = np.zeros((len(pos), len(rows)))
+    for k in range(pos.shape[1]):
+        agree += pos[:, k, None] == pos[rows, k][None, :]
+    cross = agree + agree * (agree - 1) / 2
+    d = len(varying)
+    prior_var = d + d * (d - 1) / 2
+    if extra.shape[1]:
+        # Standardized, with the prior variance of all the parameters' terms together:
+        # another device model's prediction may explain as much as this model does.
+        ex = (extra - extra.mean(axis=0)) / np.maximum(extra.std(axis=0), 1e-9)
+        ex *= math.sqrt(prior_var)
+        cross = cross + ex @ ex[rows].T
+        prior_var = prior_var + (ex * ex).sum(axis=1)
+    gram = cross[rows]
+    ybar = float(y.mean())
+    yc = y - ybar
+    n = len(rows)
+    # One eigendecomposition serves every noise level: (gram + lam I)^-1 = Q (L + lam)^-1 Q'.
+    eig, q = np.linalg.eigh(gram)
+    eig = np.maximum(eig, 0.0)
+    qy = q.T @ yc
+
+    def loglik(lam: float) -> float:
+        scale = max(float((qy * qy / (eig + lam)).sum()) / n, 1e-12)
+        return -0.5 * n * math.log(scale) - 0.5 * float(np.log(eig + lam).sum())
+
+    lam = max(noise_grid, key=loglik)
+    inv = 1.0 / (eig + lam)
+    scale = max(float((qy * qy * inv).sum()) / n, 1e-12)
+    cq = cross @ q
+    mu = ybar + cq @ (qy * inv)
+    sd = np.sqrt(np.maximum(scale * (prior_var - (cq * cq) @ inv), 0.0))
+    # Prior samples, term by term: a weight per parameter value, per pair of values.
+    f0 = np.zeros((n_samples, len(pos)))
+    sigma = math.sqrt(scale)
+    sizes = pos.max(axis=0) + 1
+    for a in range(d):
+        f0 += rng.normal(0.0, sigma, (n_samples, sizes[a]))[:, pos[:, a]]
+        for b in range(a + 1, d):
+            table = rng.normal(0.0, sigma, (n_samples, sizes[a] * sizes[b]))
+            f0 += table[:, pos[:, a] * sizes[b] + pos[:, b]]
+    if extra.shape[1]:
+        f0 += rng.normal(0.0, sigma, (n_samples, ex.shape[1])) @ ex.T
+    noise = rng.normal(0.0, math.sqrt(scale * lam), (n_samples, n))
+    resid = yc[None, :] - f0[:, rows] - noise
+    samples = ybar + f0 + (cq @ ((q.T @ resid.T) * inv[:, None])).T
+    return mu, sd, samples

@@ -71,14 +71,23 @@ def test_proposes_each_config_once_and_covers_the_space() -> None:
     assert len(order) == len(set(order)) == SPACE.size()
 
 
-def test_finds_the_needle_far_sooner_than_exhaustive() -> None:
+@pytest.mark.parametrize("model", ["trees", "pairwise"])
+def test_finds_the_needle_far_sooner_than_exhaustive(model: str) -> None:
     # Not a speed test: a count of evaluations, over seeds, against the space size.
     needle = SPACE.config_id(NEEDLE)
     found = [
-        search(ModelGuidedSearch(seed=s, n_trees=10), budget=SPACE.size()).index(needle) + 1
+        search(ModelGuidedSearch(seed=s, n_trees=10, model=model), budget=SPACE.size()).index(
+            needle
+        )
+        + 1
         for s in range(3)
     ]
     assert np.median(found) < SPACE.size() / 3, found
+
+
+def test_the_pairwise_model_proposes_each_config_once() -> None:
+    order = search(ModelGuidedSearch(seed=0, n_trees=4, model="pairwise"), budget=500)
+    assert len(order) == len(set(order)) == SPACE.size()
 
 
 def test_same_seed_same_proposals() -> None:
@@ -272,6 +281,8 @@ def test_bad_settings() -> None:
         ModelGuidedSearch(plane_max_values=1)
     with pytest.raises(ValueError):
         ModelGuidedSearch(plane_quantile=1.5)
+    with pytest.raises(ValueError):
+        ModelGuidedSearch(model="gp")
 
 
 # -- the closed loop on a trace cache the test writes ---------------------------------
