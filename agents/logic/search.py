@@ -60,9 +60,10 @@ bench/results/tuning-*.txt (``kernelstream bench tuning``) and the README.
 
 The trees can be replaced by a *pairwise* model (``model="pairwise"``,
 ``pairwise_posterior``): one Gaussian process term per value of each parameter and per
-pair of values of two parameters, the posterior in closed form; it ranks the A100
-convolution space's optimum far better than the trees from the same random samples
-but misjudges the A4000 one's, so it is an option, not the default (README, Tuning).
+pair of values of two parameters, the posterior in closed form; with the lowest bound
+and posterior samples in rotation it gets the A100 convolution space within 5% on more
+seeds than the trees, but the A4000 one on far fewer, so it is an option, not the
+default (README, Tuning; ``bench/model_fit.py`` compares the two models' fits).
 
 Features are generic (nothing here knows a particular kernel): each parameter's
 position in its value list, the log2 of positive numeric values, and, following the
