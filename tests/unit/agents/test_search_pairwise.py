@@ -71,3 +71,20 @@ def test_constant_parameters_and_failures_do_not_break_it() -> None:
         positions, np.zeros((len(positions), 0)), rows, np.full(10, 2.0), 3, rng
     )
     assert np.allclose(mu, 2.0) and np.isfinite(sd).all() and np.isfinite(samples).all()
+
+
+def test_alignment_columns_group_block_widths_by_the_power_of_two_dividing_them() -> None:
+    from agents.logic.search import ModelGuidedSearch, _alignments
+    from kernels.space import SearchSpace
+
+    space = SearchSpace(
+        "align",
+        {"block_size_x": (16, 32, 48, 64), "tile_size_x": (1, 2, 4), "flag": (0, 1)},
+        default={"block_size_x": 16, "tile_size_x": 1, "flag": 0},
+    )
+    idx = ModelGuidedSearch().index(space)
+    cols = _alignments(idx)
+    # Only block_size_x: tile_size_x is all powers of two, flag has a zero.
+    assert cols.shape == (space.size(), 1)
+    width = {16: 0, 32: 1, 48: 0, 64: 2}
+    assert [int(a) for a in cols[:, 0]] == [width[int(c["block_size_x"])] for c in idx.configs]
