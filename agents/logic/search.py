@@ -266,9 +266,9 @@ class ModelGuidedSearch:
     plane_max_values: int = 4
     plane_quantile: float = 0.25
     init_paths: bool = True
-    _index: dict[int, SpaceIndex] = field(default_factory=dict, repr=False)
     model: str = "trees"
     pairwise_alignment: bool = False
+    _index: dict[int, SpaceIndex] = field(default_factory=dict, repr=False)
     _model: tuple[Any, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = field(
         default=None, repr=False
     )
