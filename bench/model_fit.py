@@ -10,7 +10,7 @@ Kernel Tuner cache file, and scored on the configurations it was not given:
 
     python -m bench.model_fit --samples 100,300 --seeds 3
 
-The README's Tuning section ("A pairwise model") quotes the medians over 5 seeds.
+docs/tuning-log.md ("A pairwise model") quotes the medians over 5 seeds.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Paired per-seed comparison of tuner variants: how every tuner change in the README was judged.
+"""Paired per-seed comparison of tuner variants: how every change in docs/tuning-log.md was judged.
 
 ``kernelstream bench tuning`` scores *the* tuner against its peers on 20 seeds. Deciding
 whether a change to ``ModelGuidedSearch`` helps needs more: the A100 convolution space's
 per-seed counts are heavy-tailed, and blocks of 80 seeds differ by as much as most
-variants do (README, Tuning). So a variant is run on the same seeds as the base, one
+variants do (docs/tuning-log.md). So a variant is run on the same seeds as the base, one
 closed-loop run per seed (the benchmark's own ``_loop``: trace devices, noisy launches,
 windows), and the two are compared seed by seed: the mean log ratio of evaluations to
 within 5% and its standard error, beside the medians and the seeds within 200 and 60.
@@ -15,7 +15,7 @@ within 5% and its standard error, beside the medians and the seeds within 200 an
 
 ``--kwargs`` are ``ModelGuidedSearch`` arguments (JSON). A seed that does not get within
 5% in ``--windows`` windows per node counts as ``--windows + 1`` evaluations (and
-windows), as in the README's scratch figures. With ``--nodes 4`` compare ``windows``
+windows), as in the tuning log's scratch figures. With ``--nodes 4`` compare ``windows``
 (``--metric windows``): that is the fleet figure. 80 one-node A100 seeds take about 5
 minutes with ``--jobs 2`` on this 2-core machine.
 """
