@@ -56,14 +56,15 @@ splits on parameter values fits them better than a smooth kernel does, and it fi
 milliseconds. Why a rotation: each acquisition alone stalls on some spaces (the local
 one in a basin, the lower confidence bound on a deceptive region, sampling on a needle). The
 measurements behind these defaults, and how far they are from the targets, are in
-bench/results/tuning-*.txt (``kernelstream bench tuning``) and the README.
+bench/results/tuning-*.txt (``kernelstream bench tuning``) and the README; every
+variant tried, kept or not, is in docs/tuning-log.md.
 
 The trees can be replaced by a *pairwise* model (``model="pairwise"``,
 ``pairwise_posterior``): one Gaussian process term per value of each parameter and per
 pair of values of two parameters, the posterior in closed form; with the lowest bound
 and posterior samples in rotation it gets the A100 convolution space within 5% on more
 seeds than the trees, but the A4000 one on far fewer, so it is an option, not the
-default (README, Tuning; ``bench/model_fit.py`` compares the two models' fits).
+default (docs/tuning-log.md; ``bench/model_fit.py`` compares the two models' fits).
 
 Features are generic (nothing here knows a particular kernel): each parameter's
 position in its value list, the log2 of positive numeric values, and, following the
@@ -240,7 +241,7 @@ class ModelGuidedSearch:
         model: ``"trees"`` (the default) or ``"pairwise"`` (``pairwise_posterior``: a
             Gaussian process with a term per parameter value and per pair of values,
             its posterior samples in the trees' place). Measured against the trees in
-            the README (Tuning, "A pairwise model"): better on the A100 convolution
+            docs/tuning-log.md ("A pairwise model"): better on the A100 convolution
             space, far worse on the A4000 one, so not the default.
         pairwise_alignment: the pairwise model also gets, per integer parameter whose
             values are not all powers of two, the largest power of two dividing the
