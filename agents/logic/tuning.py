@@ -253,8 +253,11 @@ class _Slot:
     current: Config | None = None
     current_id: str | None = None
     current_at: float = -math.inf
-    # Configs this node must not get again: rejected by it, or rolled back on it.
+    # Configs this node must not get again: rejected by it (its policy says no) ...
     excluded: set[str] = field(default_factory=set)
+    # ... or rolled back on it: slower than what it ran then, until its environment
+    # changes (a regression restart forgets these).
+    rolled_back: set[str] = field(default_factory=set)
     outstanding: _Outstanding | None = None
     # Last window start seen per config: a redelivered window is not counted twice.
     last_window: dict[str, float] = field(default_factory=dict)
@@ -280,6 +283,16 @@ class Tuner:
         max_step: the nodes' step limit (positions any one parameter may move in one
             change, ``ReconfigPolicy.max_step``); None for no limit. Proposals beyond it
             would only be rejected.
+        regression_restart: the environment changed: a ``regression`` finding (the
+            detector's evidence that a config runs slower than its own baseline) for the
+            config a node runs, whose window is at least this many times the group's
+            mean for the config, restarts that mean from the window, so the group's
+            table says what the config does now, not what its history averages to, and
+            the node's rolled-back configs may be tried again (they were slower than
+            what it ran then). The node then gets the group's best if another config is
+            now clearly faster, each move still kept or rolled back on its own
+            measurements. A mean that already reflects the slowdown is not restarted
+            again.
     """
 
     def __init__(
@@ -292,7 +305,13 @@ class Tuner:
         share_after: int = 15,
         strategy: Strategy | None = None,
         max_step: int | None = None,
+        regression_restart: float = 1.2,
     ) -> None:
+        if not regression_restart > 1.0:
+            raise LogicSettingsError(
+                f"Tuner.regression_restart must be > 1, got {regression_restart!r}"
+            )
+        self.regression_restart = regression_restart
         if max_step is not None and max_step < 1:
             raise LogicSettingsError(f"Tuner.max_step must be >= 1 or None, got {max_step}")
         if not (math.isfinite(ttl_s) and ttl_s > 0):
@@ -350,6 +369,7 @@ class Tuner:
             finding.count,
             finding.failures,
             finding.duration_mean_us,
+            regressed=finding.classification == "regression",
         )
 
     def _observe(
@@ -362,6 +382,7 @@ class Tuner:
         count: int,
         failures: int,
         mean_us: float,
+        regressed: bool = False,
     ) -> None:
         slot = self._slot(slot_key)
         last = slot.last_window.get(config_id)
@@ -372,6 +393,20 @@ class Tuner:
         if count == 0 and failures > 0:
             g.failed.add(config_id)
         elif count > 0:
+            m = g.configs.get(config_id)
+            if (
+                regressed
+                and config_id == slot.current_id
+                and m is not None
+                and mean_us >= m.mean_us * self.regression_restart
+            ):
+                # Only the config the node settled on: a trial's slow window is the
+                # rollback's to judge, and restarting every config a node tries after a
+                # fleet-wide slowdown would walk the node through all the stale ones.
+                # In place: the table's order is the order configs were first measured.
+                m.count = m.sum_us = m.windows = 0
+                # What this node rolled back was slower than what it ran *then*.
+                slot.rolled_back.clear()
             self._record(g, config_id, config, count, mean_us)
         if window_start >= slot.current_at:
             slot.current, slot.current_id, slot.current_at = config, config_id, window_start
@@ -403,7 +438,7 @@ class Tuner:
             count = max(outcome.after_count, 1)
             self._record(g, after_id, dict(outcome.after_config), count, outcome.after_mean_us)
         if outcome.status == "rolled_back":
-            slot.excluded.add(after_id)
+            slot.rolled_back.add(after_id)
             if outcome.after_mean_us is None and outcome.after_count == 0:
                 g.failed.add(after_id)  # rolled back with nothing measured: it failed
             self._set_current(slot, outcome.before_config, outcome.before_config_id, outcome.at)
@@ -443,6 +478,7 @@ class Tuner:
                 and cid != cur_id
                 and cid not in g.failed
                 and cid not in slot.excluded
+                and cid not in slot.rolled_back
                 and (self.max_step is None or space.steps(current, config) <= self.max_step)
                 and space.is_valid(config)
             )
@@ -455,6 +491,7 @@ class Tuner:
                 cid != cur_id
                 and cid not in g.failed
                 and cid not in slot.excluded
+                and cid not in slot.rolled_back
                 and g.trying.get(cid, -math.inf) <= now
                 and (self.max_step is None or space.steps(current, config) <= self.max_step)
             )
@@ -578,6 +615,7 @@ class Tuner:
                 "share_min_gain": self.share_min_gain,
                 "share_after": self.share_after,
                 "max_step": self.max_step,
+                "regression_restart": self.regression_restart,
             },
             "recommend_count": self.recommend_count,
             "groups": [
@@ -604,6 +642,7 @@ class Tuner:
                     "current_id": s.current_id,
                     "current_at": s.current_at if math.isfinite(s.current_at) else None,
                     "excluded": sorted(s.excluded),
+                    "rolled_back": sorted(s.rolled_back),
                     "outstanding": None
                     if s.outstanding is None
                     else {
@@ -643,6 +682,8 @@ class Tuner:
                     current_id=raw["current_id"],
                     current_at=-math.inf if raw["current_at"] is None else raw["current_at"],
                     excluded=set(raw["excluded"]),
+                    # Snapshots before the split kept rolled-back configs in "excluded".
+                    rolled_back=set(raw.get("rolled_back", ())),
                     outstanding=None if out is None else _Outstanding(**out),
                     last_window=dict(raw["last_window"]),
                 )

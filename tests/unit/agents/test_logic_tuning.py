@@ -225,6 +225,44 @@ def test_rolled_back_config_not_sent_again_to_that_node() -> None:
     assert nxt.from_config_id == SPACE.config_id(START)
 
 
+def test_a_regressed_config_is_noticed_and_the_node_moves_to_the_group_best() -> None:
+    # The environment changed: the node's config, the group's best, now runs 2x slower.
+    # The detector's regression finding restarts the group's mean of that config from
+    # the window, so the next-best config is clearly faster now and goes to the node.
+    other: Config = {"block": 256, "tile": 1, "use_smem": False}
+    start_id = SPACE.config_id(START)
+
+    def history(t: Tuner) -> None:
+        t.observe_finding(finding(other, 120.0, node="a"))
+        for k in range(20):
+            t.observe_finding(finding(START, 100.0, t=float(k)))
+        assert t.best(GROUP) == (START, 100.0)
+
+    t = Tuner(share_after=0)
+    history(t)
+    slow = finding(START, 200.0, t=20.0, classification="regression")
+    rec = seen(t, slow, now=20.0)
+    group = t.group(GROUP)
+    assert group is not None and group.configs[start_id].mean_us == 200.0
+    assert rec is not None and rec.config == other and "fleet best" in rec.reason
+    # The table keeps the order configs were first measured in.
+    assert list(group.configs) == [SPACE.config_id(other), start_id]
+    # Once the mean reflects the slowdown, later regression findings (still judged
+    # against the detector's old baseline) add to it instead of restarting it.
+    t.observe_finding(finding(START, 220.0, t=21.0, classification="regression"))
+    assert group.configs[start_id].mean_us == pytest.approx(210.0)
+    assert group.configs[start_id].count == 200
+
+    # The same window not classified as a regression only nudges 20 windows of history
+    # (mean 104.8 us): the node stays where it is.
+    quiet = Tuner(share_after=0)
+    history(quiet)
+    rec = seen(quiet, finding(START, 200.0, t=20.0), now=20.0)
+    assert rec is None or rec.config != other
+    with pytest.raises(LogicSettingsError, match="regression_restart"):
+        Tuner(regression_restart=1.0)
+
+
 def test_redelivered_window_is_counted_once() -> None:
     t = Tuner()
     f = finding()
