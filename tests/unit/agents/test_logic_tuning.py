@@ -398,3 +398,22 @@ def test_snapshot_restore_continues_identically() -> None:
     assert seen(r, f, now=2.0) == seen(t, f, now=2.0)
     with pytest.raises(SnapshotError):
         Tuner.restore({"version": 2})
+
+
+def test_snapshot_keeps_rolled_back_configs_apart_and_reads_older_snapshots() -> None:
+    t = Tuner(regression_restart=1.5)
+    rec = seen(t, finding())
+    assert rec is not None
+    t.observe_outcome(outcome(rec, "rolled_back", START, after_mean_us=130.0, after_count=50))
+    snap = json.loads(json.dumps(t.snapshot()))
+    assert snap["settings"]["regression_restart"] == 1.5
+    assert snap["slots"][0]["rolled_back"] == [rec.config_id]
+    assert snap["slots"][0]["excluded"] == []
+    assert Tuner.restore(snap).snapshot() == snap
+    # Before the split a snapshot had no "rolled_back" (nor the setting) and kept
+    # rolled-back configs in "excluded": they stay off that node.
+    del snap["slots"][0]["rolled_back"], snap["settings"]["regression_restart"]
+    snap["slots"][0]["excluded"] = [rec.config_id]
+    old = Tuner.restore(snap).snapshot()
+    assert old["settings"]["regression_restart"] == 1.2
+    assert (old["slots"][0]["excluded"], old["slots"][0]["rolled_back"]) == ([rec.config_id], [])
