@@ -157,8 +157,16 @@ def _run_fleet(path: str, seed: int, nodes: int, windows: int) -> dict[str, Any]
 
 
 def _run_warm(path: str, sibling: str, seed: int, budget: int) -> dict[str, Any]:
-    """Tune ``sibling`` (another GPU, same kernel) first, then ``path`` with that knowledge."""
-    first = _loop([sibling], seed, 1, budget=100)
+    """Tune ``sibling`` (another GPU, same kernel) first, then ``path`` with that knowledge.
+
+    The warm start is an option of the search (``warm_start``, off by default since it
+    measured worse than cold on the A100 convolution space); this turns it on.
+    """
+    from agents.logic.search import ModelGuidedSearch
+    from agents.logic.tuning import Tuner
+
+    tuner = Tuner(strategy=ModelGuidedSearch(seed=seed, warm_start=True))
+    first = _loop([sibling], seed, 1, budget=100, tuner=tuner)
     loop = _loop([path], seed, 1, budget, tuner=first.tuner)
     return {"curve": loop.trace.best_true[:budget]}
 

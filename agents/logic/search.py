@@ -38,8 +38,9 @@ confidence bound over the whole space; the third slot until the plane step repla
 it), **mode** (local search inside each value of a two-valued switch in turn) and
 **random**.
 
-Before the model has enough data it tries an initial design: the configs other device
-models of the same kernel found fastest (a warm start, at most ``n_warm`` of them), then,
+Before the model has enough data it tries an initial design: with ``warm_start`` (off by
+default), the configs other device models of the same kernel found fastest (at most
+``n_warm`` of them), then,
 alternately, a random configuration and a random one-parameter change of the best one so
 far. Concurrent proposals (other nodes of the group are trying configs now) take the next
 slots of that alternation, as they take the next acquisitions of the rotation later, and a
@@ -225,13 +226,19 @@ class ModelGuidedSearch:
             polished; other paths are the arm steps' job.
         local_score: ``"lcb"`` ranks the local candidates by mean minus one standard
             deviation across trees, ``"mu"`` by the mean prediction.
-        n_warm: at most this many of other device models' fastest configs are tried
-            first.
+        warm_start: use other device models of the same kernel (``related`` groups):
+            their ``n_warm`` fastest configs first, their model as a feature. Off by
+            default: measured worse than cold on the A100 convolution space and even
+            elsewhere (docs/tuning-log.md, session 14); ``kernelstream bench tuning``
+            measures it with this on.
+        n_warm: with ``warm_start``, at most this many of other device models' fastest
+            configs are tried first.
         max_arms: no arm steps in spaces with more switch combinations than this.
         arm_bonus: the bandit's exploration weight (log duration units).
         stall: evaluations without a new best after which the ``stall_mode``
             acquisition becomes an arm step; 0 never.
-        warm_feature: other device models' predictions as a model feature.
+        warm_feature: with ``warm_start``, other device models' predictions as a model
+            feature.
         plane_max_values: parameters with at most this many values (and at least two)
             span the planes of the ``plane`` acquisition.
         plane_quantile: planes are ranked by this quantile of their configs' lower
@@ -269,6 +276,7 @@ class ModelGuidedSearch:
     init_paths: bool = True
     model: str = "trees"
     pairwise_alignment: bool = False
+    warm_start: bool = False
     _index: dict[int, SpaceIndex] = field(default_factory=dict, repr=False)
     _model: tuple[Any, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = field(
         default=None, repr=False
@@ -307,6 +315,8 @@ class ModelGuidedSearch:
     ) -> Proposal | None:
         from agents.logic.tuning import Proposal
 
+        if not self.warm_start:
+            related = ()
         idx = self.index(space)
         measured = [
             (idx.position[cid], m.mean_us)

@@ -121,8 +121,11 @@ def test_warm_start_tries_the_other_device_models_best_first() -> None:
     start = SPACE.start_config()
     group.configs[SPACE.config_id(start)] = Measurement(start, 10, 1000.0, 1)
     f = SimpleNamespace(classification="x")
-    p = ModelGuidedSearch().propose(f, SPACE, group, start, lambda c: True, [other])  # type: ignore[arg-type]
+    p = ModelGuidedSearch(warm_start=True).propose(f, SPACE, group, start, lambda c: True, [other])  # type: ignore[arg-type]
     assert p is not None and p.config == NEEDLE and "warm start" in p.reason
+    # Off by default: other device models are ignored.
+    q = ModelGuidedSearch().propose(f, SPACE, group, start, lambda c: True, [other])  # type: ignore[arg-type]
+    assert q is not None and "warm start" not in q.reason
 
 
 def _measured(configs: list[Config], best: int = 0) -> GroupStats:
