@@ -78,7 +78,8 @@ class ClosedLoop:
             with different seeds); all must offer ``workload_name``.
         workload_name: the kernel to tune.
         tuner: shared by all nodes, as the worker's tuner is; pass one that already
-            learned from another device model to measure a warm start.
+            learned from another device model, with a strategy that uses it
+            (``ModelGuidedSearch(warm_start=True)``), to measure a warm start.
         window_s: event-time window length (simulated seconds).
         policy: the nodes' reconfiguration policy.
         truth: config id -> true mean duration, for scoring only.
