@@ -41,14 +41,14 @@ it), **mode** (local search inside each value of a two-valued switch in turn) an
 Before the model has enough data it tries an initial design: with ``warm_start`` (off by
 default), the configs other device models of the same kernel found fastest (at most
 ``n_warm`` of them), then, alternately, a random configuration and a random one-parameter
-change of the best one so far. Concurrent proposals (other nodes of the group are trying configs now) take the next
-slots of that alternation, as they take the next acquisitions of the rotation later, and a
-concurrent random one is drawn from the *arms* (code paths, above) that nobody has
-measured or is trying: a batch's proposals share one step count, so without this they
-would all perturb the best, and four nodes would not leave the default's neighbourhood
-before the model leads. Other device models' measurements also enter the model
-as one more feature (their own model's prediction), which the trees use only where it
-explains this group's measurements.
+change of the best one so far. Concurrent proposals (other nodes of the group are trying
+configs now) take the next slots of that alternation, as they take the next acquisitions of
+the rotation later, and a concurrent random one is drawn from the *arms* (code paths, above)
+that nobody has measured or is trying: a batch's proposals share one step count, so without
+this they would all perturb the best, and four nodes would not leave the default's
+neighbourhood before the model leads. With ``warm_start``, other device models' measurements
+also enter the model as one more feature (their own model's prediction), which the trees use
+only where it explains this group's measurements.
 
 Why trees: GPU search spaces are small (thousands of points), discrete, full of
 interactions and cliffs (a tile that no longer fits in shared memory), so a model that
