@@ -29,8 +29,20 @@ _BATCH = 256
 _BATCH_WITHIN_S = 0.01
 
 
+def tuner_from_settings(settings: Any) -> Tuner:
+    """The tuner as the worker runs it; offline replay (``app/replay.py``) builds the same."""
+    from agents.logic.search import ModelGuidedSearch
+
+    return Tuner(
+        ttl_s=settings.recommendation_ttl_s,
+        max_step=settings.max_step,
+        regression_restart=settings.tuner_regression_restart,
+        strategy=ModelGuidedSearch(warm_start=settings.tuner_warm_start),
+    )
+
+
 def register(app: Any, ctx: WorkerContext) -> Tuner:
-    tuner = Tuner(ttl_s=ctx.settings.recommendation_ttl_s, max_step=ctx.settings.max_step)
+    tuner = tuner_from_settings(ctx.settings)
     signer = signer_from_settings(ctx.settings)
     spaces = SpaceResolver(ctx.settings.tuning_spaces_dir)
     findings, reconfig = ctx.topics["findings"], ctx.topics["reconfig"]

@@ -623,6 +623,7 @@ async def run_replay(settings: Any, opts: ReplayOptions) -> dict[str, Any]:
 
 async def _to_report(settings: Any, source: Source, opts: ReplayOptions) -> dict[str, Any]:
     from agents.context import LaunchLimits
+    from agents.tuner_agent import tuner_from_settings
     from agents.window_agent import window_spec
     from app.report import build_summary, write_report
     from app.report_analysis import OfflineAnalysis
@@ -652,8 +653,8 @@ async def _to_report(settings: Any, source: Source, opts: ReplayOptions) -> dict
         known_workload=known_workload,
         space_for=space_for,
         limits=LaunchLimits(settings.max_event_future_s, settings.max_event_age_s),
-        ttl_s=settings.recommendation_ttl_s,
         flt=opts.flt,
+        tuner=tuner_from_settings(settings),
     )
     topics = {
         "launches": settings.topic_launches,

@@ -138,7 +138,8 @@ class OfflineAnalysis:
             ``LookupError``/``ValueError`` skips tuning that finding (the tuner agent
             dead-letters it).
         limits: event-time bounds, relative to each record's timestamp.
-        ttl_s: the tuner's recommendation lifetime.
+        ttl_s: the tuner's recommendation lifetime (of the default tuner).
+        tuner: the tuner to run, e.g. the worker's (``agents.tuner_agent.tuner_from_settings``).
         flt: which series to keep.
     """
 
@@ -151,10 +152,11 @@ class OfflineAnalysis:
         limits: LaunchLimits | None = None,
         ttl_s: float = 20.0,
         flt: LaunchFilter | None = None,
+        tuner: Tuner | None = None,
     ) -> None:
         self.windower = Windower(spec)
         self.detector = Detector()
-        self.tuner = Tuner(ttl_s=ttl_s)
+        self.tuner = tuner if tuner is not None else Tuner(ttl_s=ttl_s)
         self.known_workload = known_workload
         self.space_for = space_for
         self.limits = limits or LaunchLimits()

@@ -84,6 +84,21 @@ class Settings(BaseSettings):
     )
     idle_timeout_s: float = Field(default=3.0, gt=0)
     recommendation_ttl_s: float = Field(default=20.0, gt=0)
+    tuner_regression_restart: float = Field(
+        default=1.2,
+        gt=1,
+        description=(
+            "A regression finding for a node's config at least this many times the fleet "
+            "group's mean of it restarts that mean: the environment changed (README, Tuning)."
+        ),
+    )
+    tuner_warm_start: bool = Field(
+        default=False,
+        description=(
+            "Warm-start a device model's group from other device models of the same "
+            "kernel; off: measured worse than cold on the A100 convolution space."
+        ),
+    )
     web_port: int = Field(
         default=6066,
         ge=0,

@@ -77,3 +77,22 @@ def test_launch_batches_compress_with_zstd_by_default(monkeypatch: pytest.Monkey
     assert Settings().producer_compression() is None
     with pytest.raises(ValidationError):
         Settings(compression_type="brotli")
+
+
+def test_the_tuner_is_built_from_settings_for_the_worker_and_replay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agents.logic.search import ModelGuidedSearch
+    from agents.tuner_agent import tuner_from_settings
+
+    monkeypatch.setenv("KERNELSTREAM_TUNER_WARM_START", "true")
+    monkeypatch.setenv("KERNELSTREAM_TUNER_REGRESSION_RESTART", "1.5")
+    s = load_settings(max_step=3)
+    tuner = tuner_from_settings(s)
+    assert (tuner.ttl_s, tuner.max_step, tuner.regression_restart) == (20.0, 3, 1.5)
+    assert isinstance(tuner.strategy, ModelGuidedSearch) and tuner.strategy.warm_start
+    monkeypatch.delenv("KERNELSTREAM_TUNER_WARM_START")
+    default = tuner_from_settings(Settings())
+    assert isinstance(default.strategy, ModelGuidedSearch) and not default.strategy.warm_start
+    with pytest.raises(ValidationError):
+        Settings(tuner_regression_restart=1.0)
