@@ -19,6 +19,7 @@ import argparse
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,9 +29,9 @@ from kernels.backends.trace import default_tuning_spaces_dir, load_cache
 MODELS = ("trees", "pairwise")
 
 
-def score(path: str | Path, model: str, n: int, seed: int) -> dict[str, float]:
-    """``corr``, ``rank`` and ``top20`` (above) of ``model`` fitted on ``n`` random configs."""
-    ts = load_cache(path)
+def score(ts: Any, model: str, n: int, seed: int) -> dict[str, float]:
+    """``corr``, ``rank`` and ``top20`` (above) of ``model`` fitted on ``n`` random configs
+    of ``ts`` (a loaded cache file, ``kernels.backends.trace.load_cache``)."""
     strategy = ModelGuidedSearch(model=model, seed=seed)
     idx = strategy.index(ts.space)
     truth = {idx.position[cid]: float(t.mean()) for cid, t in ts.times_us.items()}
@@ -58,9 +59,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     paths = sorted(Path(args.spaces or default_tuning_spaces_dir()).glob("*.json.gz"))
     print(f"{'space':26} {'model':9} {'n':>4} {'corr':>6} {'rank':>7} {'top20':>6}")
     for path in paths:
+        ts = load_cache(path)  # once per file: every size, model and seed reads it
         for n in (int(x) for x in args.samples.split(",")):
             for model in MODELS:
-                got = [score(path, model, n, s) for s in range(args.seeds)]
+                got = [score(ts, model, n, s) for s in range(args.seeds)]
                 med = {k: float(np.median([g[k] for g in got])) for k in got[0]}
                 print(
                     f"{path.name.split('.')[0]:26} {model:9} {n:>4} {med['corr']:6.3f} "

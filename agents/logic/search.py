@@ -136,6 +136,7 @@ class SpaceIndex:
     positions: np.ndarray | None = None
     _arms: np.ndarray | None = None
     _planes: dict[int, list[np.ndarray] | None] = field(default_factory=dict)
+    _alignments: np.ndarray | None = None
 
     @classmethod
     def build(cls, space: SearchSpace) -> SpaceIndex:
@@ -173,6 +174,24 @@ class SpaceIndex:
         arms = self._arms
         n = int(arms.max()) + 1 if len(arms) else 0
         return arms if 1 < n <= max_arms else None
+
+    def alignments(self) -> np.ndarray:
+        """Per integer parameter whose values are not all powers of two: the largest power
+        of two dividing each config's value (as a position among those seen), one column
+        each (block widths 48 and 80 alike, 64 apart)."""
+        if self._alignments is None:
+            cols = []
+            for p, values in self.space.params.items():
+                if len(values) < 2 or not all(isinstance(v, int) and v > 0 for v in values):
+                    continue
+                v = np.array([int(c[p]) for c in self.configs])
+                two = v & -v
+                if not np.array_equal(two, v):
+                    cols.append(np.unique(two, return_inverse=True)[1].reshape(-1))
+            self._alignments = (
+                np.column_stack(cols) if cols else np.zeros((len(self.configs), 0), dtype=np.int64)
+            )
+        return self._alignments
 
     def planes(self, max_values: int) -> list[np.ndarray] | None:
         """Config positions per plane (see the module docstring), or None.
@@ -590,7 +609,7 @@ class ModelGuidedSearch:
             extra = features[:, idx.features.shape[1] :]
             positions = idx.positions_matrix()
             if self.pairwise_alignment:
-                positions = np.column_stack([positions, _alignments(idx)])
+                positions = np.column_stack([positions, idx.alignments()])
             return pairwise_posterior(positions, extra, rows, np.asarray(y), self.n_trees, rng)
         model = ExtraTreesRegressor(
             n_estimators=self.n_trees,
@@ -602,21 +621,6 @@ class ModelGuidedSearch:
         model.fit(features[rows], np.asarray(y))
         trees = np.stack([t.predict(features) for t in model.estimators_])
         return trees.mean(axis=0), trees.std(axis=0), trees
-
-
-def _alignments(idx: SpaceIndex) -> np.ndarray:
-    """Per integer parameter whose values are not all powers of two: the largest power of
-    two dividing each config's value (as a position among those seen), one column each."""
-    cols = []
-    for p, values in idx.space.params.items():
-        if len(values) < 2 or not all(isinstance(v, int) and v > 0 for v in values):
-            continue
-        v = np.array([int(c[p]) for c in idx.configs])
-        two = v & -v
-        if np.array_equal(two, v):
-            continue
-        cols.append(np.unique(two, return_inverse=True)[1].reshape(-1))
-    return np.column_stack(cols) if cols else np.zeros((len(idx.configs), 0), dtype=np.int64)
 
 
 def _best_mean(g: GroupStats) -> float:

@@ -74,7 +74,7 @@ def test_constant_parameters_and_failures_do_not_break_it() -> None:
 
 
 def test_alignment_columns_group_block_widths_by_the_power_of_two_dividing_them() -> None:
-    from agents.logic.search import ModelGuidedSearch, _alignments
+    from agents.logic.search import ModelGuidedSearch
     from kernels.space import SearchSpace
 
     space = SearchSpace(
@@ -83,8 +83,9 @@ def test_alignment_columns_group_block_widths_by_the_power_of_two_dividing_them(
         default={"block_size_x": 16, "tile_size_x": 1, "flag": 0},
     )
     idx = ModelGuidedSearch().index(space)
-    cols = _alignments(idx)
+    cols = idx.alignments()
     # Only block_size_x: tile_size_x is all powers of two, flag has a zero.
     assert cols.shape == (space.size(), 1)
     width = {16: 0, 32: 1, 48: 0, 64: 2}
     assert [int(a) for a in cols[:, 0]] == [width[int(c["block_size_x"])] for c in idx.configs]
+    assert idx.alignments() is cols  # computed once per space

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench.model_fit import MODELS, main, score
+from kernels.backends.trace import load_cache
 from tests.toy_cache import write_toy_cache
 
 
@@ -14,7 +15,7 @@ from tests.toy_cache import write_toy_cache
 def test_scores_a_model_on_the_configs_it_was_not_given(tmp_path: Path, model: str) -> None:
     path = tmp_path / "toy.json.gz"
     truth = write_toy_cache(path)
-    got = score(path, model, n=6, seed=0)
+    got = score(load_cache(path), model, n=6, seed=0)
     unseen = len(truth) - 6
     assert 0 <= got["rank"] < unseen
     assert -1.0 <= got["corr"] <= 1.0
