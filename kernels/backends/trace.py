@@ -6,7 +6,9 @@ workload whose points are the configurations the file holds (its constraints are
 taken from the entries, as Kernel Tuner's simulation mode takes them).
 Launching a configuration draws durations (seeded) from its measured ``times``;
 a configuration that failed when measured (a string ``time``) or was never
-measured fails to launch.
+measured fails to launch. A cache that Kernel Tuner left open (a session still
+running or stopped before its end) reads as Kernel Tuner reads it; its problem size
+may be one int (a 1-D kernel) or a list.
 
 A cache whose ``kernel_name`` is a built-in workload with the same parameters
 (a ``kernelstream sweep`` file) takes that workload's default, launch geometry
@@ -18,8 +20,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import math
 import os
+import re
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -44,6 +48,8 @@ __all__ = [
 
 _ENV_DIR = "KERNELSTREAM_TUNING_SPACES"
 
+log = logging.getLogger("kernelstream.trace")
+
 
 def default_tuning_spaces_dir() -> Path:
     """``$KERNELSTREAM_TUNING_SPACES``, else ``<repo>/../shared/data/tuning-spaces``."""
@@ -57,11 +63,65 @@ def _read_json(path: Path) -> Any:
     try:
         if path.name.endswith(".gz"):
             with gzip.open(path, "rt", encoding="utf-8") as fh:
-                return json.load(fh)
-        with path.open(encoding="utf-8") as fh:
-            return json.load(fh)
+                text = fh.read()
+        else:
+            text = path.read_text(encoding="utf-8")
     except (OSError, ValueError, EOFError) as ex:
         raise TraceFileError(f"cannot read Kernel Tuner cache {path}: {ex}") from ex
+    try:
+        return json.loads(text)
+    except ValueError as ex:
+        doc = _open_cache(text, path)
+        if doc is None:
+            raise TraceFileError(f"cannot read Kernel Tuner cache {path}: {ex}") from ex
+        return doc
+
+
+# Where an open cache's entries begin: the header's last key (Kernel Tuner writes the
+# header with ``json.dumps(..., indent="")``, so the key and its brace share a line).
+_OPEN_CACHE = re.compile(r'"cache"\s*:\s*\{')
+
+
+def _open_cache(text: str, path: Path) -> dict[str, Any] | None:
+    """An *open* Kernel Tuner cache file as Kernel Tuner reads it, or None if not one.
+
+    Kernel Tuner writes a cache as it tunes: the header up to ``"cache": {``, then one
+    line per measured configuration, ``"key": {...},``, and closes the document only
+    when the session ends. A session that was stopped (a job's time ran out, a crash)
+    or is still running leaves the file open, and Kernel Tuner's documentation says
+    such a file works as if closed (its ``correct_open_cache`` drops the trailing comma
+    and adds the two closing braces). Here too; and a last line cut off in the middle
+    of its write is left out (with a warning) instead of making the whole file unreadable.
+    """
+    head = _OPEN_CACHE.search(text)
+    if head is None:
+        return None
+    try:
+        doc = json.loads(text[: head.start()] + '"cache": {}}')
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    entries = text[head.end() :].strip()
+    if entries.endswith(("}}", "}\n}")):
+        return None  # closed, so malformed elsewhere: let the caller report json's error
+    lines = [ln for ln in entries.splitlines() if ln.strip()]
+    for keep in (len(lines), len(lines) - 1):
+        body = "\n".join(lines[:keep]).rstrip().rstrip(",")
+        try:
+            cache = json.loads("{" + body + "}")
+        except ValueError:
+            continue
+        if keep < len(lines):
+            log.warning(
+                "%s: open Kernel Tuner cache whose last line was cut off mid-write; "
+                "read without it: %.80s",
+                path,
+                lines[-1],
+            )
+        doc["cache"] = cache
+        return doc
+    return None
 
 
 def _t1_default(directory: Path, kernel_name: str, params: Sequence[str]) -> dict[str, Any] | None:
@@ -84,6 +144,34 @@ def _prod(xs: Sequence[int]) -> int:
     return math.prod(int(x) for x in xs)
 
 
+def _problem_size(raw: Any, path: Path) -> tuple[int, ...]:
+    """The cache's ``problem_size`` as a tuple of 1 to 3 positive ints.
+
+    Kernel Tuner stores the problem size as it was given to ``tune_kernel``: one int
+    (a 1-D kernel), a list of ints, or, when the size depends on the configuration,
+    strings (expressions of tunable parameters) or ``"callable"``. Measurements are
+    grouped by one problem size per workload, so the last two cannot be replayed.
+    """
+    items = raw if isinstance(raw, list) else [raw]
+    size: list[int] = []
+    for x in items:
+        if isinstance(x, str) and x.strip().isdigit():
+            x = int(x)
+        if isinstance(x, float) and x.is_integer():
+            x = int(x)
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            break
+        size.append(x)
+    if len(size) != len(items) or not 1 <= len(size) <= 3:
+        raise TraceFileError(
+            f"{path}: problem_size {raw!r} is not 1 to 3 positive integers: a size that "
+            "depends on the configuration (Kernel Tuner writes expressions of tunable "
+            "parameters or 'callable') cannot be replayed, because measurements are "
+            "grouped by one fixed problem size"
+        )
+    return tuple(size)
+
+
 class TraceSpace:
     """A measured search space, usable wherever a :class:`Workload` is.
 
@@ -97,7 +185,7 @@ class TraceSpace:
         try:
             self.kernel_name: str = str(doc["kernel_name"])
             self.device_name: str = str(doc["device_name"])
-            self.problem_size: tuple[int, ...] = tuple(int(x) for x in doc["problem_size"])
+            self.problem_size: tuple[int, ...] = _problem_size(doc["problem_size"], path)
             keys: list[str] = list(doc["tune_params_keys"])
             tune_params: dict[str, list[ParamValue]] = {
                 k: list(doc["tune_params"][k]) for k in keys
@@ -183,16 +271,24 @@ class TraceSpace:
     def default(self) -> Config:
         return dict(self._default)
 
+    def _kind(self) -> str:
+        """``convolution`` or ``dedispersion`` (the kernels whose bytes and FLOPs are
+        modelled; both need a 2-D problem size), else ``""``."""
+        kind = self.kernel_name.split("_")[0]
+        if kind in ("convolution", "dedispersion") and len(self.problem_size) >= 2:
+            return kind
+        return ""
+
     def _p(self, config: Mapping[str, ParamValue], name: str, fallback: int = 1) -> int:
         return int(config.get(name, fallback))
 
     def flops(self, config: Mapping[str, ParamValue]) -> float:
         """Convolution: ``2 W H fw fh``. Dedispersion: one add per (sample, DM, channel),
         ``samples * DMs * 1536`` (1536 channels: the count the benchmark's own ``GB/s``
-        column implies). Unknown kernels: 0."""
+        column implies). Other kernels, or a 1-D problem size: 0."""
         if self.builtin is not None:
             return self.builtin.flops(config)
-        kind = self.kernel_name.split("_")[0]
+        kind = self._kind()
         if kind == "convolution":
             w, h = self.problem_size[:2]
             fw, fh = self._p(config, "filter_width", 15), self._p(config, "filter_height", 15)
@@ -206,10 +302,10 @@ class TraceSpace:
         Dedispersion: float32 output ``4 * samples * DMs`` plus the 8-bit input
         ``samples * 1536`` channels read once from DRAM (the per-DM re-reads that the
         benchmark's own ``GB/s`` column counts are served by caches; counting them
-        would exceed the A4000's DRAM peak). Unknown kernels: 0."""
+        would exceed the A4000's DRAM peak). Other kernels, or a 1-D problem size: 0."""
         if self.builtin is not None:
             return self.builtin.bytes_moved(config)
-        kind = self.kernel_name.split("_")[0]
+        kind = self._kind()
         if kind == "convolution":
             w, h = self.problem_size[:2]
             fw, fh = self._p(config, "filter_width", 15), self._p(config, "filter_height", 15)

@@ -102,6 +102,96 @@ def test_bad_files(tmp_path: Path) -> None:
         )
 
 
+def _as_kernel_tuner_writes_it(closed: Path, out: Path, *, close: bool = False) -> Path:
+    """``closed``'s document written the way Kernel Tuner writes a cache while it tunes.
+
+    The header (``json.dumps(..., indent="")`` without its last three characters, so it
+    ends with ``"cache": {``), then one line per measured configuration ending with a
+    comma; ``close`` ends it the way Kernel Tuner closes it when the session ends.
+    """
+    doc = json.loads(closed.read_text())
+    cache = doc.pop("cache")
+    text = json.dumps({**doc, "cache": {}}, indent="")[:-3]
+    for key, rec in cache.items():
+        text += "\n" + json.dumps({key: rec})[1:-1] + ","
+    if close:
+        text = text[:-1] + "}\n}"
+    out.write_text(text)
+    return out
+
+
+def test_open_cache_reads_like_the_closed_one(tmp_path: Path) -> None:
+    closed = load_cache(_cache(tmp_path / "closed.json"))
+    for close in (False, True):
+        out = tmp_path / f"kt{close}.json"
+        f = _as_kernel_tuner_writes_it(tmp_path / "closed.json", out, close=close)
+        w = load_cache(f)
+        assert w.space.size() == closed.space.size() == 5
+        assert w.failed == closed.failed
+        assert w.times_us.keys() == closed.times_us.keys()
+        for cid, t in closed.times_us.items():
+            np.testing.assert_array_equal(w.times_us[cid], t)
+    # Gzipped, as a user keeps a copy of a running session's file.
+    text = (tmp_path / "ktFalse.json").read_text()
+    with gzip.open(tmp_path / "open.json.gz", "wt") as fh:
+        fh.write(text)
+    assert load_cache(tmp_path / "open.json.gz").failed == closed.failed
+
+
+def test_open_cache_with_a_cut_off_last_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    f = _as_kernel_tuner_writes_it(_cache(tmp_path / "c.json"), tmp_path / "kt.json")
+    text = f.read_text()
+    f.write_text(text[: text.rindex('"time"') + 4])  # killed while writing the last entry
+    with caplog.at_level("WARNING", logger="kernelstream.trace"):
+        w = load_cache(f)
+    assert w.space.size() == 4  # the last of the five entries is left out, with a warning
+    assert "cut off mid-write" in caplog.text
+    # A session stopped before its first measurement: a header and nothing else.
+    header = text[: text.index('"cache": {') + len('"cache": {')]
+    (tmp_path / "empty.json").write_text(header + "\n")
+    with pytest.raises(TraceFileError, match="no configuration has a numeric time"):
+        load_cache(tmp_path / "empty.json")
+    # Not Kernel Tuner's open form: the header itself is broken.
+    (tmp_path / "bad.json").write_text('{"device_name": "A100",, "cache": {\n"1": {},')
+    with pytest.raises(TraceFileError, match="cannot read Kernel Tuner cache"):
+        load_cache(tmp_path / "bad.json")
+
+
+def test_kernel_tuner_reads_the_same_open_cache(tmp_path: Path) -> None:
+    """Cross-check with the peer tool itself (``pip install -e '.[bench]'``)."""
+    kt_util = pytest.importorskip("kernel_tuner.util", reason="kernel_tuner is a bench extra")
+    f = _as_kernel_tuner_writes_it(_cache(tmp_path / "c.json"), tmp_path / "kt.json")
+    theirs = kt_util.read_cache(str(f), open_cache=False)["cache"]
+    ours = load_cache(f)
+    measured = {k for k, r in theirs.items() if not isinstance(r["time"], str)}
+    assert len(measured) == len(ours.times_us) == 4
+    assert len(theirs) == ours.space.size()
+
+
+def test_problem_size_as_kernel_tuner_stores_it(tmp_path: Path) -> None:
+    doc = json.loads(_cache(tmp_path / "c.json").read_text())
+    doc["kernel_name"] = "vector_add"
+    raw: Any
+    for raw, size in ((1000, (1000,)), ([1000], (1000,)), (["256", 128], (256, 128))):
+        (tmp_path / "v.json").write_text(json.dumps({**doc, "problem_size": raw}))
+        w = load_cache(tmp_path / "v.json")
+        assert w.problem_size == size
+        assert w.geometry(w.default).grid[0] == -(-size[0] // int(w.default["block_size_x"]))
+    # A 1-D size for a kernel named like the modelled ones: no bytes or FLOPs, no crash.
+    (tmp_path / "c1.json").write_text(
+        json.dumps({**doc, "kernel_name": "convolution_1d", "problem_size": 4096})
+    )
+    w = load_cache(tmp_path / "c1.json")
+    assert w.flops(w.default) == 0.0 and w.bytes_moved(w.default) == 0.0
+    # Sizes that depend on the configuration cannot be grouped by: a clear error.
+    for raw in ("callable", ["block_size_x*4", 1], [], [0], [1, 2, 3, 4], True):
+        (tmp_path / "v.json").write_text(json.dumps({**doc, "problem_size": raw}))
+        with pytest.raises(TraceFileError, match="problem_size"):
+            load_cache(tmp_path / "v.json")
+
+
 @pytest.mark.realdata
 def test_real_tuning_spaces(real_spaces: Path) -> None:
     files = sorted(real_spaces.glob("*.json.gz"))
