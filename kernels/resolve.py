@@ -8,6 +8,7 @@ workload is named by its cache's ``kernel_name``).
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from kernels.space import SearchSpace
@@ -85,7 +86,25 @@ class SpaceResolver:
                 skipped[path.name] = str(ex)
                 log.warning("tuning spaces: skipping %s: %s", path, ex)
                 continue
-            # Two files of one kernel and size (its caches from two GPUs): the first by
-            # name, as before the index.
-            index.setdefault((trace.name, tuple(trace.problem_size)), trace.space)
+            key = (trace.name, tuple(trace.problem_size))
+            have = index.get(key)
+            if have is None:
+                index[key] = trace.space
+            elif (
+                dict(have.params) == dict(trace.space.params)
+                and have.allowed is not None
+                and trace.space.allowed is not None
+            ):
+                # The same kernel measured on two GPUs (or a session's partial cache
+                # beside a finished one): the declared space is every config either
+                # file holds, whichever file sorts first.
+                index[key] = replace(have, allowed=have.allowed | trace.space.allowed)
+            else:
+                log.warning(
+                    "tuning spaces: %s declares %s %s with other parameters than an "
+                    "earlier file; the earlier one is used",
+                    path,
+                    trace.name,
+                    trace.problem_size,
+                )
         self._listing, self._index, self._skipped = listing, index, skipped

@@ -12,12 +12,13 @@ import kernels
 from kernels.resolve import SpaceResolver
 
 
-def _cache(path: Path, kernel: str, size: list[int]) -> Path:
+def _cache(path: Path, kernel: str, size: list[int], tiles: tuple[int, ...] = (1, 2)) -> Path:
+    """A 2x2 space, or only the ``tiles`` given measured (a partial cache)."""
     params = {"block_size_x": [32, 64], "tile": [1, 2]}
     cache = {
         f"{bx},{t}": {"block_size_x": bx, "tile": t, "time": 1.0 + bx / 64 + t}
         for bx in params["block_size_x"]
-        for t in params["tile"]
+        for t in tiles
     }
     doc = {
         "device_name": "NVIDIA A100-PCIE-40GB",
@@ -75,3 +76,12 @@ def test_misses_do_not_read_the_folder_again(
     _cache(tmp_path / "c.json", "nobody", [1])
     assert resolver.space_for("nobody", (1,)).size() == 4
     assert sorted(reads) == ["a.json", "a.json", "b.json", "b.json", "c.json"]
+
+
+def test_one_kernel_in_two_files_is_the_union(tmp_path: Path) -> None:
+    # A session on a second GPU that measured only tile 1 so far sorts first.
+    _cache(tmp_path / "a-partial.json", "scale", [1024], tiles=(1,))
+    _cache(tmp_path / "b-full.json", "scale", [1024])
+    space = SpaceResolver(tmp_path).space_for("scale", (1024,))
+    assert space.size() == 4
+    assert space.is_valid({"block_size_x": 64, "tile": 2})
