@@ -162,13 +162,9 @@ def _find_trace_file(settings: Settings, explicit: Path | None) -> Path | None:
     if explicit:
         return explicit
     from kernels import default_tuning_spaces_dir
+    from kernels.backends.trace import cache_files_in
 
-    d = settings.tuning_spaces_dir or default_tuning_spaces_dir()
-    if d is None or not Path(d).is_dir():
-        return None
-    files = sorted(Path(d).glob("*.json.gz")) + sorted(
-        p for p in Path(d).glob("*.json") if not p.name.endswith(".T1.json")
-    )
+    files = cache_files_in(settings.tuning_spaces_dir or default_tuning_spaces_dir())
     return files[0] if files else None
 
 

@@ -29,13 +29,9 @@ _TOP = 5
 
 def trace_files_in(directory: Path | None) -> list[Path]:
     """Kernel Tuner cache files of a tuning-spaces directory (T1 descriptions excluded)."""
-    if directory is None or not Path(directory).is_dir():
-        return []
-    return sorted(
-        p
-        for p in Path(directory).glob("*.json*")
-        if p.name.endswith((".json", ".json.gz")) and not p.name.endswith(".T1.json")
-    )
+    from kernels.backends.trace import cache_files_in
+
+    return cache_files_in(directory)
 
 
 def _config_means(

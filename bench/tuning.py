@@ -307,8 +307,9 @@ def run_benchmark(
     echo: Any = print,
 ) -> dict[str, Any]:
     fleet_windows = fleet_windows or 2 * budget
-    files = sorted(p for p in spaces_dir.iterdir() if p.name.endswith((".json.gz", ".json")))
-    files = [p for p in files if not p.name.endswith(".T1.json")]
+    from kernels.backends.trace import cache_files_in
+
+    files = cache_files_in(spaces_dir)
     if not files:
         raise click.UsageError(f"no Kernel Tuner cache files in {spaces_dir}")
     tmp = Path(tempfile.mkdtemp(prefix="ks-bench-tuning-"))

@@ -61,19 +61,16 @@ class SpaceResolver:
 
     def _scan(self, d: Path) -> None:
         """(Re)build the index if the directory's cache files changed since last time."""
-        from kernels import load_cache
+        from kernels.backends.trace import cache_files_in, load_cache
         from kernels.errors import TraceFileError
 
         files = []
-        if d.is_dir():
-            for path in sorted(d.glob("*.json*")):
-                if path.name.endswith(".T1.json") or not path.name.endswith((".json", ".gz")):
-                    continue
-                try:
-                    st = path.stat()
-                except OSError:
-                    continue  # removed since the listing
-                files.append((path, (path.name, st.st_mtime_ns, st.st_size)))
+        for path in cache_files_in(d):
+            try:
+                st = path.stat()
+            except OSError:
+                continue  # removed since the listing
+            files.append((path, (path.name, st.st_mtime_ns, st.st_size)))
         listing = tuple(sig for _, sig in files)
         if listing == self._listing:
             return

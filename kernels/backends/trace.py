@@ -41,6 +41,7 @@ from kernels.workloads.base import Geometry, Traits, Workload
 __all__ = [
     "TraceDevice",
     "TraceSpace",
+    "cache_files_in",
     "default_tuning_spaces_dir",
     "load_cache",
     "read_cache_document",
@@ -57,6 +58,18 @@ def default_tuning_spaces_dir() -> Path:
     if env:
         return Path(env)
     return Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tuning-spaces"
+
+
+def cache_files_in(directory: str | Path | None) -> list[Path]:
+    """The Kernel Tuner cache files of a folder (``*.json``, ``*.json.gz``), by name;
+    T1 files (``*.T1.json``, descriptions of a space, not measurements) are not."""
+    if directory is None or not Path(directory).is_dir():
+        return []
+    return sorted(
+        p
+        for p in Path(directory).iterdir()
+        if p.name.endswith((".json", ".json.gz")) and not p.name.endswith(".T1.json")
+    )
 
 
 def _read_json(path: Path) -> Any:

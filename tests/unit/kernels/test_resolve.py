@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-import kernels
+import kernels.backends.trace as trace
 from kernels.resolve import SpaceResolver
 
 
@@ -34,13 +34,13 @@ def _cache(path: Path, kernel: str, size: list[int], tiles: tuple[int, ...] = (1
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     reads: list[str] = []
-    real = kernels.load_cache
+    real = trace.load_cache
 
     def counted(path: Any) -> Any:
         reads.append(Path(path).name)
         return real(path)
 
-    monkeypatch.setattr(kernels, "load_cache", counted)
+    monkeypatch.setattr(trace, "load_cache", counted)
     return reads
 
 
