@@ -138,8 +138,8 @@ class OfflineAnalysis:
             ``LookupError``/``ValueError`` skips tuning that finding (the tuner agent
             dead-letters it).
         limits: event-time bounds, relative to each record's timestamp.
-        ttl_s: the tuner's recommendation lifetime (of the default tuner).
-        tuner: the tuner to run, e.g. the worker's (``agents.tuner_agent.tuner_from_settings``).
+        tuner: the tuner to run, e.g. the worker's (``agents.tuner_agent.tuner_from_settings``);
+            a default ``Tuner()`` when None.
         flt: which series to keep.
     """
 
@@ -150,13 +150,12 @@ class OfflineAnalysis:
         known_workload: Any = None,
         space_for: Any = None,
         limits: LaunchLimits | None = None,
-        ttl_s: float = 20.0,
         flt: LaunchFilter | None = None,
         tuner: Tuner | None = None,
     ) -> None:
         self.windower = Windower(spec)
         self.detector = Detector()
-        self.tuner = tuner if tuner is not None else Tuner(ttl_s=ttl_s)
+        self.tuner = tuner if tuner is not None else Tuner()
         self.known_workload = known_workload
         self.space_for = space_for
         self.limits = limits or LaunchLimits()

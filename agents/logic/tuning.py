@@ -262,6 +262,10 @@ class _Slot:
     # Last window start seen per config: a redelivered window is not counted twice.
     last_window: dict[str, float] = field(default_factory=dict)
 
+    def barred(self, config_id: str) -> bool:
+        """Whether this node must not be sent ``config_id`` (rejected or rolled back)."""
+        return config_id in self.excluded or config_id in self.rolled_back
+
 
 class Tuner:
     """Fleet-wide tuner state and the decision to recommend.
@@ -477,8 +481,7 @@ class Tuner:
                 bool(cid)
                 and cid != cur_id
                 and cid not in g.failed
-                and cid not in slot.excluded
-                and cid not in slot.rolled_back
+                and not slot.barred(cid)
                 and (self.max_step is None or space.steps(current, config) <= self.max_step)
                 and space.is_valid(config)
             )
@@ -490,8 +493,7 @@ class Tuner:
             return (
                 cid != cur_id
                 and cid not in g.failed
-                and cid not in slot.excluded
-                and cid not in slot.rolled_back
+                and not slot.barred(cid)
                 and g.trying.get(cid, -math.inf) <= now
                 and (self.max_step is None or space.steps(current, config) <= self.max_step)
             )
