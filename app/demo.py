@@ -162,10 +162,19 @@ def _find_trace_file(settings: Settings, explicit: Path | None) -> Path | None:
     if explicit:
         return explicit
     from kernels import default_tuning_spaces_dir
-    from kernels.backends.trace import cache_files_in
+    from kernels.backends.trace import cache_files_in, load_cache
+    from kernels.errors import TraceFileError
 
-    files = cache_files_in(settings.tuning_spaces_dir or default_tuning_spaces_dir())
-    return files[0] if files else None
+    # The first file that reads as a Kernel Tuner cache: a T4 results file or other JSON
+    # beside the caches is passed over (with a warning) rather than crashing the trace node.
+    for path in cache_files_in(settings.tuning_spaces_dir or default_tuning_spaces_dir()):
+        try:
+            load_cache(path)
+        except TraceFileError as ex:
+            print(f"passing over {path.name} for the trace node: {ex}", flush=True)
+            continue
+        return path
+    return None
 
 
 class _Children:

@@ -14,6 +14,7 @@ Two sources score configurations the fleet did not settle on:
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -23,6 +24,8 @@ from typing import Any
 from schemas import WindowAggregate
 
 __all__ = ["fleet_sweep", "trace_files_in", "trace_what_if"]
+
+log = logging.getLogger("kernelstream.report")
 
 _TOP = 5
 
@@ -70,7 +73,8 @@ def trace_what_if(
     for path in trace_paths:
         try:
             t = load_cache(path)
-        except KernelsError:
+        except KernelsError as ex:
+            log.warning("what-if: skipping %s: %s", path, ex)
             continue
         try:
             model = device_spec_for_name(t.device_name).name

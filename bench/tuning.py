@@ -307,11 +307,21 @@ def run_benchmark(
     echo: Any = print,
 ) -> dict[str, Any]:
     fleet_windows = fleet_windows or 2 * budget
-    from kernels.backends.trace import cache_files_in
+    from kernels.backends.trace import load_caches_in
 
-    files = cache_files_in(spaces_dir)
-    if not files:
-        raise click.UsageError(f"no Kernel Tuner cache files in {spaces_dir}")
+    # Files that are not Kernel Tuner caches (a T4 results or metadata file beside each
+    # cache, as the autotuning benchmark hub ships them) are skipped with their reason.
+    loaded, unreadable = load_caches_in(spaces_dir)
+    skipped = {p.name: why for p, why in unreadable.items()}
+    for name, why in skipped.items():
+        echo(f"skipped {name}: {why}")
+    if not loaded:
+        raise click.UsageError(
+            f"no readable Kernel Tuner cache files in {spaces_dir}"
+            + "".join(f"; {name}: {why}" for name, why in skipped.items())
+        )
+    files = [ts.path for ts in loaded]
+    _SPACES.update((str(ts.path), ts) for ts in loaded)
     tmp = Path(tempfile.mkdtemp(prefix="ks-bench-tuning-"))
     try:
         plain: dict[str, str] = {}
@@ -394,6 +404,7 @@ def run_benchmark(
             "platform": platform.platform(),
         },
         "kernel_tuner": _kt_version(),
+        "skipped_files": skipped,
         "spaces": {},
     }
     for p in files:
@@ -533,6 +544,10 @@ def format_table(report: dict[str, Any]) -> str:
                 f"{_n(float(np.median(same)), b)} on the same seeds "
                 f"({_n(cold['median'], b)} on all {len(cold['per_seed'])})"
             )
+    lines.extend(
+        f"\nskipped {name} (not a Kernel Tuner cache): {why}"
+        for name, why in report.get("skipped_files", {}).items()
+    )
     lines.append(
         "\n* = best Kernel Tuner strategy on that space; '>B' = not reached within budget B"
     )

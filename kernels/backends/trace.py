@@ -44,6 +44,7 @@ __all__ = [
     "cache_files_in",
     "default_tuning_spaces_dir",
     "load_cache",
+    "load_caches_in",
     "read_cache_document",
 ]
 
@@ -185,6 +186,18 @@ def _problem_size(raw: Any, path: Path) -> tuple[int, ...]:
     return tuple(size)
 
 
+def _what_else(doc: Mapping[str, Any], ex: Exception) -> str:
+    """What a JSON document that is not a Kernel Tuner cache looks like, for the error."""
+    if "schema_version" in doc and "results" in doc:
+        # Kernel Tuner's ``store_output_file`` (and the autotuning methodology's T4
+        # format) keeps results without the search space or the device: the cache file
+        # written beside it (``tune_kernel(cache=...)``) holds both.
+        return "a T4 results file; give the Kernel Tuner cache file of the same run"
+    if "schema_version" in doc and "environment" in doc:
+        return "a T4 metadata file; give the Kernel Tuner cache file of the same run"
+    return f"missing or malformed {ex!r}"
+
+
 class TraceSpace:
     """A measured search space, usable wherever a :class:`Workload` is.
 
@@ -205,7 +218,9 @@ class TraceSpace:
             }
             cache: Mapping[str, Mapping[str, Any]] = doc["cache"]
         except (KeyError, TypeError, ValueError) as ex:
-            raise TraceFileError(f"{path}: not a Kernel Tuner cache file ({ex!r})") from ex
+            raise TraceFileError(
+                f"{path}: not a Kernel Tuner cache file ({_what_else(doc, ex)})"
+            ) from ex
         self.name = self.kernel_name
         self.path = path
         self.builtin: CudaWorkload | None = _builtin(self.kernel_name, keys, self.problem_size)
@@ -388,6 +403,25 @@ def load_cache(path: str | Path) -> TraceSpace:
     if not isinstance(doc, dict):
         raise TraceFileError(f"{p}: top level is not a JSON object")
     return TraceSpace(p, doc)
+
+
+def load_caches_in(directory: str | Path | None) -> tuple[list[TraceSpace], dict[Path, str]]:
+    """Every readable Kernel Tuner cache file of a folder, and why each other one was not.
+
+    A folder of measured spaces often holds other JSON beside the caches (the autotuning
+    benchmark hub ships a T4 results file and metadata next to each cache; a cache may be
+    cut short). Those are skipped, each with its reason logged and returned, instead of
+    one of them stopping everything; the caller decides whether none readable is an error.
+    """
+    spaces: list[TraceSpace] = []
+    skipped: dict[Path, str] = {}
+    for path in cache_files_in(directory):
+        try:
+            spaces.append(load_cache(path))
+        except TraceFileError as ex:
+            skipped[path] = str(ex)
+            log.warning("skipped (not read as a Kernel Tuner cache): %s", ex)
+    return spaces, skipped
 
 
 class TraceDevice:

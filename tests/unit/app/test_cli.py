@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -85,3 +87,21 @@ def test_summary_uses_measured_windows() -> None:
     assert row["default_config_id"] == "default" and row["default_mean_us"] == 200.0
     assert row["final_config_id"] == "best" and row["final_mean_us"] == 50.0
     assert row["speedup"] == 4.0 and row["rolled_back"] == 1
+
+
+def test_demo_trace_node_replays_the_first_file_that_is_a_cache(tmp_path: Path) -> None:
+    import gzip
+    import json
+
+    from app.demo import _find_trace_file
+    from app.settings import Settings
+    from tests.toy_cache import write_toy_cache
+
+    # "A100_T4" sorts before "B" but is a T4 results file, not a Kernel Tuner cache.
+    with gzip.open(tmp_path / "A100_T4.json.gz", "wt") as fh:
+        json.dump({"schema_version": "1.0.0", "results": []}, fh)
+    write_toy_cache(tmp_path / "B.json.gz")
+    settings = Settings(tuning_spaces_dir=tmp_path)
+    assert _find_trace_file(settings, None) == tmp_path / "B.json.gz"
+    (tmp_path / "B.json.gz").unlink()
+    assert _find_trace_file(settings, None) is None

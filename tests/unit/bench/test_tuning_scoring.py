@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,6 +79,30 @@ def test_fleet_sizes_get_the_same_window_budget(tmp_path: Path) -> None:
     assert fleet["1_node"]["per_seed"] == [
         _run_fleet(path, seed, 1, windows=30)["rounds_to_5"] for seed in (0, 1)
     ]
+
+
+def test_files_that_are_not_caches_are_skipped_with_their_reason(tmp_path: Path) -> None:
+    import gzip
+    import json
+
+    import click
+
+    write_toy_cache(tmp_path / "toy.json.gz")
+    with gzip.open(tmp_path / "toy_T4.json.gz", "wt") as fh:
+        json.dump({"schema_version": "1.0.0", "results": []}, fh)
+    kwargs: dict[str, Any] = dict(
+        seeds=1, budget=12, strategies=[], jobs=1, fleet_seeds=1, warm_seeds=0
+    )
+    said: list[str] = []
+    report = run_benchmark(tmp_path, **kwargs, echo=said.append)
+    assert list(report["spaces"]) == ["toy.json.gz"]  # the cache is still scored
+    assert list(report["skipped_files"]) == ["toy_T4.json.gz"]
+    assert "T4 results file" in report["skipped_files"]["toy_T4.json.gz"]
+    assert any(m.startswith("skipped toy_T4.json.gz") for m in said)
+    assert "skipped toy_T4.json.gz" in format_table(report)
+    (tmp_path / "toy.json.gz").unlink()
+    with pytest.raises(click.UsageError, match=r"no readable .*toy_T4\.json\.gz: .*T4 results"):
+        run_benchmark(tmp_path, **kwargs, echo=said.append)
 
 
 def test_a_second_run_of_the_day_keeps_the_first_ones_files(tmp_path: Path) -> None:

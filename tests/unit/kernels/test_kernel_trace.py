@@ -102,6 +102,29 @@ def test_bad_files(tmp_path: Path) -> None:
         )
 
 
+def test_a_folder_reads_its_caches_and_says_why_it_skipped_the_rest(tmp_path: Path) -> None:
+    from kernels.backends.trace import load_caches_in
+
+    _cache(tmp_path / "A100.json.gz", gz=True)
+    # What the autotuning benchmark hub ships beside each cache: T4 results and metadata.
+    t4 = {"schema_version": "1.0.0", "results": [{"configuration": {"block_size_x": 16}}]}
+    with gzip.open(tmp_path / "A100_T4.json.gz", "wt") as fh:
+        json.dump(t4, fh)
+    meta = {"schema_version": "1.0.0", "environment": {"device_name": "A100"}}
+    (tmp_path / "A100-metadata.json").write_text(json.dumps(meta))
+    (tmp_path / "broken.json").write_text('{"kernel_name": "k", "cache": {')
+    (tmp_path / "space.T1.json").write_text("{}")  # a space description, not listed at all
+    spaces, skipped = load_caches_in(tmp_path)
+    assert [s.path.name for s in spaces] == ["A100.json.gz"]
+    assert {p.name for p in skipped} == {"A100_T4.json.gz", "A100-metadata.json", "broken.json"}
+    assert "T4 results file" in skipped[tmp_path / "A100_T4.json.gz"]
+    assert "T4 metadata file" in skipped[tmp_path / "A100-metadata.json"]
+    assert "missing or malformed KeyError('device_name')" in skipped[tmp_path / "broken.json"]
+    with pytest.raises(TraceFileError, match="T4 results file"):
+        load_cache(tmp_path / "A100_T4.json.gz")
+    assert load_caches_in(tmp_path / "absent") == ([], {})
+
+
 def _as_kernel_tuner_writes_it(closed: Path, out: Path, *, close: bool = False) -> Path:
     """``closed``'s document written the way Kernel Tuner writes a cache while it tunes.
 
