@@ -64,9 +64,59 @@ class DeviceSpec:
     def max_warps_per_sm(self) -> int:
         return self.max_threads_per_sm // self.warp_size
 
+    @property
+    def peaks_known(self) -> bool:
+        """False for :meth:`unknown`: there is no roofline to place a launch on."""
+        return self.peak_gbs > 0 and self.peak_gflops_fp32 > 0
+
+    @classmethod
+    def unknown(cls, name: str) -> DeviceSpec:
+        """A GPU model this table does not know (a trace file from another GPU).
+
+        Its peaks and per-SM limits are not known, so they are 0, never a guess: its
+        telemetry reports peaks of 0, occupancy and waves of 0, and the detector says
+        the window cannot be placed on a roofline. Measured durations, which are what
+        the tuner acts on, are unaffected.
+
+        >>> s = DeviceSpec.unknown("AMD Instinct MI250X")
+        >>> s.peaks_known, theoretical_occupancy(s, 256, 32, 0), waves(s, 4096, 0)
+        (False, (0.0, 0), 0.0)
+        """
+        return cls(
+            name=name,
+            sms=0,
+            peak_gbs=0.0,
+            peak_gflops_fp32=0.0,
+            max_threads_per_sm=0,
+            max_blocks_per_sm=0,
+            regs_per_sm=0,
+            smem_per_sm_bytes=0,
+            max_smem_per_block_bytes=0,
+            l2_bytes=0,
+            source="not in kernels/devices.py: peaks and per-SM limits unknown",
+        )
+
 
 # Per-compute-capability limits: CUDA C++ Programming Guide, "Features and Technical
 # Specifications", table "Technical Specifications per Compute Capability".
+# Compute capability 7.x reserves no shared memory per block (the 1 KiB reservation
+# starts with 8.0), and 7.x blocks may opt in to all of an SM's shared memory.
+_CC70 = {
+    "max_threads_per_sm": 2048,
+    "max_blocks_per_sm": 32,
+    "regs_per_sm": 65536,
+    "smem_per_sm_bytes": 96 * _KIB,
+    "max_smem_per_block_bytes": 96 * _KIB,
+    "smem_reserved_per_block_bytes": 0,
+}
+_CC75 = {
+    "max_threads_per_sm": 1024,
+    "max_blocks_per_sm": 16,
+    "regs_per_sm": 65536,
+    "smem_per_sm_bytes": 64 * _KIB,
+    "max_smem_per_block_bytes": 64 * _KIB,
+    "smem_reserved_per_block_bytes": 0,
+}
 _CC80 = {
     "max_threads_per_sm": 2048,
     "max_blocks_per_sm": 32,
@@ -183,12 +233,144 @@ DEVICE_SPECS: dict[str, DeviceSpec] = {
             source="NVIDIA L4 datasheet; Ada whitepaper; CUDA Programming Guide cc 8.9",
             **_CC89,
         ),
+        # NVIDIA RTX A6000 datasheet: 768 GB/s, FP32 38.7 TFLOPS, 300 W, 84 SMs (10752
+        # CUDA cores / 128 per SM); 6 MB L2 (NVIDIA Ampere GA102 whitepaper).
+        DeviceSpec(
+            name="RTX-A6000",
+            sms=84,
+            peak_gbs=768.0,
+            peak_gflops_fp32=38700.0,
+            l2_bytes=6 * _MIB,
+            compute_capability=(8, 6),
+            tdp_w=300.0,
+            idle_w=25.0,
+            source="NVIDIA RTX A6000 datasheet; GA102 whitepaper; CUDA Guide cc 8.6",
+            **_CC86,
+        ),
+        # NVIDIA A40 datasheet: 696 GB/s, FP32 37.4 TFLOPS, 300 W; GA102 with 84 SMs and
+        # 6 MB L2 (NVIDIA Ampere GA102 whitepaper).
+        DeviceSpec(
+            name="A40",
+            sms=84,
+            peak_gbs=696.0,
+            peak_gflops_fp32=37400.0,
+            l2_bytes=6 * _MIB,
+            compute_capability=(8, 6),
+            tdp_w=300.0,
+            idle_w=30.0,
+            source="NVIDIA A40 datasheet; GA102 whitepaper; CUDA Guide cc 8.6",
+            **_CC86,
+        ),
+        # GeForce RTX 3090 (NVIDIA Ampere GA102 whitepaper, appendix): 936 GB/s, FP32
+        # 35.6 TFLOPS, 350 W, 82 SMs, 6 MB L2.
+        DeviceSpec(
+            name="RTX-3090",
+            sms=82,
+            peak_gbs=936.0,
+            peak_gflops_fp32=35600.0,
+            l2_bytes=6 * _MIB,
+            compute_capability=(8, 6),
+            tdp_w=350.0,
+            idle_w=25.0,
+            source="NVIDIA Ampere GA102 whitepaper (RTX 3090); CUDA Guide cc 8.6",
+            **_CC86,
+        ),
+        # GeForce RTX 4090 (NVIDIA Ada Lovelace whitepaper, appendix): 1,008 GB/s, FP32
+        # 82.6 TFLOPS, 450 W, 128 SMs, 72 MB L2.
+        DeviceSpec(
+            name="RTX-4090",
+            sms=128,
+            peak_gbs=1008.0,
+            peak_gflops_fp32=82600.0,
+            l2_bytes=72 * _MIB,
+            compute_capability=(8, 9),
+            tdp_w=450.0,
+            idle_w=25.0,
+            source="NVIDIA Ada Lovelace whitepaper (RTX 4090); CUDA Guide cc 8.9",
+            **_CC89,
+        ),
+        # GeForce RTX 2080 Ti (NVIDIA Turing whitepaper, reference board): 616 GB/s, FP32
+        # 13.4 TFLOPS, 250 W, 68 SMs, 5.5 MB L2.
+        DeviceSpec(
+            name="RTX-2080-Ti",
+            sms=68,
+            peak_gbs=616.0,
+            peak_gflops_fp32=13400.0,
+            l2_bytes=5632 * _KIB,
+            compute_capability=(7, 5),
+            tdp_w=250.0,
+            idle_w=20.0,
+            source="NVIDIA Turing whitepaper (RTX 2080 Ti); CUDA Guide cc 7.5",
+            **_CC75,
+        ),
+        # NVIDIA TITAN RTX product page: 672 GB/s, FP32 16.3 TFLOPS, 280 W; TU102 with
+        # all 72 SMs and 6 MB L2 (NVIDIA Turing whitepaper).
+        DeviceSpec(
+            name="TITAN-RTX",
+            sms=72,
+            peak_gbs=672.0,
+            peak_gflops_fp32=16300.0,
+            l2_bytes=6 * _MIB,
+            compute_capability=(7, 5),
+            tdp_w=280.0,
+            idle_w=20.0,
+            source="NVIDIA TITAN RTX specifications; Turing whitepaper; CUDA Guide cc 7.5",
+            **_CC75,
+        ),
+        # NVIDIA T4 datasheet: 320 GB/s, FP32 8.1 TFLOPS, 70 W; 40 SMs and 4 MB L2
+        # (NVIDIA Turing whitepaper, TU104).
+        DeviceSpec(
+            name="T4",
+            sms=40,
+            peak_gbs=320.0,
+            peak_gflops_fp32=8100.0,
+            l2_bytes=4 * _MIB,
+            compute_capability=(7, 5),
+            tdp_w=70.0,
+            idle_w=10.0,
+            source="NVIDIA T4 datasheet; Turing whitepaper; CUDA Guide cc 7.5",
+            **_CC75,
+        ),
+        # NVIDIA V100 datasheet: 900 GB/s; FP32 15.7 TFLOPS and 300 W (SXM2), 14 TFLOPS and
+        # 250 W (PCIe); 80 SMs and 6 MB L2 (NVIDIA Tesla V100 whitepaper).
+        DeviceSpec(
+            name="V100-SXM2",
+            sms=80,
+            peak_gbs=900.0,
+            peak_gflops_fp32=15700.0,
+            l2_bytes=6 * _MIB,
+            compute_capability=(7, 0),
+            tdp_w=300.0,
+            idle_w=40.0,
+            source="NVIDIA V100 datasheet; Volta whitepaper; CUDA Guide cc 7.0",
+            **_CC70,
+        ),
+        DeviceSpec(
+            name="V100-PCIE",
+            sms=80,
+            peak_gbs=900.0,
+            peak_gflops_fp32=14000.0,
+            l2_bytes=6 * _MIB,
+            compute_capability=(7, 0),
+            tdp_w=250.0,
+            idle_w=35.0,
+            source="NVIDIA V100 datasheet; Volta whitepaper; CUDA Guide cc 7.0",
+            **_CC70,
+        ),
     )
 }
 
 
+# What may follow a known model's name in a driver's name for the same model (after
+# _normalise): a form factor, a memory size and type, a MIG slice.
+_VARIANT = re.compile(r"(pcie|sxm\d?|nvl)?(\d+gb)?(hbm\d?e?)?(mig\w*)?")
+
+
 def _normalise(name: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", name.lower().replace("nvidia", ""))
+    """Lower case, letters and digits only, without the vendor and brand words drivers
+    put in front of the model (``NVIDIA``, ``Tesla``, ``GeForce``, ``Quadro``)."""
+    key = re.sub(r"[^a-z0-9]", "", name.lower())
+    return re.sub(r"^(nvidia)?(tesla|geforce|quadro)?", "", key)
 
 
 def get_device_spec(name: str) -> DeviceSpec:
@@ -213,12 +395,21 @@ def device_spec_for_name(device_name: str) -> DeviceSpec:
     'A100-PCIE-40GB'
     >>> device_spec_for_name("NVIDIA RTX A4000").name
     'RTX-A4000'
+    >>> device_spec_for_name("Tesla V100-SXM2-32GB").name, device_spec_for_name("Tesla T4").name
+    ('V100-SXM2', 'T4')
     """
     key = _normalise(device_name)
     by_key = {_normalise(n): s for n, s in DEVICE_SPECS.items()}
     if key in by_key:
         return by_key[key]
-    prefixed = [s for k, s in by_key.items() if key and (k.startswith(key) or key.startswith(k))]
+    # "NVIDIA H100" names one model without its variant; "Tesla V100-SXM2-32GB" adds a
+    # memory size to one. Anything else after a known name is another model ("T400" is
+    # not a "T4", "L40S" not an "L4", "RTX 3090 Ti" not an "RTX 3090"): unknown.
+    prefixed = [
+        s
+        for k, s in by_key.items()
+        if key and (k.startswith(key) or (key.startswith(k) and _VARIANT.fullmatch(key[len(k) :])))
+    ]
     if len(prefixed) == 1:
         return prefixed[0]
     raise UnknownDeviceError(
@@ -245,6 +436,8 @@ def theoretical_occupancy(
     """
     if threads_per_block <= 0 or threads_per_block > spec.max_threads_per_block:
         return 0.0, 0
+    if spec.max_warps_per_sm <= 0:  # DeviceSpec.unknown: no limits to apply
+        return 0.0, 0
     if smem_per_block > spec.max_smem_per_block_bytes:
         return 0.0, 0
     warps = math.ceil(threads_per_block / spec.warp_size)
@@ -253,7 +446,8 @@ def theoretical_occupancy(
     regs_per_warp = math.ceil(regs * spec.warp_size / spec.reg_alloc_unit) * spec.reg_alloc_unit
     by_regs = spec.regs_per_sm // (regs_per_warp * warps)
     smem = smem_per_block + spec.smem_reserved_per_block_bytes
-    by_smem = spec.smem_per_sm_bytes // smem
+    # No shared memory and no reservation (compute capability 7.x): no limit from it.
+    by_smem = spec.smem_per_sm_bytes // smem if smem else spec.max_blocks_per_sm
     resident = max(0, min(spec.max_blocks_per_sm, by_warps, by_regs, by_smem))
     occupancy = min(1.0, resident * warps / spec.max_warps_per_sm)
     return occupancy, resident

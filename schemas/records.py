@@ -42,6 +42,7 @@ Classification = Literal[
     "compute_bound",
     "regression",
     "balanced",
+    "roofline_unknown",
 ]
 OutcomeStatus = Literal["applied", "kept", "rolled_back", "rejected"]
 
@@ -108,8 +109,10 @@ class LaunchBatch(Record):
     flops: _NonNegFloat
     occupancy: float = Field(ge=0.0, le=1.0)
     waves: _NonNegFloat
-    peak_gbs: float = Field(gt=0.0, allow_inf_nan=False)
-    peak_gflops: float = Field(gt=0.0, allow_inf_nan=False)
+    # 0: the GPU model's peaks are not known (kernels.devices.DeviceSpec.unknown), so the
+    # launches are not placed on a roofline.
+    peak_gbs: _NonNegFloat
+    peak_gflops: _NonNegFloat
     launch_overhead_us: _NonNegFloat = 3.0
     seq_start: int = Field(ge=0)
     t_end: list[_FiniteFloat] = Field(min_length=1, max_length=100_000)

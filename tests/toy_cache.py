@@ -15,10 +15,11 @@ def write_kt_cache(
     cache: dict[str, dict[str, Any]],
     kernel_name: str,
     problem_size: list[int],
+    device_name: str = "NVIDIA A100-PCIE-40GB",
 ) -> None:
-    """A gzipped Kernel Tuner cache file (on an A100) with these entries."""
+    """A gzipped Kernel Tuner cache file (on an A100 unless told) with these entries."""
     doc = {
-        "device_name": "NVIDIA A100-PCIE-40GB",
+        "device_name": device_name,
         "kernel_name": kernel_name,
         "problem_size": problem_size,
         "tune_params_keys": list(params),
@@ -30,7 +31,7 @@ def write_kt_cache(
         json.dump(doc, fh)
 
 
-def write_toy_cache(path: Path) -> dict[str, float]:
+def write_toy_cache(path: Path, device_name: str = "NVIDIA A100-PCIE-40GB") -> dict[str, float]:
     """Write the cache to ``path``; returns each valid config's true mean (us) by config id."""
     params = {"block_size_x": [32, 64, 128, 256], "tile_size_x": [1, 2, 4]}
     cache: dict[str, Any] = {}
@@ -44,5 +45,5 @@ def write_toy_cache(path: Path) -> dict[str, float]:
             rec.update(time=ms, times=[ms * 0.99, ms * 1.01])
             truth[f"block_size_x={bx},tile_size_x={tx}"] = ms * 1000.0
         cache[f"{bx},{tx}"] = rec
-    write_kt_cache(path, params, cache, "toy", [1024])
+    write_kt_cache(path, params, cache, "toy", [1024], device_name)
     return truth

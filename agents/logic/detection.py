@@ -164,6 +164,12 @@ class Detector:
                 f"{what} runs {agg.duration_mean_us:.1f} us per launch, under "
                 f"{th.launch_bound_factor:g}x the {agg.launch_overhead_us:.1f} us launch overhead."
             )
+        if not ev["roofline_known"]:
+            return "roofline_unknown", (
+                f"{what} runs {agg.duration_mean_us:.1f} us per launch; {agg.device_model} has "
+                "no datasheet peaks in kernels/devices.py, so the window is not placed on a "
+                "roofline (its duration still guides the tuner)."
+            )
         memory_side = bool(ev["memory_bound"])
         if memory_side and agg.bw_fraction >= th.efficient_bw_fraction:
             return "memory_efficient", (
@@ -234,8 +240,10 @@ class Detector:
 
 
 def _roofline_evidence(agg: WindowAggregate) -> Evidence:
-    ridge = agg.peak_gflops / agg.peak_gbs
+    known = agg.peak_gbs > 0 and agg.peak_gflops > 0  # 0: DeviceSpec.unknown
+    ridge = agg.peak_gflops / agg.peak_gbs if known else 0.0
     return {
+        "roofline_known": known,
         "count": agg.count,
         "failures": agg.failures,
         "mean_us": agg.duration_mean_us,

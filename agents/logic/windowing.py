@@ -644,8 +644,9 @@ def _build(
         idle_gap_mean_us=stats["idle_gap_mean_us"],
         achieved_gbs=gbs,
         achieved_gflops=gflops,
-        bw_fraction=gbs / float(meta["peak_gbs"]),
-        flops_fraction=gflops / float(meta["peak_gflops"]),
+        # Peaks of 0: the GPU model is not known, nor its roofline (DeviceSpec.unknown).
+        bw_fraction=gbs / float(meta["peak_gbs"]) if meta["peak_gbs"] else 0.0,
+        flops_fraction=gflops / float(meta["peak_gflops"]) if meta["peak_gflops"] else 0.0,
         arithmetic_intensity=flops / bytes_moved if bytes_moved > 0 else 0.0,
         occupancy=meta["occupancy"],
         waves=meta["waves"],

@@ -111,7 +111,7 @@ def make_plan(
     if resident_blocks_per_sm is not None:
         resident = max(0, resident_blocks_per_sm)
         warps = -(-geo.threads_per_block // spec.warp_size)
-        occ = min(1.0, resident * warps / spec.max_warps_per_sm)
+        occ = min(1.0, resident * warps / spec.max_warps_per_sm) if spec.max_warps_per_sm else 0.0
     return LaunchPlan(
         grid=geo.grid,
         block=geo.block,

@@ -33,7 +33,7 @@ import numpy as np
 
 from kernels.backends.base import LaunchPlan, LaunchResult, make_plan, well_formed
 from kernels.devices import DeviceSpec, device_spec_for_name
-from kernels.errors import TraceFileError
+from kernels.errors import TraceFileError, UnknownDeviceError
 from kernels.space import Config, ParamValue, SearchSpace
 from kernels.workloads import WORKLOAD_NAMES, CudaWorkload, get_workload
 from kernels.workloads.base import Geometry, Traits, Workload
@@ -443,7 +443,18 @@ class TraceDevice:
         names = {s.device_name for s in self._spaces}
         if len(names) != 1:
             raise TraceFileError(f"trace files were measured on different GPUs: {sorted(names)}")
-        self.spec: DeviceSpec = device_spec_for_name(names.pop())
+        name = names.pop()
+        try:
+            self.spec: DeviceSpec = device_spec_for_name(name)
+        except UnknownDeviceError:
+            # Durations are all a trace replays; without a datasheet the roofline is
+            # unknown, and telemetry and findings say so (DeviceSpec.unknown).
+            log.warning(
+                "trace device: GPU %r is not in kernels/devices.py; its durations replay, "
+                "but without peaks its windows are not placed on a roofline",
+                name,
+            )
+            self.spec = DeviceSpec.unknown(name)
         self.device_index = device_index
         self._seed = seed
         self._rngs: dict[tuple[str, str], np.random.Generator] = {}

@@ -123,6 +123,23 @@ def test_regression_against_own_baseline() -> None:
     assert few.classification != "regression"
 
 
+def test_gpu_without_known_peaks_is_not_placed_on_a_roofline() -> None:
+    # What a trace file from a GPU missing in kernels/devices.py produces (DeviceSpec.unknown).
+    unknown: dict[str, Any] = {"peak_gbs": 0.0, "peak_gflops": 0.0, "bw_fraction": 0.0}
+    unknown |= {"flops_fraction": 0.0}
+    unknown |= {"occupancy": 0.0, "waves": 0.0, "device_model": "AMD Instinct MI250X"}
+    d = Detector(DetectorThresholds(baseline_windows=1))
+    f = d.classify(agg(**unknown))
+    assert f.classification == "roofline_unknown"
+    assert f.evidence["roofline_known"] is False and f.evidence["ridge_point"] == 0.0
+    assert "AMD Instinct MI250X has no datasheet peaks" in f.summary
+    # Launch-bound and regression verdicts need no roofline and still come.
+    assert d.classify(agg(**unknown, duration_mean_us=2.0)).classification == "launch_bound"
+    slow = d.classify(agg(**unknown, window_start=12.0, duration_mean_us=150.0))
+    assert slow.classification == "regression"
+    assert Detector().classify(agg()).evidence["roofline_known"] is True
+
+
 def test_snapshot_restore_keeps_baselines() -> None:
     d = Detector(DetectorThresholds(baseline_windows=1))
     d.classify(agg())

@@ -52,6 +52,29 @@ def test_kernelstream_run_only_sees_measured_launches(tmp_path: Path) -> None:
     assert out["rounds_to_5"] is not None
 
 
+def test_a_gpu_missing_from_the_device_table_is_tuned_all_the_same(tmp_path: Path) -> None:
+    # Measured spaces of other GPUs (AMD ones among them) have no DeviceSpec here.
+    from kernels.backends.trace import TraceDevice
+
+    path = tmp_path / "toy_mi250x.json.gz"
+    truth = write_toy_cache(path, device_name="AMD Instinct MI250X")
+    device = TraceDevice(path)
+    assert device.spec.name == "AMD Instinct MI250X" and not device.spec.peaks_known
+    out = _run_kernelstream(str(path), seed=0, budget=12)
+    assert out["curve"][-1] == pytest.approx(min(truth.values()))
+    report = run_benchmark(
+        tmp_path,
+        seeds=1,
+        budget=12,
+        strategies=[],
+        jobs=1,
+        fleet_seeds=1,
+        warm_seeds=0,
+        echo=lambda m: None,
+    )
+    assert report["spaces"]["toy_mi250x.json.gz"]["device"] == "AMD Instinct MI250X"
+
+
 def test_fleet_sizes_get_the_same_window_budget(tmp_path: Path) -> None:
     write_toy_cache(tmp_path / "toy.json.gz")
     report = run_benchmark(

@@ -25,6 +25,30 @@ def test_kernel_tuner_device_names() -> None:
         device_spec_for_name("NVIDIA GeForce GTX 480")
 
 
+def test_driver_names_with_brand_words_and_variants() -> None:
+    assert device_spec_for_name("NVIDIA RTX A6000").name == "RTX-A6000"
+    assert device_spec_for_name("NVIDIA GeForce RTX 2080 Ti").name == "RTX-2080-Ti"
+    assert device_spec_for_name("NVIDIA TITAN RTX").name == "TITAN-RTX"
+    assert device_spec_for_name("Tesla V100-SXM2-32GB").name == "V100-SXM2"  # memory size
+    assert device_spec_for_name("Tesla V100-PCIE-16GB").name == "V100-PCIE"
+    assert device_spec_for_name("NVIDIA H100").name == "H100-SXM5-80GB"  # one H100 known
+    # Another model whose name starts with a known one's is not that model.
+    for other in ("NVIDIA T400", "NVIDIA L40S", "NVIDIA GeForce RTX 3090 Ti", "A4000"):
+        with pytest.raises(UnknownDeviceError):
+            device_spec_for_name(other)
+
+
+def test_unknown_model_has_no_roofline_and_no_made_up_limits() -> None:
+    from kernels.devices import DeviceSpec
+
+    spec = DeviceSpec.unknown("AMD Instinct MI250X")
+    assert spec.name == "AMD Instinct MI250X" and not spec.peaks_known
+    assert (spec.peak_gbs, spec.peak_gflops_fp32, spec.sms) == (0.0, 0.0, 0)
+    assert theoretical_occupancy(spec, 256, 32, 0) == (0.0, 0)
+    assert waves(spec, 4096, 0) == 0.0
+    assert get_device_spec("A100-PCIE-40GB").peaks_known
+
+
 def test_occupancy_hand_examples() -> None:
     a100 = get_device_spec("A100-SXM4-80GB")
     # 256 threads, 32 regs: 8 warps; warp limit 64/8 = 8 blocks; regs 8192/block -> 8.
@@ -38,6 +62,9 @@ def test_occupancy_hand_examples() -> None:
     # A4000 (1536 threads/SM, 16 blocks/SM): 32-thread blocks -> 16 warps of 48.
     assert theoretical_occupancy(get_device_spec("RTX-A4000"), 32, 32, 0) == (16 / 48, 16)
     assert theoretical_occupancy(a100, 2048, 32, 0) == (0.0, 0)
+    # Compute capability 7.5 (1024 threads/SM, 16 blocks/SM, no per-block reservation):
+    # 64-thread blocks without shared memory hit the block limit, 16 x 2 warps of 32.
+    assert theoretical_occupancy(get_device_spec("T4"), 64, 32, 0) == (1.0, 16)
 
 
 def test_waves() -> None:

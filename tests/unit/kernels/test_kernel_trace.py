@@ -125,6 +125,27 @@ def test_a_folder_reads_its_caches_and_says_why_it_skipped_the_rest(tmp_path: Pa
     assert load_caches_in(tmp_path / "absent") == ([], {})
 
 
+def test_a_gpu_missing_from_the_device_table_replays_with_peaks_of_zero(tmp_path: Path) -> None:
+    from kernels.runner import LaunchBatcher, WorkloadRunner
+    from schemas import LaunchBatch
+    from schemas.codec import decode, encode
+
+    dev = open_device(
+        "trace", trace_file=_cache(tmp_path / "mi.json", device="AMD Instinct MI250X")
+    )
+    assert dev.spec.name == "AMD Instinct MI250X" and not dev.spec.peaks_known
+    runner = WorkloadRunner(dev, dev.workloads())
+    batcher = LaunchBatcher(dev, "node-1")
+    for chunk in runner.tick(0.0) + runner.tick(0.05):
+        batcher.add(chunk, 0.05)
+    (batch,) = batcher.flush()
+    # On the wire as any other node's telemetry: durations measured, roofline unknown.
+    back = decode(encode(batch), LaunchBatch)
+    assert back.device_model == "AMD Instinct MI250X"
+    assert (back.peak_gbs, back.peak_gflops, back.occupancy, back.waves) == (0.0, 0.0, 0.0, 0.0)
+    assert back.duration_us and all(d > 0 for d in back.duration_us)
+
+
 def _as_kernel_tuner_writes_it(closed: Path, out: Path, *, close: bool = False) -> Path:
     """``closed``'s document written the way Kernel Tuner writes a cache while it tunes.
 
