@@ -72,7 +72,9 @@ def run(
     else:
         rows = [run_seed(*a) for a in args]
     return {
-        "space": space,
+        # Resolved: a variant of the code runs from its own checkout, where the default
+        # relative path names another string for the same file.
+        "space": str(Path(space).resolve()),
         "nodes": nodes,
         "kwargs": kwargs,
         "windows": windows,
@@ -91,7 +93,10 @@ def compare(
     """
     if metric not in ("evals", "windows"):
         raise ValueError(f"metric must be 'evals' or 'windows', got {metric!r}")
-    if (variant["space"], variant["nodes"]) != (base["space"], base["nodes"]):
+    def where(doc: Mapping[str, Any]) -> tuple[Path, int]:
+        return Path(doc["space"]).resolve(), int(doc["nodes"])
+
+    if where(variant) != where(base):
         raise ValueError("compare runs of the same space and number of nodes")
 
     def counts(doc: Mapping[str, Any]) -> dict[int, int]:

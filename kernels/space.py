@@ -2,8 +2,9 @@
 
 A :class:`SearchSpace` is what a workload promises it can run. The tuner only
 proposes configurations inside it, and a node rejects any recommendation that is
-not inside it. Spaces are small enough (at most tens of thousands of points) to
-enumerate.
+not inside it. Spaces are enumerated: a declared one through the product of its
+values, a measured one (``allowed``: the points a trace file lists) through its list, so
+a listed space of 83k points in a product of 4.4M enumerates in under a second.
 
 >>> s = SearchSpace("demo", {"block": (64, 128, 256), "tile": (1, 2, 4)},
 ...                 default={"block": 64, "tile": 1},
@@ -67,6 +68,7 @@ class SearchSpace:
     _index: dict[str, dict[ParamValue, int]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _points: list[list[Config] | None] = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for p, values in self.params.items():
@@ -116,10 +118,51 @@ class SearchSpace:
 
     def __iter__(self) -> Iterator[Config]:
         """All valid configurations, in declared order."""
+        listed = self._allowed_points()
+        if listed is not None:
+            yield from (dict(c) for c in listed if self.is_valid(c))
+            return
         for values in itertools.product(*self.params.values()):
             config = dict(zip(self.params, values, strict=True))
             if self.is_valid(config):
                 yield config
+
+    def _allowed_points(self) -> list[Config] | None:
+        """The configurations ``allowed`` names, in declared order, read off their ids.
+
+        A measured space (a trace) lists its valid points, which can be a small part of
+        the product of its values (a hotspot space: 83k of 4.4M): enumerating the product
+        to find them took 15-40 s, on the tuner's thread. None when there is no list, or
+        when an id cannot be read back unambiguously (two values print alike, or a value or
+        name holds ``,`` or ``=``); then the product is enumerated.
+        """
+        if self.allowed is None:
+            return None
+        if not self._points:
+            self._points.append(self._read_allowed(self.allowed))
+        return self._points[0]
+
+    def _read_allowed(self, allowed: frozenset[str]) -> list[Config] | None:
+        names = list(self.params)
+        by_text: dict[str, dict[str, ParamValue]] = {}
+        for p, values in self.params.items():
+            texts = {str(v): v for v in values}
+            if len(texts) != len(values) or any("," in t or "=" in t for t in [p, *texts]):
+                return None
+            by_text[p] = texts
+        points: list[Config] = []
+        for cid in allowed:
+            parts = [part.partition("=") for part in cid.split(",")]
+            if len(parts) == len(names) and all(
+                key == p and text in by_text[p]
+                for p, (key, _, text) in zip(names, parts, strict=True)
+            ):
+                points.append(
+                    {p: by_text[p][text] for p, (_, _, text) in zip(names, parts, strict=True)}
+                )
+            # else: not a point of this space at all, so never valid
+        points.sort(key=lambda c: tuple(self._index[p][c[p]] for p in names))
+        return points
 
     def size(self) -> int:
         return sum(1 for _ in self)
