@@ -93,6 +93,7 @@ def compare(
     """
     if metric not in ("evals", "windows"):
         raise ValueError(f"metric must be 'evals' or 'windows', got {metric!r}")
+
     def where(doc: Mapping[str, Any]) -> tuple[Path, int]:
         return Path(doc["space"]).resolve(), int(doc["nodes"])
 
