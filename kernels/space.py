@@ -120,7 +120,8 @@ class SearchSpace:
         """All valid configurations, in declared order."""
         listed = self._allowed_points()
         if listed is not None:
-            yield from (dict(c) for c in listed if self.is_valid(c))
+            # Declared values and listed by construction: only the constraints can fail.
+            yield from (dict(c) for c in listed if all(k.holds(c) for k in self.constraints))
             return
         for values in itertools.product(*self.params.values()):
             config = dict(zip(self.params, values, strict=True))

@@ -217,6 +217,29 @@ class SpaceIndex:
             self._planes[max_values] = result
         return self._planes[max_values]
 
+    def plane_quantiles(self, max_values: int, values: np.ndarray, q: float) -> np.ndarray:
+        """``np.quantile(values[m], q)`` for every plane ``m`` of :meth:`planes`, at once.
+
+        The same numbers as numpy's default (linear) method, bit for bit, without a Python
+        call per plane: where most parameters have few values (a GEMM space) nearly every
+        config is a plane of its own, and 100k calls took 5 s per plane step.
+        """
+        planes = self.planes(max_values)
+        assert planes is not None
+        counts = np.array([len(m) for m in planes], dtype=np.intp)
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        v = values[np.concatenate(planes)]
+        ordered = v[np.lexsort((v, np.repeat(np.arange(len(planes)), counts)))]
+        virtual = (counts - 1) * q
+        below = np.floor(virtual)
+        gamma = virtual - below
+        lo = starts + below.astype(np.intp)
+        hi = np.minimum(lo + 1, starts + counts - 1)
+        a, b = ordered[lo], ordered[hi]
+        diff = b - a
+        # numpy's _lerp: from the upper neighbour when gamma >= 0.5.
+        return np.where(gamma >= 0.5, b - diff * (1 - gamma), a + diff * gamma)
+
     def near(self, i: int, distance: int) -> np.ndarray:
         """Configs differing from config ``i`` in 1 to ``distance`` parameters (any values)."""
         positions = self.positions_matrix()
@@ -513,7 +536,7 @@ class ModelGuidedSearch:
         if planes is None:
             return None
         ranked = np.argsort(
-            [np.quantile(lcb[m], self.plane_quantile) for m in planes], kind="stable"
+            idx.plane_quantiles(self.plane_max_values, lcb, self.plane_quantile), kind="stable"
         )
         for m in (planes[k] for k in ranked):
             choice = first_allowed(m[np.argsort(lcb[m], kind="stable")])

@@ -52,6 +52,8 @@ _ENV_DIR = "KERNELSTREAM_TUNING_SPACES"
 
 log = logging.getLogger("kernelstream.trace")
 
+_UNKNOWN_WARNED: set[str] = set()
+
 
 def default_tuning_spaces_dir() -> Path:
     """``$KERNELSTREAM_TUNING_SPACES``, else ``<repo>/../shared/data/tuning-spaces``."""
@@ -449,11 +451,13 @@ class TraceDevice:
         except UnknownDeviceError:
             # Durations are all a trace replays; without a datasheet the roofline is
             # unknown, and telemetry and findings say so (DeviceSpec.unknown).
-            log.warning(
-                "trace device: GPU %r is not in kernels/devices.py; its durations replay, "
-                "but without peaks its windows are not placed on a roofline",
-                name,
-            )
+            if name not in _UNKNOWN_WARNED:  # once per process, not once per node
+                _UNKNOWN_WARNED.add(name)
+                log.warning(
+                    "trace device: GPU %r is not in kernels/devices.py; its durations "
+                    "replay, but without peaks its windows are not placed on a roofline",
+                    name,
+                )
             self.spec = DeviceSpec.unknown(name)
         self.device_index = device_index
         self._seed = seed
