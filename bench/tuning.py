@@ -227,9 +227,18 @@ def _kt_keys(json_path: str) -> list[str]:
 
 
 def _task(args: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, Any]]:
-    kind, space, extra, seed, budget = args
-    s, b = int(seed), int(budget)
+    """One run; one that raises comes back as its error instead of ending the benchmark."""
     t0 = time.perf_counter()
+    try:
+        out = _run(*args)
+    except Exception as ex:
+        out = {"error": f"{type(ex).__name__}: {ex}"}
+    out["seconds"] = time.perf_counter() - t0
+    return args, out
+
+
+def _run(kind: str, space: str, extra: str, seed: str, budget: str) -> dict[str, Any]:
+    s, b = int(seed), int(budget)
     if kind == "kernelstream":
         out = _run_kernelstream(space, s, b, windows=int(extra) if extra else None)
     elif kind.startswith("fleet"):
@@ -240,8 +249,7 @@ def _task(args: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, Any]]:
         out = _run_random(space, s, b)
     else:
         out = _run_kt(extra, kind.removeprefix("kt:"), s, b)
-    out["seconds"] = time.perf_counter() - t0
-    return args, out
+    return out
 
 
 # -- scoring ------------------------------------------------------------------------
@@ -379,10 +387,17 @@ def run_benchmark(
         tasks.sort(key=lambda t: _COST_RANK.get(t[0], len(_COST_RANK)))
         echo(f"{len(tasks)} runs on {jobs} processes ({len(files)} spaces, {seeds} seeds)")
         results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        failed: dict[tuple[str, str], list[str]] = {}
         t0 = time.perf_counter()
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             for done, (args, out) in enumerate(pool.map(_task, tasks, chunksize=1), 1):
-                results.setdefault((args[0], args[1]), []).append(out)
+                if "error" in out:
+                    failed.setdefault((args[0], args[1]), []).append(
+                        f"seed {args[3]}: {out['error']}"
+                    )
+                    echo(f"  {args[0]} on {Path(args[1]).name}, seed {args[3]}: {out['error']}")
+                else:
+                    results.setdefault((args[0], args[1]), []).append(out)
                 if done % 50 == 0:
                     echo(f"  {done}/{len(tasks)} runs, {time.perf_counter() - t0:.0f} s")
         wall = time.perf_counter() - t0
@@ -456,6 +471,10 @@ def run_benchmark(
             "best_kernel_tuner": best_kt,
             "fleet": fleet,
             "median_gap_curve": curves,
+            # Runs that raised (method -> "seed N: error"): left out of every figure above.
+            "failed_runs": {
+                kind.removeprefix("kt:"): errs for (kind, q), errs in failed.items() if q == sp
+            },
         }
     return report
 
@@ -533,7 +552,9 @@ def format_table(report: dict[str, Any]) -> str:
                 else ""
             )
         )
-        if "warm" in sp["methods"]:
+        for m, errs in sp.get("failed_runs", {}).items():
+            lines.append(f"{m}: {len(errs)} runs failed and are left out, e.g. {errs[0]}")
+        if "warm" in sp["methods"] and "kernelstream" in sp["methods"]:
             warm = sp["methods"]["warm"]["within_5pct"]
             # Cold on the same seeds as the warm runs, and on all seeds.
             cold = sp["methods"]["kernelstream"]["within_5pct"]

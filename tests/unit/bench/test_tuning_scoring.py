@@ -128,6 +128,30 @@ def test_files_that_are_not_caches_are_skipped_with_their_reason(tmp_path: Path)
         run_benchmark(tmp_path, **kwargs, echo=said.append)
 
 
+def test_a_run_that_raises_is_reported_and_left_out_not_fatal(tmp_path: Path) -> None:
+    # An unknown strategy (or, without the bench extra, Kernel Tuner itself missing).
+    write_toy_cache(tmp_path / "toy.json.gz")
+    said: list[str] = []
+    report = run_benchmark(
+        tmp_path,
+        seeds=2,
+        budget=12,
+        strategies=["no_such_strategy"],
+        jobs=1,
+        fleet_seeds=1,
+        warm_seeds=0,
+        echo=said.append,
+    )
+    space = report["spaces"]["toy.json.gz"]
+    assert "no_such_strategy" not in space["methods"]  # no figures from failed runs
+    assert space["best_kernel_tuner"] is None
+    errs = space["failed_runs"]["no_such_strategy"]
+    assert len(errs) == 2 and errs[0].startswith("seed 0: ")
+    assert space["methods"]["kernelstream"]["seeds"] == 2  # the rest of the run stands
+    assert any("no_such_strategy on toy.json.gz, seed 1" in m for m in said)
+    assert "no_such_strategy: 2 runs failed and are left out" in format_table(report)
+
+
 def test_a_second_run_of_the_day_keeps_the_first_ones_files(tmp_path: Path) -> None:
     from bench.tuning import _dated
 
