@@ -23,6 +23,14 @@ from bench.tuning import (
 from tests.toy_cache import write_toy_cache
 
 
+def _bench(directory: Path, echo: Any = None, **over: Any) -> dict[str, Any]:
+    """``run_benchmark`` at a toy's scale: 1 seed, 12 evaluations, no peers, no warm start."""
+    kwargs: dict[str, Any] = dict(
+        seeds=1, budget=12, strategies=[], jobs=1, fleet_seeds=1, warm_seeds=0
+    )
+    return run_benchmark(directory, **(kwargs | over), echo=echo or (lambda m: None))
+
+
 def test_curves_and_summary_use_the_files_means(tmp_path: Path) -> None:
     truth = write_toy_cache(tmp_path / "toy.json.gz")
     opt = min(truth.values())
@@ -62,32 +70,13 @@ def test_a_gpu_missing_from_the_device_table_is_tuned_all_the_same(tmp_path: Pat
     assert device.spec.name == "AMD Instinct MI250X" and not device.spec.peaks_known
     out = _run_kernelstream(str(path), seed=0, budget=12)
     assert out["curve"][-1] == pytest.approx(min(truth.values()))
-    report = run_benchmark(
-        tmp_path,
-        seeds=1,
-        budget=12,
-        strategies=[],
-        jobs=1,
-        fleet_seeds=1,
-        warm_seeds=0,
-        echo=lambda m: None,
-    )
+    report = _bench(tmp_path)
     assert report["spaces"]["toy_mi250x.json.gz"]["device"] == "AMD Instinct MI250X"
 
 
 def test_fleet_sizes_get_the_same_window_budget(tmp_path: Path) -> None:
     write_toy_cache(tmp_path / "toy.json.gz")
-    report = run_benchmark(
-        tmp_path,
-        seeds=1,
-        budget=12,
-        strategies=[],
-        jobs=1,
-        fleet_seeds=2,
-        warm_seeds=0,
-        fleet_windows=30,
-        echo=lambda m: None,
-    )
+    report = _bench(tmp_path, fleet_seeds=2, fleet_windows=30)
     assert report["fleet_windows"] == 30
     fleet = report["spaces"]["toy.json.gz"]["fleet"]
     for nodes in ("1_node", "4_node"):
@@ -113,11 +102,8 @@ def test_files_that_are_not_caches_are_skipped_with_their_reason(tmp_path: Path)
     write_toy_cache(tmp_path / "toy.json.gz")
     with gzip.open(tmp_path / "toy_T4.json.gz", "wt") as fh:
         json.dump({"schema_version": "1.0.0", "results": []}, fh)
-    kwargs: dict[str, Any] = dict(
-        seeds=1, budget=12, strategies=[], jobs=1, fleet_seeds=1, warm_seeds=0
-    )
     said: list[str] = []
-    report = run_benchmark(tmp_path, **kwargs, echo=said.append)
+    report = _bench(tmp_path, echo=said.append)
     assert list(report["spaces"]) == ["toy.json.gz"]  # the cache is still scored
     assert list(report["skipped_files"]) == ["toy_T4.json.gz"]
     assert "T4 results file" in report["skipped_files"]["toy_T4.json.gz"]
@@ -125,23 +111,14 @@ def test_files_that_are_not_caches_are_skipped_with_their_reason(tmp_path: Path)
     assert "skipped toy_T4.json.gz" in format_table(report)
     (tmp_path / "toy.json.gz").unlink()
     with pytest.raises(click.UsageError, match=r"no readable .*toy_T4\.json\.gz: .*T4 results"):
-        run_benchmark(tmp_path, **kwargs, echo=said.append)
+        _bench(tmp_path)
 
 
 def test_a_run_that_raises_is_reported_and_left_out_not_fatal(tmp_path: Path) -> None:
     # An unknown strategy (or, without the bench extra, Kernel Tuner itself missing).
     write_toy_cache(tmp_path / "toy.json.gz")
     said: list[str] = []
-    report = run_benchmark(
-        tmp_path,
-        seeds=2,
-        budget=12,
-        strategies=["no_such_strategy"],
-        jobs=1,
-        fleet_seeds=1,
-        warm_seeds=0,
-        echo=said.append,
-    )
+    report = _bench(tmp_path, echo=said.append, seeds=2, strategies=["no_such_strategy"])
     space = report["spaces"]["toy.json.gz"]
     assert "no_such_strategy" not in space["methods"]  # no figures from failed runs
     assert space["best_kernel_tuner"] is None
