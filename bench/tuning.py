@@ -601,13 +601,20 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
     paths = []
     for name, sp in report["spaces"].items():
         fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-        for m, curve in sp["median_gap_curve"].items():
+        # tab20: one colour per peer (tab10's ten ran out with eleven methods).
+        colours = plt.get_cmap("tab20")
+        for k, (m, curve) in enumerate(sp["median_gap_curve"].items()):
             xs = np.arange(1, len(curve) + 1)
-            style = (
-                {"linewidth": 2.4, "color": "black"} if m == "kernelstream" else {"linewidth": 1.2}
-            )
+            ours = m == "kernelstream"
+            colour = "black" if ours else colours((2 * k) % 20 + (2 * k) // 20 % 2)
             # Gaps of 0 (the optimum found) are drawn at the 0.1% floor of the log axis.
-            ax.plot(xs, np.maximum(np.array(curve) * 100, 0.1), label=m, **style)
+            ax.plot(
+                xs,
+                np.maximum(np.array(curve) * 100, 0.1),
+                label=m,
+                color=colour,
+                linewidth=2.4 if ours else 1.2,
+            )
         ax.axhline(5, color="grey", linestyle=":", linewidth=1)
         ax.text(1, 5.4, "5%", color="grey", fontsize=7)
         ax.set_yscale("log")
