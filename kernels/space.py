@@ -68,7 +68,12 @@ class SearchSpace:
     _index: dict[str, dict[ParamValue, int]] = field(
         default_factory=dict, compare=False, repr=False
     )
-    _points: list[list[Config] | None] = field(default_factory=list, compare=False, repr=False)
+    # The listed points once read (see _allowed_points); not an init field, so a
+    # dataclasses.replace with another ``allowed`` (the resolver merging two files) does
+    # not carry the old list over.
+    _points: list[list[Config] | None] = field(
+        default_factory=list, init=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         for p, values in self.params.items():

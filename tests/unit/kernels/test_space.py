@@ -63,3 +63,17 @@ def test_ids_that_cannot_be_read_back_enumerate_the_product() -> None:
         )
         assert space._allowed_points() is None
         assert list(space) == _product_order(space) == every
+
+
+def test_a_replaced_list_is_read_anew() -> None:
+    import dataclasses
+
+    params: dict[str, Sequence[ParamValue]] = {"a": [1, 2, 3], "b": [0, 1]}
+    every = _every(params)
+    probe = SearchSpace("s", params, default=every[0])
+    ids = [probe.config_id(c) for c in every]
+    one = SearchSpace("s", params, default=every[0], allowed=frozenset(ids[:2]))
+    assert len(list(one)) == 2  # its points are read and kept
+    # The resolver merges the lists of two files of one kernel this way.
+    both = dataclasses.replace(one, allowed=frozenset(ids))
+    assert list(both) == every
