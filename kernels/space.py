@@ -66,7 +66,7 @@ class SearchSpace:
     constraints: tuple[Constraint, ...] = ()
     allowed: frozenset[str] | None = None
     _index: dict[str, dict[ParamValue, int]] = field(
-        default_factory=dict, compare=False, repr=False
+        default_factory=dict, init=False, compare=False, repr=False
     )
     # The listed points once read (see _allowed_points); not an init field, so a
     # dataclasses.replace with another ``allowed`` (the resolver merging two files) does
