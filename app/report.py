@@ -87,7 +87,7 @@ def _roofline(windows: Sequence[WindowAggregate]) -> list[dict[str, Any]]:
     models: dict[str, dict[str, Any]] = {}
     acc: dict[tuple[str, str, tuple[int, ...], str], list[Any]] = {}
     for w in windows:
-        if w.count == 0 or not (w.peak_gbs > 0 and w.peak_gflops > 0):
+        if w.count == 0 or not w.roofline_known:
             continue  # nothing launched, or a GPU model without known peaks: no roofs
         models.setdefault(w.device_model, {"peak_gbs": w.peak_gbs, "peak_gflops": w.peak_gflops})
         key = (w.device_model, w.kernel, tuple(w.problem_size), w.config_id)

@@ -61,28 +61,22 @@ class SpaceResolver:
 
     def _scan(self, d: Path) -> None:
         """(Re)build the index if the directory's cache files changed since last time."""
-        from kernels.backends.trace import cache_files_in, load_cache
-        from kernels.errors import TraceFileError
+        from kernels.backends.trace import cache_files_in, load_caches_in
 
-        files = []
+        sigs = []
         for path in cache_files_in(d):
             try:
                 st = path.stat()
             except OSError:
                 continue  # removed since the listing
-            files.append((path, (path.name, st.st_mtime_ns, st.st_size)))
-        listing = tuple(sig for _, sig in files)
+            sigs.append((path.name, st.st_mtime_ns, st.st_size))
+        listing = tuple(sigs)
         if listing == self._listing:
             return
         index: dict[tuple[str, tuple[int, ...]], SearchSpace] = {}
-        skipped: dict[str, str] = {}
-        for path, _ in files:
-            try:
-                trace = load_cache(path)
-            except TraceFileError as ex:
-                skipped[path.name] = str(ex)
-                log.warning("tuning spaces: skipping %s: %s", path, ex)
-                continue
+        traces, unreadable = load_caches_in(d)  # logs each file it skips, and why
+        skipped = {path.name: why for path, why in unreadable.items()}
+        for trace in traces:
             key = (trace.name, tuple(trace.problem_size))
             have = index.get(key)
             if have is None:
@@ -100,7 +94,7 @@ class SpaceResolver:
                 log.warning(
                     "tuning spaces: %s declares %s %s with other parameters than an "
                     "earlier file; the earlier one is used",
-                    path,
+                    trace.path,
                     trace.name,
                     trace.problem_size,
                 )

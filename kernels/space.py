@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from schemas.errors import KernelstreamError
 
@@ -67,12 +68,6 @@ class SearchSpace:
     allowed: frozenset[str] | None = None
     _index: dict[str, dict[ParamValue, int]] = field(
         default_factory=dict, init=False, compare=False, repr=False
-    )
-    # The listed points once read (see _allowed_points); not an init field, so a
-    # dataclasses.replace with another ``allowed`` (the resolver merging two files) does
-    # not carry the old list over.
-    _points: list[list[Config] | None] = field(
-        default_factory=list, init=False, compare=False, repr=False
     )
 
     def __post_init__(self) -> None:
@@ -123,7 +118,7 @@ class SearchSpace:
 
     def __iter__(self) -> Iterator[Config]:
         """All valid configurations, in declared order."""
-        listed = self._allowed_points()
+        listed = self._allowed_points
         if listed is not None:
             # Declared values and listed by construction: only the constraints can fail.
             yield from (dict(c) for c in listed if all(k.holds(c) for k in self.constraints))
@@ -133,6 +128,7 @@ class SearchSpace:
             if self.is_valid(config):
                 yield config
 
+    @cached_property
     def _allowed_points(self) -> list[Config] | None:
         """The configurations ``allowed`` names, in declared order, read off their ids.
 
@@ -140,15 +136,11 @@ class SearchSpace:
         the product of its values (a hotspot space: 83k of 4.4M): enumerating the product
         to find them took 15-40 s, on the tuner's thread. None when there is no list, or
         when an id cannot be read back unambiguously (two values print alike, or a value or
-        name holds ``,`` or ``=``); then the product is enumerated.
+        name holds ``,`` or ``=``); then the product is enumerated. Read once per space
+        (a ``dataclasses.replace`` with another ``allowed`` is a new space, read anew).
         """
         if self.allowed is None:
             return None
-        if not self._points:
-            self._points.append(self._read_allowed(self.allowed))
-        return self._points[0]
-
-    def _read_allowed(self, allowed: frozenset[str]) -> list[Config] | None:
         names = list(self.params)
         by_text: dict[str, dict[str, ParamValue]] = {}
         for p, values in self.params.items():
@@ -157,7 +149,7 @@ class SearchSpace:
                 return None
             by_text[p] = texts
         points: list[Config] = []
-        for cid in allowed:
+        for cid in self.allowed:
             parts = [part.partition("=") for part in cid.split(",")]
             if len(parts) == len(names) and all(
                 key == p and text in by_text[p]

@@ -189,6 +189,12 @@ class WindowAggregate(Record):
     def stream_key(self) -> str:
         return stream_key(self.node, self.device_index, self.kernel)
 
+    @property
+    def roofline_known(self) -> bool:
+        """False when the GPU model's peaks are not known (reported as 0: a GPU missing
+        from kernels/devices.py), so the window has no roofline to be placed on."""
+        return self.peak_gbs > 0 and self.peak_gflops > 0
+
 
 class Finding(Record):
     """A classification of one window aggregate, with its evidence."""

@@ -240,7 +240,7 @@ class Detector:
 
 
 def _roofline_evidence(agg: WindowAggregate) -> Evidence:
-    known = agg.peak_gbs > 0 and agg.peak_gflops > 0  # 0: DeviceSpec.unknown
+    known = agg.roofline_known
     ridge = agg.peak_gflops / agg.peak_gbs if known else 0.0
     return {
         "roofline_known": known,
