@@ -316,6 +316,16 @@ def _summary(curves: list[Sequence[float]], opt: float, budget: int) -> dict[str
             "reached": sum(h is not None for h in hits),
             "per_seed": hits,
         }
+    # A method can end before the budget (Kernel Tuner's dual_annealing does on the A100
+    # convolution space): its misses are then its own stopping rule, not the budget's.
+    used = [len(c) for c in curves]
+    out["evaluations"] = {
+        "median": float(np.median(used)) if used else None,
+        "ended_early_unreached": sum(
+            n < budget and h is None
+            for n, h in zip(used, out["within_5pct"]["per_seed"], strict=True)
+        ),
+    }
     for n in GAP_AT:
         gaps = [g for g in (_gap_at(c, n, opt) for c in curves) if g is not None]
         out[f"gap_after_{n}"] = {
@@ -584,6 +594,12 @@ def format_table(report: dict[str, Any]) -> str:
                 else ""
             )
         )
+        for m, r in sp["methods"].items():
+            if early := r.get("evaluations", {}).get("ended_early_unreached"):
+                lines.append(
+                    f"{m}: ended before the budget without getting within 5% on {early} of "
+                    f"{r['seeds']} seeds (median {r['evaluations']['median']:g} evaluations)"
+                )
         for m, errs in sp.get("failed_runs", {}).items():
             lines.append(f"{m}: {len(errs)} runs failed and are left out, e.g. {errs[0]}")
         if "warm" in sp["methods"] and "kernelstream" in sp["methods"]:

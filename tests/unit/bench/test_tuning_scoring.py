@@ -48,6 +48,8 @@ def test_curves_and_summary_use_the_files_means(tmp_path: Path) -> None:
     assert s["within_5pct"]["reached"] == 1
     assert s["within_5pct"]["per_seed"][1] is None
     assert s["within_5pct"]["median"] == pytest.approx((n5 + 13) / 2)
+    # the second run stopped after 3 of its 12 evaluations: said, not hidden in the misses
+    assert s["evaluations"] == {"median": 7.5, "ended_early_unreached": 1}
 
 
 def test_kernelstream_run_only_sees_measured_launches(tmp_path: Path) -> None:
