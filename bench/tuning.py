@@ -200,6 +200,8 @@ def _run_kt(json_path: str, strategy: str, seed: int, budget: int) -> dict[str, 
 
     from kernel_tuner.interface import tune_cache
 
+    from kernels.backends.trace import is_measured_time
+
     random.seed(seed)
     np.random.seed(seed)  # Kernel Tuner's strategies draw from the global generators
     with warnings.catch_warnings(), _seeded_kt_samplers(seed):
@@ -221,7 +223,7 @@ def _run_kt(json_path: str, strategy: str, seed: int, budget: int) -> dict[str, 
             continue
         seen.add(key)
         t = r.get("time")
-        if isinstance(t, (int, float)) and math.isfinite(t):
+        if is_measured_time(t):
             best = min(best, float(t) * 1000.0)  # ms -> us, as the trace device reports
         curve.append(best)
     return {"curve": curve[:budget]}

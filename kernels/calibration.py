@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from kernels.backends.sim import SimDevice
-from kernels.backends.trace import read_cache_document
+from kernels.backends.trace import is_measured_time, read_cache_document
 from kernels.devices import device_spec_for_name, get_device_spec
 from kernels.errors import CalibrationError, UnknownDeviceError, UnknownWorkloadError
 from kernels.workloads import get_workload
@@ -112,7 +112,7 @@ def calibrate(doc: Mapping[str, Any], *, model: str | None = None, source: str =
     for rec in cache.values():
         config = {k: rec[k] for k in keys}
         t = rec.get("time")
-        ran = isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+        ran = is_measured_time(t)
         pred = sim.predict_us(workload, config)
         if ran and pred is None:
             measured_ran_model_failed += 1

@@ -5,8 +5,9 @@ measured on one GPU. :func:`load_cache` turns it into a :class:`TraceSpace`, a
 workload whose points are the configurations the file holds (its constraints are
 taken from the entries, as Kernel Tuner's simulation mode takes them).
 Launching a configuration draws durations (seeded) from its measured ``times``;
-a configuration that failed when measured (a string ``time``) or was never
-measured fails to launch. A cache that Kernel Tuner left open (a session still
+a configuration that failed when measured (a string ``time``, or the ``1e20`` that
+Kernel Tuner's sequential runner wrote before the strings) or was never measured fails to
+launch. A cache that Kernel Tuner left open (a session still
 running or stopped before its end) reads as Kernel Tuner reads it; its problem size
 may be one int (a 1-D kernel) or a list.
 
@@ -43,6 +44,7 @@ __all__ = [
     "TraceSpace",
     "cache_files_in",
     "default_tuning_spaces_dir",
+    "is_measured_time",
     "load_cache",
     "load_caches_in",
     "read_cache_document",
@@ -53,6 +55,23 @@ _ENV_DIR = "KERNELSTREAM_TUNING_SPACES"
 log = logging.getLogger("kernelstream.trace")
 
 _UNKNOWN_WARNED: set[str] = set()
+
+
+# Kernel Tuner's sequential runner stored ``time: 1e20`` for a configuration that failed
+# to compile or run, in releases before its caches marked failures with a string such as
+# "RuntimeFailedConfig" (kernel_tuner/runners/sequential.py, ``params.update({"time": 1e20})``).
+KT_OLD_FAILURE_TIME = 1e20
+
+
+def is_measured_time(t: Any) -> bool:
+    """A cache entry's ``time`` is a measurement: a finite number below the old marker
+    (anything at or above it, as a time in ms, is 3,000 years)."""
+    return (
+        isinstance(t, (int, float))
+        and not isinstance(t, bool)
+        and math.isfinite(t)
+        and t < KT_OLD_FAILURE_TIME
+    )
 
 
 def default_tuning_spaces_dir() -> Path:
@@ -237,10 +256,12 @@ class TraceSpace:
             cid = probe.config_id(config)
             t = rec.get("time")
             times = rec.get("times")
-            if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
+            if is_measured_time(t):
                 values = times if isinstance(times, list) and times else [t]
                 self.times_us[cid] = np.asarray(values, dtype=np.float64) * 1000.0
                 first_valid = first_valid or config
+            elif isinstance(t, (int, float)) and t == KT_OLD_FAILURE_TIME:
+                self.failed[cid] = "time 1e20, Kernel Tuner's old failure marker"
             else:
                 self.failed[cid] = str(t)
         declared = _t1_default(path.parent, self.kernel_name, keys)

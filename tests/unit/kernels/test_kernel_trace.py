@@ -78,6 +78,20 @@ def test_failed_and_missing_configs_fail(tmp_path: Path) -> None:
     assert "cannot" not in w.start_note and w.space.is_valid(w.default)
 
 
+def test_kernel_tuners_old_failure_marker_reads_as_a_failure(tmp_path: Path) -> None:
+    # Early Kernel Tuner releases stored ``time: 1e20`` for a config that failed to compile
+    # or run; read as a number it would be a valid, very slow config.
+    f = _cache(tmp_path / "old.json")
+    doc = json.loads(f.read_text())
+    doc["cache"]["32,2,15,15"]["time"] = 1e20
+    f.write_text(json.dumps(doc))
+    w = load_cache(f)
+    config = {"block_size_x": 32, "block_size_y": 2, "filter_width": 15, "filter_height": 15}
+    assert "old failure marker" in w.failed[w.space.config_id(config)]
+    assert len(w.times_us) == 4 and w.space.is_valid(config)  # in the space, as KT has it
+    assert not open_device("trace", trace_file=f).launch(w, config, 4).ok.any()
+
+
 def test_models_and_geometry(tmp_path: Path) -> None:
     w = load_cache(_cache(tmp_path / "c.json"))
     c = w.default
