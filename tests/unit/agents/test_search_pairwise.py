@@ -5,8 +5,9 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 
-from agents.logic.search import pairwise_posterior
+from agents.logic.search import ModelGuidedSearch, pairwise_mean, pairwise_posterior
 
 # Every combination of four parameters with 6, 4, 3 and 2 values.
 POSITIONS = np.array(list(itertools.product(range(6), range(4), range(3), range(2))))
@@ -89,3 +90,22 @@ def test_alignment_columns_group_block_widths_by_the_power_of_two_dividing_them(
     width = {16: 0, 32: 1, 48: 0, 64: 2}
     assert [int(a) for a in cols[:, 0]] == [width[int(c["block_size_x"])] for c in idx.configs]
     assert idx.alignments() is cols  # computed once per space
+
+
+def test_the_mean_alone_is_the_posteriors_mean_a_chunk_at_a_time() -> None:
+    # The arm step ranks configs by ``pairwise_mean``: the same numbers as the posterior's
+    # mean, made a few configs at a time so a large space does not need a matrix of every
+    # config against every measurement at once.
+    rng = np.random.default_rng(2)
+    y = _pairwise_truth(rng)
+    rows = rng.choice(len(y), 40, replace=False)
+    mu, _, _ = pairwise_posterior(POSITIONS, np.zeros((len(y), 0)), rows, y[rows], 2, rng)
+    for chunk in (7, 10_000):
+        np.testing.assert_allclose(pairwise_mean(POSITIONS, rows, y[rows], chunk=chunk), mu)
+
+
+def test_the_arm_model_is_checked() -> None:
+    assert ModelGuidedSearch().arm_model == "pairwise"
+    ModelGuidedSearch(arm_model="same")
+    with pytest.raises(ValueError, match="arm_model"):
+        ModelGuidedSearch(arm_model="forest")
