@@ -336,7 +336,9 @@ class ModelGuidedSearch:
         default=None, repr=False
     )
     _prior_cache: tuple[Any, np.ndarray] | None = field(default=None, repr=False)
-    _arm_fit: tuple[Any, np.ndarray] | None = field(default=None, repr=False)
+    _arm_fit: tuple[Any, Callable[[np.ndarray], np.ndarray]] | None = field(
+        default=None, repr=False
+    )
 
     def __post_init__(self) -> None:
         bad = [a for a in self.acquisitions if a not in ACQUISITIONS]
@@ -455,8 +457,11 @@ class ModelGuidedSearch:
             if choice is None:
                 mode = "sample"
         if mode == "arm":
-            arm_mu = mu if self.arm_model == "same" else self._arm_mean(idx, measured, failed, key)
-            choice = self._arm_step(idx, measured, failed, arm_mu, first_allowed)
+            if self.arm_model == "same":
+                arm_score: Callable[[np.ndarray], np.ndarray] = mu.__getitem__
+            else:
+                arm_score = self._arm_mean(idx, measured, failed, key)
+            choice = self._arm_step(idx, measured, failed, arm_score, first_allowed)
             if choice is None:
                 mode = "sample"
         if mode == "mode":
@@ -502,7 +507,7 @@ class ModelGuidedSearch:
         idx: SpaceIndex,
         measured: list[tuple[int, float]],
         failed: list[int],
-        mu: np.ndarray,
+        rank: Callable[[np.ndarray], np.ndarray],
         first_allowed: Callable[[Sequence[int] | np.ndarray], int | None],
     ) -> int | None:
         """Polish the best config of one *arm*: a combination of the switches' values.
@@ -510,7 +515,9 @@ class ModelGuidedSearch:
         Switches (two-valued parameters) select code paths, and the best path can hide
         behind a few bad first samples that make the model write it off. Arms are
         picked by a bandit on measurements alone (UCB on each arm's best log mean
-        duration, unexplored arms first), not by the model's own confidence.
+        duration, unexplored arms first), not by the model's own confidence. ``rank``
+        scores the candidates near the arm's best (lowest first): the pairwise model's
+        mean by default (``arm_model``).
         """
         arms = idx.arms(self.max_arms)
         if arms is None:
@@ -532,7 +539,7 @@ class ModelGuidedSearch:
                 near = near[arms[near] == a]
             else:
                 near = np.flatnonzero(arms == a)
-            choice = first_allowed(near[np.argsort(mu[near], kind="stable")])
+            choice = first_allowed(near[np.argsort(rank(near), kind="stable")])
             if choice is not None:
                 return choice
         return None
@@ -543,8 +550,8 @@ class ModelGuidedSearch:
         measured: list[tuple[int, float]],
         failed: list[int],
         key: Any,
-    ) -> np.ndarray:
-        """The pairwise model's mean log duration at every config, fitted to the same rows
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        """The pairwise model's mean log duration at given configs, fitted to the same rows
         as the main model (refitted only when they change), for the arm step's ranking."""
         if self._arm_fit is None or self._arm_fit[0] != key:
             rows, y = self._training_rows(measured, failed)
@@ -735,23 +742,26 @@ def pairwise_mean(
     rows: Sequence[int] | np.ndarray,
     y: np.ndarray,
     noise_grid: Sequence[float] = (0.03, 0.1, 0.3, 1.0, 3.0),
-    chunk: int = 8192,
-) -> np.ndarray:
-    """The posterior mean of :func:`pairwise_posterior` (no other device's predictions)
-    at every config, without its samples or deviations: the covariance of the space with
-    the measured rows is made a chunk of configs at a time, so memory stays at ``chunk``
-    rows whatever the size of the space (117k configs, 200 measured: 24 MB, not 190)."""
+) -> Callable[[np.ndarray], np.ndarray]:
+    """The posterior mean of :func:`pairwise_posterior` (no other device's predictions),
+    fitted once to ``y`` at ``rows`` and returned as a function of config indices: it
+    costs only the configs asked about (an arm step asks about a few dozen), not a matrix
+    of every config of the space against every measurement."""
     varying = [k for k in range(positions.shape[1]) if positions[:, k].max() > 0]
     pos = positions[:, varying]
-    rows = np.asarray(rows)
+    at = pos[np.asarray(rows)]
     ybar = float(y.mean())
-    q, qy, _, inv, _ = _pairwise_fit(_agreement_cov(pos[rows], pos[rows]), y - ybar, noise_grid)
+    q, qy, _, inv, _ = _pairwise_fit(_agreement_cov(at, at), y - ybar, noise_grid)
     alpha = q @ (qy * inv)
-    mu = np.empty(len(pos))
-    for start in range(0, len(pos), chunk):
-        part = pos[start : start + chunk]
-        mu[start : start + chunk] = ybar + _agreement_cov(part, pos[rows]) @ alpha
-    return mu
+
+    def mean(configs: np.ndarray) -> np.ndarray:
+        # Configs that agree alike with every measured one have the same mean; a matrix
+        # product may differ in its last bits between rows (by their place in the
+        # product), so the mean is rounded: a stable sort then breaks the tie by config
+        # order, not by how many configs were asked about at once.
+        return np.round(ybar + _agreement_cov(pos[configs], at) @ alpha, 9)
+
+    return mean
 
 
 def pairwise_posterior(

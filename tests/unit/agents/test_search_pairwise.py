@@ -92,16 +92,32 @@ def test_alignment_columns_group_block_widths_by_the_power_of_two_dividing_them(
     assert idx.alignments() is cols  # computed once per space
 
 
-def test_the_mean_alone_is_the_posteriors_mean_a_chunk_at_a_time() -> None:
-    # The arm step ranks configs by ``pairwise_mean``: the same numbers as the posterior's
-    # mean, made a few configs at a time so a large space does not need a matrix of every
-    # config against every measurement at once.
+def test_the_mean_alone_is_the_posteriors_mean_where_asked() -> None:
+    # The arm step ranks a few candidates by ``pairwise_mean``: the posterior's mean,
+    # computed only at the configs asked about.
     rng = np.random.default_rng(2)
     y = _pairwise_truth(rng)
     rows = rng.choice(len(y), 40, replace=False)
     mu, _, _ = pairwise_posterior(POSITIONS, np.zeros((len(y), 0)), rows, y[rows], 2, rng)
-    for chunk in (7, 10_000):
-        np.testing.assert_allclose(pairwise_mean(POSITIONS, rows, y[rows], chunk=chunk), mu)
+    mean = pairwise_mean(POSITIONS, rows, y[rows])
+    np.testing.assert_allclose(mean(np.arange(len(y))), mu)
+    some = np.array([5, 3, 100, 7])
+    np.testing.assert_allclose(mean(some), mu[some])
+
+
+def test_configs_alike_to_every_measured_one_tie_exactly() -> None:
+    # Only configs whose third parameter is 0 are measured: two configs that differ only
+    # in it (1 or 2) agree alike with every measured one, so their means tie, exactly,
+    # wherever they are asked about, and a stable sort ranks them by config order.
+    rng = np.random.default_rng(3)
+    y = _pairwise_truth(rng)
+    rows = np.flatnonzero(POSITIONS[:, 2] == 0)[::3]
+    mean = pairwise_mean(POSITIONS, rows, y[rows])
+    every = mean(np.arange(len(y)))
+    a = int(np.flatnonzero((POSITIONS == [1, 2, 1, 0]).all(axis=1))[0])
+    b = int(np.flatnonzero((POSITIONS == [1, 2, 2, 0]).all(axis=1))[0])
+    assert every[a] == every[b]
+    assert mean(np.array([b, a]))[1] == every[a] == mean(np.array([a]))[0]
 
 
 def test_the_arm_model_is_checked() -> None:
