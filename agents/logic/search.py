@@ -64,7 +64,10 @@ The trees can be replaced by a *pairwise* model (``model="pairwise"``,
 pair of values of two parameters, the posterior in closed form; with the lowest bound
 and posterior samples in rotation it gets the A100 convolution space within 5% on more
 seeds than the trees, but the A4000 one on far fewer, so it is an option, not the
-default (docs/tuning-log.md; ``bench/model_fit.py`` compares the two models' fits).
+default (docs/tuning-log.md; ``bench/model_fit.py`` compares the two models' fits). What
+the default does take from it (``arm_model``) is its mean, ``pairwise_mean``, to rank the
+candidates of an arm step: it carries what one code path taught about pairs of values to
+the others, where the trees know only that path's few samples.
 
 Features are generic (nothing here knows a particular kernel): each parameter's
 position in its value list, the log2 of positive numeric values, and, following the
