@@ -558,11 +558,16 @@ class ModelGuidedSearch:
         as the main model (refitted only when they change), for the arm step's ranking."""
         if self._arm_fit is None or self._arm_fit[0] != key:
             rows, y = self._training_rows(measured, failed)
-            positions = idx.positions_matrix()
-            if self.pairwise_alignment:
-                positions = np.column_stack([positions, idx.alignments()])
-            self._arm_fit = (key, pairwise_mean(positions, rows, y))
+            self._arm_fit = (key, pairwise_mean(self._pairwise_positions(idx), rows, y))
         return self._arm_fit[1]
+
+    def _pairwise_positions(self, idx: SpaceIndex) -> np.ndarray:
+        """The pairwise model's parameters: each config's value positions, and with
+        ``pairwise_alignment`` the alignment columns."""
+        positions = idx.positions_matrix()
+        if self.pairwise_alignment:
+            positions = np.column_stack([positions, idx.alignments()])
+        return positions
 
     def _training_rows(
         self, measured: list[tuple[int, float]], failed: list[int]
@@ -682,9 +687,7 @@ class ModelGuidedSearch:
         rows, y = self._training_rows(measured, failed)
         if self.model == "pairwise":
             extra = features[:, idx.features.shape[1] :]
-            positions = idx.positions_matrix()
-            if self.pairwise_alignment:
-                positions = np.column_stack([positions, idx.alignments()])
+            positions = self._pairwise_positions(idx)
             return pairwise_posterior(positions, extra, rows, y, self.n_trees, rng)
         model = ExtraTreesRegressor(
             n_estimators=self.n_trees,
@@ -705,6 +708,15 @@ class ModelGuidedSearch:
 def _best_mean(g: GroupStats) -> float:
     means = [m.mean_us for cid, m in g.configs.items() if m.count > 0 and cid not in g.failed]
     return min(means) if means else math.inf
+
+
+# Noise-to-signal ratios the pairwise model chooses from by marginal likelihood.
+NOISE_GRID = (0.03, 0.1, 0.3, 1.0, 3.0)
+
+
+def _varying(positions: np.ndarray) -> np.ndarray:
+    """The columns of ``positions`` (value positions) that take more than one value."""
+    return positions[:, [k for k in range(positions.shape[1]) if positions[:, k].max() > 0]]
 
 
 def _agreement_cov(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -744,14 +756,13 @@ def pairwise_mean(
     positions: np.ndarray,
     rows: Sequence[int] | np.ndarray,
     y: np.ndarray,
-    noise_grid: Sequence[float] = (0.03, 0.1, 0.3, 1.0, 3.0),
+    noise_grid: Sequence[float] = NOISE_GRID,
 ) -> Callable[[np.ndarray], np.ndarray]:
     """The posterior mean of :func:`pairwise_posterior` (no other device's predictions),
     fitted once to ``y`` at ``rows`` and returned as a function of config indices: it
     costs only the configs asked about (an arm step asks about a few dozen), not a matrix
     of every config of the space against every measurement."""
-    varying = [k for k in range(positions.shape[1]) if positions[:, k].max() > 0]
-    pos = positions[:, varying]
+    pos = _varying(positions)
     at = pos[np.asarray(rows)]
     ybar = float(y.mean())
     q, qy, _, inv, _ = _pairwise_fit(_agreement_cov(at, at), y - ybar, noise_grid)
@@ -774,7 +785,7 @@ def pairwise_posterior(
     y: np.ndarray,
     n_samples: int,
     rng: np.random.Generator,
-    noise_grid: Sequence[float] = (0.03, 0.1, 0.3, 1.0, 3.0),
+    noise_grid: Sequence[float] = NOISE_GRID,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Posterior of a model with a weight per parameter value and per pair of them.
 
@@ -789,11 +800,10 @@ def pairwise_posterior(
     ``n_samples`` joint posterior samples (Matheron's rule: a prior sample drawn term
     by term, corrected by the data), the role the trees play in the tree model.
     """
-    varying = [k for k in range(positions.shape[1]) if positions[:, k].max() > 0]
-    pos = positions[:, varying]
+    pos = _varying(positions)
     rows = np.asarray(rows)
     cross = _agreement_cov(pos, pos[rows])
-    d = len(varying)
+    d = pos.shape[1]
     prior_var = d + d * (d - 1) / 2
     if extra.shape[1]:
         # Standardized, with the prior variance of all the parameters' terms together:
