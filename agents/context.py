@@ -19,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from schemas import DeadLetter, LaunchBatch, Record, SchemaError, decode, encode
-from schemas.codec import check_key
+from kernelstream.schemas import DeadLetter, LaunchBatch, Record, SchemaError, decode, encode
+from kernelstream.schemas.codec import check_key
 
 if TYPE_CHECKING:
-    from schemas.columnar import LaunchColumns
+    from kernelstream.schemas.columnar import LaunchColumns
 
 __all__ = ["LaunchLimits", "WorkerContext", "dead_letter_record", "launch_batch_problem"]
 
@@ -162,7 +162,7 @@ class WorkerContext:
         key = (workload, tuple(problem_size))
         if key not in self._known:
             if self._resolver is None:
-                from kernels.resolve import SpaceResolver
+                from kernelstream.kernels.resolve import SpaceResolver
 
                 self._resolver = SpaceResolver(self.settings.tuning_spaces_dir)
             try:
@@ -202,7 +202,7 @@ class WorkerContext:
 
     async def decode_launches(self, stage: str, event: Any) -> LaunchColumns | None:
         """:meth:`decode` for launch batches, straight to columns (the worker's hot path)."""
-        from schemas.columnar import decode_launch_columns
+        from kernelstream.schemas.columnar import decode_launch_columns
 
         max_bytes = self.settings.max_message_bytes
         try:

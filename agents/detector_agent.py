@@ -18,10 +18,10 @@ is still published for every other consumer (replay, watch, dashboards).
 
 from __future__ import annotations
 
-from agents.context import WorkerContext
-from agents.logic.detection import Detector
-from schemas import WindowAggregate, encode
-from schemas.keys import group_key
+from kernelstream.agents.context import WorkerContext
+from kernelstream.agents.logic.detection import Detector
+from kernelstream.schemas import WindowAggregate, encode
+from kernelstream.schemas.keys import group_key
 
 __all__ = ["InlineDetector"]
 

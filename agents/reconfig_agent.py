@@ -15,9 +15,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from agents.context import dead_letter_record
-from agents.logic.reconfiguration import outcome_record
-from schemas import Recommendation, SchemaError, decode, encode
+from kernelstream.agents.context import dead_letter_record
+from kernelstream.agents.logic.reconfiguration import outcome_record
+from kernelstream.schemas import Recommendation, SchemaError, decode, encode
 
 __all__ = ["RecommendationInbox", "outcome_record", "partition_for_key"]
 

@@ -14,11 +14,11 @@ import asyncio
 import time
 from typing import Any
 
-from agents.context import WorkerContext
-from agents.logic.tuning import Tuner
-from kernels.resolve import SpaceResolver
-from schemas import Finding, Recommendation, ReconfigOutcome, encode
-from schemas.signing import signer_from_settings
+from kernelstream.agents.context import WorkerContext
+from kernelstream.agents.logic.tuning import Tuner
+from kernelstream.kernels.resolve import SpaceResolver
+from kernelstream.schemas import Finding, Recommendation, ReconfigOutcome, encode
+from kernelstream.schemas.signing import signer_from_settings
 
 __all__ = ["register"]
 
@@ -31,7 +31,7 @@ _BATCH_WITHIN_S = 0.01
 
 def tuner_from_settings(settings: Any) -> Tuner:
     """The tuner as the worker runs it; offline replay (``app/replay.py``) builds the same."""
-    from agents.logic.search import ModelGuidedSearch
+    from kernelstream.agents.logic.search import ModelGuidedSearch
 
     return Tuner(
         ttl_s=settings.recommendation_ttl_s,

@@ -64,14 +64,14 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import ConsumerStoppedError
 from mode import Service
 
-from agents.context import WorkerContext
-from agents.detector_agent import InlineDetector
-from agents.logic.errors import SnapshotError
-from agents.logic.snapshot_codec import pack, unpack
-from agents.logic.windowing import Windower, WindowSpec
-from agents.window_checkpoints import CheckpointStore
-from app.worker_start import EarlyConsumer, window_consumer
-from schemas import WindowAggregate, encode
+from kernelstream.agents.context import WorkerContext
+from kernelstream.agents.detector_agent import InlineDetector
+from kernelstream.agents.logic.errors import SnapshotError
+from kernelstream.agents.logic.snapshot_codec import pack, unpack
+from kernelstream.agents.logic.windowing import Windower, WindowSpec
+from kernelstream.agents.window_checkpoints import CheckpointStore
+from kernelstream.app.worker_start import EarlyConsumer, window_consumer
+from kernelstream.schemas import WindowAggregate, encode
 
 __all__ = ["WindowAgentStats", "WindowIngest", "register", "state_topic", "window_spec"]
 

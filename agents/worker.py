@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agents import detector_agent, tuner_agent, window_agent
-from agents.context import WorkerContext
-from agents.logic.windowing import Windower
+from kernelstream.agents import detector_agent, tuner_agent, window_agent
+from kernelstream.agents.context import WorkerContext
+from kernelstream.agents.logic.windowing import Windower
 
 __all__ = ["WorkerAgents", "register_agents"]
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from app.errors import BrokerError
+from kernelstream.app.errors import BrokerError
 
 __all__ = ["EmbeddedBroker", "die_with_parent", "free_port", "wait_for_kafka"]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from app.settings import Settings, load_settings
+from kernelstream.app.settings import Settings, load_settings
 
 __all__ = ["main"]
 
@@ -38,7 +38,7 @@ def _bootstrap(settings: Settings, log_dir: Path) -> Iterator[str]:
     if settings.bootstrap:
         yield settings.bootstrap
         return
-    from app.broker import EmbeddedBroker
+    from kernelstream.app.broker import EmbeddedBroker
 
     with EmbeddedBroker(log_dir) as broker:
         click.echo(f"embedded broker on {broker.bootstrap} (log: {broker.log_path})", err=True)
@@ -107,8 +107,8 @@ def demo(
     and kernel of the default vs final configuration measured from window
     aggregates. Exits 0 when the run completed.
     """
-    from app.demo import DemoOptions, run_demo
-    from kernels.errors import BackendUnavailableError
+    from kernelstream.app.demo import DemoOptions, run_demo
+    from kernelstream.kernels.errors import BackendUnavailableError
 
     settings = _settings()
     opts = DemoOptions(
@@ -139,8 +139,8 @@ def demo(
 )
 def broker(port: int, log_dir: Path, create_topics: bool) -> None:
     """Run the embedded Kafka-compatible broker (Tansu, memory storage) until Ctrl-C."""
-    from app.broker import EmbeddedBroker
-    from app.topics import ensure_topics
+    from kernelstream.app.broker import EmbeddedBroker
+    from kernelstream.app.topics import ensure_topics
 
     settings = _settings()
     with EmbeddedBroker(log_dir, port=port) as b:
@@ -155,7 +155,7 @@ def broker(port: int, log_dir: Path, create_topics: bool) -> None:
 @click.option("--table", is_flag=True, help="Print the topic table (Markdown); no broker needed.")
 def topics(table: bool) -> None:
     """Create kernelstream's topics on KAFKA_BOOTSTRAP (missing ones; existing ones kept)."""
-    from app.topics import ensure_topics, topics_markdown
+    from kernelstream.app.topics import ensure_topics, topics_markdown
 
     settings = _settings()
     if table:
@@ -179,7 +179,7 @@ def topics(table: bool) -> None:
 )
 def worker(data_dir: Path | None, web_port: int | None, app_id: str | None, loglevel: str) -> None:
     """Run a Faust worker: window (with the detector inline) and tuner agents."""
-    from app.worker_start import run_worker
+    from kernelstream.app.worker_start import run_worker
 
     settings = _settings(data_dir=data_dir, web_port=web_port, app_id=app_id)
     with _bootstrap(settings, Path("var")) as bootstrap:
@@ -213,9 +213,9 @@ def node(
 
     Serves /metrics, /healthz and /readyz on ``KERNELSTREAM_NODE_METRICS_PORT``.
     """
-    from app.health import serve_node_endpoints
-    from app.metrics import NodeMetrics
-    from app.node import run_node
+    from kernelstream.app.health import serve_node_endpoints
+    from kernelstream.app.metrics import NodeMetrics
+    from kernelstream.app.node import run_node
 
     settings = _settings(
         node_id=node_id,
@@ -227,8 +227,8 @@ def node(
         seed=seed,
     )
     if settings.backend == "cupy":  # fail before starting a broker, with the install hint
-        from kernels.backends.cupy import import_cupy
-        from kernels.errors import BackendUnavailableError
+        from kernelstream.kernels.backends.cupy import import_cupy
+        from kernelstream.kernels.errors import BackendUnavailableError
 
         try:
             import_cupy()
@@ -276,7 +276,7 @@ def watch(
     limit: int | None,
 ) -> None:
     """Follow a topic from the command line (needs KAFKA_BOOTSTRAP)."""
-    from app.watch import watch_topic
+    from kernelstream.app.watch import watch_topic
 
     settings = _settings()
     if not settings.bootstrap:
@@ -386,8 +386,8 @@ def replay(
     offsets or by record time (found by reading record timestamps, never by the
     broker's offset-for-time answer).
     """
-    from app.replay import RangeSpec, ReplayOptions, run_replay
-    from app.report_analysis import LaunchFilter
+    from kernelstream.app.replay import RangeSpec, ReplayOptions, run_replay
+    from kernelstream.app.report_analysis import LaunchFilter
 
     if (report_dir is None) == (to_topic is None):
         raise click.UsageError("give exactly one of --report DIR or --to-topic NAME")
@@ -508,8 +508,8 @@ def sweep(
     launches. The file has the format of ../shared/data/tuning-spaces/ and loads
     as a trace device: kernelstream node --backend trace --trace-file FILE.
     """
-    from kernels import KernelsError, open_device
-    from kernels.sweep import cache_document, default_sweep_path, sweep, write_cache
+    from kernelstream.kernels import KernelsError, open_device
+    from kernelstream.kernels.sweep import cache_document, default_sweep_path, sweep, write_cache
 
     if iterations < 1:
         raise click.BadParameter("--iterations must be >= 1")
@@ -597,8 +597,8 @@ def calibrate(sweeps: tuple[Path, ...], model: str | None, json_path: Path | Non
 
     import orjson
 
-    from kernels.calibration import calibrate_file, format_table
-    from kernels.errors import CalibrationError
+    from kernelstream.kernels.calibration import calibrate_file, format_table
+    from kernelstream.kernels.errors import CalibrationError
 
     try:
         results = [calibrate_file(p, model=model) for p in sweeps]

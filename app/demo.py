@@ -26,10 +26,10 @@ from typing import Any
 
 import orjson
 
-from app.broker import EmbeddedBroker, die_with_parent, free_port
-from app.settings import Settings
-from app.topics import ensure_topics
-from schemas import Finding, ReconfigOutcome, SchemaError, WindowAggregate, decode_any
+from kernelstream.app.broker import EmbeddedBroker, die_with_parent, free_port
+from kernelstream.app.settings import Settings
+from kernelstream.app.topics import ensure_topics
+from kernelstream.schemas import Finding, ReconfigOutcome, SchemaError, WindowAggregate, decode_any
 
 __all__ = ["DemoOptions", "SummaryBuilder", "run_demo"]
 
@@ -161,9 +161,9 @@ def _render(rows: list[dict[str, Any]], title: str) -> Any:
 def _find_trace_file(settings: Settings, explicit: Path | None) -> Path | None:
     if explicit:
         return explicit
-    from kernels import default_tuning_spaces_dir
-    from kernels.backends.trace import cache_files_in, load_cache
-    from kernels.errors import TraceFileError
+    from kernelstream.kernels import default_tuning_spaces_dir
+    from kernelstream.kernels.backends.trace import cache_files_in, load_cache
+    from kernelstream.kernels.errors import TraceFileError
 
     # The first file that reads as a Kernel Tuner cache: a T4 results file or other JSON
     # beside the caches is passed over (with a warning) rather than crashing the trace node.
@@ -187,7 +187,7 @@ class _Children:
     def spawn(self, name: str, args: list[str], **env: str) -> None:
         log = (self.run_dir / f"{name}.log").open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", *args],
+            [sys.executable, "-m", "kernelstream.app.cli", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -279,7 +279,7 @@ async def _monitor(
 
 async def _record(settings: Settings, bootstrap: str, directory: Path) -> None:
     """Keep the run's topics: the embedded broker forgets them when it stops."""
-    from app.replay import KafkaSource, record_topics
+    from kernelstream.app.replay import KafkaSource, record_topics
 
     names = [
         settings.topic_launches,
@@ -305,8 +305,8 @@ def opts_drain_s(settings: Settings) -> float:
 def check_gpu(device_index: int) -> str:
     """The name of CUDA device ``device_index``; raises BackendUnavailableError (naming
     the ``gpu`` extra) when CuPy is missing or the device is not there."""
-    from kernels.backends.cupy import import_cupy
-    from kernels.errors import BackendUnavailableError
+    from kernelstream.kernels.backends.cupy import import_cupy
+    from kernelstream.kernels.errors import BackendUnavailableError
 
     cp = import_cupy()
     try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.errors import KernelstreamError
+from kernelstream.schemas.errors import KernelstreamError
 
 __all__ = ["BrokerError", "ConfigError"]
 

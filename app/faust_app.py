@@ -14,9 +14,9 @@ from typing import Any
 
 import faust
 
-from app.partitioner import CachedKeyPartitioner
-from app.settings import Settings
-from app.topics import topic_specs
+from kernelstream.app.partitioner import CachedKeyPartitioner
+from kernelstream.app.settings import Settings
+from kernelstream.app.topics import topic_specs
 
 __all__ = ["create_app", "faust_broker_kwargs"]
 
@@ -93,9 +93,9 @@ def create_app(
     the window agent's group (``kernelstream worker``); by default the window agent
     creates its consumer when the app starts.
     """
-    from agents.window_agent import state_topic
-    from agents.worker import register_agents
-    from app.health import add_worker_endpoints
+    from kernelstream.agents.window_agent import state_topic
+    from kernelstream.agents.worker import register_agents
+    from kernelstream.app.health import add_worker_endpoints
 
     app = faust.App(
         settings.app_id,

@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from app.metrics import CONTENT_TYPE, NodeMetrics, render, worker_registry
+from kernelstream.app.metrics import CONTENT_TYPE, NodeMetrics, render, worker_registry
 
 __all__ = ["add_worker_endpoints", "serve_node_endpoints", "worker_readiness"]
 

@@ -28,17 +28,17 @@ from typing import IO, Any
 import numpy as np
 import orjson
 
-from agents.context import dead_letter_record
-from agents.logic.reconfiguration import ReconfigPolicy, Reconfigurator
-from agents.reconfig_agent import RecommendationInbox, outcome_record
-from app.outbox import DurableSeenIds, NodeStore, Outbox, OutboxSender
-from app.partitioner import CachedKeyPartitioner
-from app.settings import Settings
-from kernels import open_device
-from kernels.runner import LaunchBatcher, WorkloadRunner
-from schemas import DeviceSample, LaunchBatch, Recommendation, ReconfigOutcome, encode
-from schemas.keys import group_key, stream_key
-from schemas.signing import verifier_from_settings
+from kernelstream.agents.context import dead_letter_record
+from kernelstream.agents.logic.reconfiguration import ReconfigPolicy, Reconfigurator
+from kernelstream.agents.reconfig_agent import RecommendationInbox, outcome_record
+from kernelstream.app.outbox import DurableSeenIds, NodeStore, Outbox, OutboxSender
+from kernelstream.app.partitioner import CachedKeyPartitioner
+from kernelstream.app.settings import Settings
+from kernelstream.kernels import open_device
+from kernelstream.kernels.runner import LaunchBatcher, WorkloadRunner
+from kernelstream.schemas import DeviceSample, LaunchBatch, Recommendation, ReconfigOutcome, encode
+from kernelstream.schemas.keys import group_key, stream_key
+from kernelstream.schemas.signing import verifier_from_settings
 
 __all__ = ["NodeReport", "run_node"]
 

@@ -49,7 +49,7 @@ from typing import Any
 
 import orjson
 
-from app.errors import ConfigError
+from kernelstream.app.errors import ConfigError
 
 __all__ = [
     "DurableSeenIds",

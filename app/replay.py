@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from app.report_analysis import RecordedMessage
+from kernelstream.app.report_analysis import RecordedMessage
 
 __all__ = [
     "KafkaSource",
@@ -185,7 +185,7 @@ class KafkaSource:
     async def __aenter__(self) -> KafkaSource:
         from aiokafka import AIOKafkaConsumer
 
-        from app import zstd_decode
+        from kernelstream.app import zstd_decode
 
         zstd_decode.install()  # as the worker reads launch batches
         self._consumer = AIOKafkaConsumer(
@@ -622,13 +622,13 @@ async def run_replay(settings: Any, opts: ReplayOptions) -> dict[str, Any]:
 
 
 async def _to_report(settings: Any, source: Source, opts: ReplayOptions) -> dict[str, Any]:
-    from agents.context import LaunchLimits
-    from agents.tuner_agent import tuner_from_settings
-    from agents.window_agent import window_spec
-    from app.report import build_summary, write_report
-    from app.report_analysis import OfflineAnalysis
-    from app.report_whatif import trace_files_in
-    from kernels.resolve import SpaceResolver
+    from kernelstream.agents.context import LaunchLimits
+    from kernelstream.agents.tuner_agent import tuner_from_settings
+    from kernelstream.agents.window_agent import window_spec
+    from kernelstream.app.report import build_summary, write_report
+    from kernelstream.app.report_analysis import OfflineAnalysis
+    from kernelstream.app.report_whatif import trace_files_in
+    from kernelstream.kernels.resolve import SpaceResolver
 
     assert opts.report_dir is not None
     started, t0 = time.time(), time.perf_counter()
@@ -716,7 +716,7 @@ async def _to_report(settings: Any, source: Source, opts: ReplayOptions) -> dict
 
 
 def _default_spaces() -> Path | None:
-    from kernels import default_tuning_spaces_dir
+    from kernelstream.kernels import default_tuning_spaces_dir
 
     return default_tuning_spaces_dir()
 
@@ -724,8 +724,8 @@ def _default_spaces() -> Path | None:
 async def _to_topic(settings: Any, source: Source, opts: ReplayOptions) -> dict[str, Any]:
     from aiokafka import AIOKafkaProducer
 
-    from app.report_analysis import key_matches
-    from app.topics import topic_specs
+    from kernelstream.app.report_analysis import key_matches
+    from kernelstream.app.topics import topic_specs
 
     assert opts.to_topic is not None
     if opts.recording is None and opts.to_topic == getattr(settings, f"topic_{opts.source_role}"):

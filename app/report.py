@@ -27,9 +27,9 @@ from typing import Any
 
 import orjson
 
-from app.report_analysis import AnalysisResult
-from app.report_whatif import fleet_sweep, trace_what_if
-from schemas import Finding, Recommendation, ReconfigOutcome, WindowAggregate
+from kernelstream.app.report_analysis import AnalysisResult
+from kernelstream.app.report_whatif import fleet_sweep, trace_what_if
+from kernelstream.schemas import Finding, Recommendation, ReconfigOutcome, WindowAggregate
 
 __all__ = ["build_summary", "dumps", "write_report"]
 
@@ -301,7 +301,7 @@ def write_report(
     out_dir: Path, res: AnalysisResult, summary: dict[str, Any], run_info: dict[str, Any]
 ) -> Path:
     """Write the report directory; return the path of its ``index.html``."""
-    from app.report_plots import render_plots
+    from kernelstream.app.report_plots import render_plots
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_bytes(dumps(summary))

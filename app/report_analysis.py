@@ -37,11 +37,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from agents.context import LaunchLimits, launch_batch_problem
-from agents.logic.detection import Detector
-from agents.logic.tuning import Tuner
-from agents.logic.windowing import Windower, WindowSpec
-from schemas import (
+from kernelstream.agents.context import LaunchLimits, launch_batch_problem
+from kernelstream.agents.logic.detection import Detector
+from kernelstream.agents.logic.tuning import Tuner
+from kernelstream.agents.logic.windowing import Windower, WindowSpec
+from kernelstream.schemas import (
     Finding,
     Recommendation,
     ReconfigOutcome,
@@ -49,8 +49,8 @@ from schemas import (
     WindowAggregate,
     decode,
 )
-from schemas.codec import check_key
-from schemas.columnar import decode_launch_columns
+from kernelstream.schemas.codec import check_key
+from kernelstream.schemas.columnar import decode_launch_columns
 
 __all__ = [
     "AnalysisResult",

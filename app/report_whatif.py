@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from schemas import WindowAggregate
+from kernelstream.schemas import WindowAggregate
 
 __all__ = ["fleet_sweep", "trace_files_in", "trace_what_if"]
 
@@ -32,7 +32,7 @@ _TOP = 5
 
 def trace_files_in(directory: Path | None) -> list[Path]:
     """Kernel Tuner cache files of a tuning-spaces directory (T1 descriptions excluded)."""
-    from kernels.backends.trace import cache_files_in
+    from kernelstream.kernels.backends.trace import cache_files_in
 
     return cache_files_in(directory)
 
@@ -62,9 +62,9 @@ def trace_what_if(
     windows: Sequence[WindowAggregate], trace_paths: Sequence[Path]
 ) -> list[dict[str, Any]]:
     """One entry per (device model, workload, problem size) that a trace file covers."""
-    from kernels.backends.trace import load_cache
-    from kernels.devices import device_spec_for_name
-    from kernels.errors import KernelsError
+    from kernelstream.kernels.backends.trace import load_cache
+    from kernelstream.kernels.devices import device_spec_for_name
+    from kernelstream.kernels.errors import KernelsError
 
     groups: dict[tuple[str, str, tuple[int, ...]], list[WindowAggregate]] = defaultdict(list)
     for w in windows:

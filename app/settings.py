@@ -24,8 +24,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from agents.context import LaunchLimits
-from schemas.codec import MAX_MESSAGE_BYTES
+from kernelstream.agents.context import LaunchLimits
+from kernelstream.schemas.codec import MAX_MESSAGE_BYTES
 
 __all__ = ["Settings", "load_settings"]
 

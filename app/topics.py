@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.errors import BrokerError
-from app.settings import Settings
-from schemas.keys import group_key, stream_key
+from kernelstream.app.errors import BrokerError
+from kernelstream.app.settings import Settings
+from kernelstream.schemas.keys import group_key, stream_key
 
 __all__ = [
     "TopicSpec",

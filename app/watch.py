@@ -16,8 +16,8 @@ from typing import Any, TextIO
 
 import orjson
 
-from app.settings import Settings
-from schemas import SchemaError, decode_any
+from kernelstream.app.settings import Settings
+from kernelstream.schemas import SchemaError, decode_any
 
 __all__ = ["TableFormatter", "format_row", "matches", "watch_topic"]
 

@@ -25,12 +25,18 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka.abc import ConsumerRebalanceListener
 
-from app.settings import Settings
+from kernelstream.app.settings import Settings
 
 __all__ = ["EarlyConsumer", "run_worker", "window_consumer"]
 
 # Imported on a thread while the group join is held by the broker.
-_HEAVY_MODULES = ("numpy", "faust", "faust.worker", "app.faust_app", "agents.worker")
+_HEAVY_MODULES = (
+    "numpy",
+    "faust",
+    "faust.worker",
+    "kernelstream.app.faust_app",
+    "kernelstream.agents.worker",
+)
 
 
 def window_group(settings: Settings) -> str:
@@ -39,7 +45,7 @@ def window_group(settings: Settings) -> str:
 
 def window_consumer(settings: Settings, bootstrap: str) -> AIOKafkaConsumer:
     """The window agent's plain aiokafka group consumer of the launches topic."""
-    from app import zstd_decode
+    from kernelstream.app import zstd_decode
 
     zstd_decode.install()  # the launch batches' decompression, ~2x faster per batch
     s = settings
@@ -93,7 +99,7 @@ class EarlyConsumer:
 
 async def start_window_consumer(settings: Settings, bootstrap: str) -> EarlyConsumer:
     """Create the topics (the subscription must see them), start, subscribe."""
-    from app.topics import ensure_topics
+    from kernelstream.app.topics import ensure_topics
 
     await ensure_topics(settings, bootstrap)
     early = EarlyConsumer(window_consumer(settings, bootstrap))
@@ -119,7 +125,7 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str) -> None:
 
     from faust.worker import Worker
 
-    from app.faust_app import create_app
+    from kernelstream.app.faust_app import create_app
 
     app = create_app(settings, bootstrap, window_consumer=early)
     Worker(

@@ -8,7 +8,7 @@ Kernel Tuner cache file, and scored on the configurations it was not given:
 - ``rank``: where the fastest unmeasured configuration comes in its ranking (0 = first);
 - ``top20``: the best true duration among its 20 best-ranked, relative to the optimum.
 
-    python -m bench.model_fit --samples 100,300 --seeds 3
+    python -m kernelstream.bench.model_fit --samples 100,300 --seeds 3
 
 docs/tuning-log.md ("A pairwise model") quotes the medians over 5 seeds.
 """
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from agents.logic.search import ModelGuidedSearch
-from kernels.backends.trace import default_tuning_spaces_dir, load_cache
+from kernelstream.agents.logic.search import ModelGuidedSearch
+from kernelstream.kernels.backends.trace import default_tuning_spaces_dir, load_cache
 
 MODELS = ("trees", "pairwise")
 

@@ -36,10 +36,10 @@ import click
 import numpy as np
 import orjson
 
-from agents.logic.detection import finding_id
-from app.broker import EmbeddedBroker
-from app.topics import ensure_topics
-from bench.pipeline_input import (
+from kernelstream.agents.logic.detection import finding_id
+from kernelstream.app.broker import EmbeddedBroker
+from kernelstream.app.topics import ensure_topics
+from kernelstream.bench.pipeline_input import (
     FleetSpec,
     LiveFleet,
     encoded,
@@ -48,9 +48,9 @@ from bench.pipeline_input import (
     produce_messages,
     recent_t0,
 )
-from bench.pipeline_procs import WorkerProc, bench_settings, running
-from bench.results import dated_stem
-from schemas import Finding, Recommendation, WindowAggregate, decode
+from kernelstream.bench.pipeline_procs import WorkerProc, bench_settings, running
+from kernelstream.bench.results import dated_stem
+from kernelstream.schemas import Finding, Recommendation, WindowAggregate, decode
 
 __all__ = ["command"]
 
@@ -62,7 +62,7 @@ async def _ceiling(
     decoder installed (:mod:`app.zstd_decode`) instead of aiokafka's own."""
     from aiokafka import AIOKafkaConsumer
 
-    from app import zstd_decode
+    from kernelstream.app import zstd_decode
 
     if worker_zstd:
         zstd_decode.install()
@@ -470,7 +470,10 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
             broker.bootstrap, ns.topic_launches, recs, compression_type=ns.producer_compression()
         )
         naive = await _run_worker(
-            ns, run_dir / "naive.log", naive_n, [sys.executable, "-m", "bench.pipeline_naive"]
+            ns,
+            run_dir / "naive.log",
+            naive_n,
+            [sys.executable, "-m", "kernelstream.bench.pipeline_naive"],
         )
         out["ceiling_a"] = {
             "median_per_s": statistics.median(c["per_s"] for c in ceil),
@@ -559,7 +562,7 @@ async def _latency_phases(
 
 
 def _port() -> int:
-    from app.broker import free_port
+    from kernelstream.app.broker import free_port
 
     return free_port()
 

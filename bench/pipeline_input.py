@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from kernels.backends.sim import SimDevice
-from kernels.runner import LaunchBatcher, LaunchChunk
-from schemas import LaunchBatch, encode
+from kernelstream.kernels.backends.sim import SimDevice
+from kernelstream.kernels.runner import LaunchBatcher, LaunchChunk
+from kernelstream.schemas import LaunchBatch, encode
 
 __all__ = [
     "FleetSpec",

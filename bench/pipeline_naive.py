@@ -1,6 +1,6 @@
 """The naive baseline: a per-record Faust agent updating a windowed table, tutorial style.
 
-Run as ``python -m bench.pipeline_naive`` with the benchmark's settings in the
+Run as ``python -m kernelstream.bench.pipeline_naive`` with the benchmark's settings in the
 environment. It consumes one launch per message and, for every record, decodes it
 and increments a tumbling-window table keyed by stream key (Faust's changelog-backed
 ``Table(...).tumbling(...)``, as in Faust's windowing tutorial). Progress is served
@@ -16,8 +16,8 @@ from typing import Any
 import faust
 import orjson
 
-from app.faust_app import faust_broker_kwargs
-from app.settings import load_settings
+from kernelstream.app.faust_app import faust_broker_kwargs
+from kernelstream.app.settings import load_settings
 
 
 def main() -> None:

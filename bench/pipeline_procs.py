@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
-from app.broker import die_with_parent, free_port
-from app.settings import Settings
+from kernelstream.app.broker import die_with_parent, free_port
+from kernelstream.app.settings import Settings
 
 __all__ = ["WorkerProc", "bench_settings", "settings_env"]
 
@@ -59,7 +59,7 @@ class WorkerProc:
     def __init__(self, settings: Settings, log_path: Path, argv: list[str] | None = None) -> None:
         self.settings = settings
         self.log_path = log_path
-        self.argv = argv or [sys.executable, "-m", "app.cli", "worker"]
+        self.argv = argv or [sys.executable, "-m", "kernelstream.app.cli", "worker"]
         self.proc: subprocess.Popen[bytes] | None = None
         self.spawned_at = 0.0
 

@@ -24,7 +24,7 @@ from typing import Any
 import click
 import orjson
 
-from bench.results import dated_stem
+from kernelstream.bench.results import dated_stem
 
 __all__ = ["command", "run_benchmark"]
 
@@ -42,8 +42,8 @@ _KERNELS = (
 
 def _batches(total: int, per_batch: int, t0: float) -> list[tuple[bytes, bytes, int]]:
     """(key, value, timestamp ms) of every batch, in time order; seeded."""
-    from kernels.resolve import SpaceResolver
-    from schemas import LaunchBatch, encode
+    from kernelstream.kernels.resolve import SpaceResolver
+    from kernelstream.schemas import LaunchBatch, encode
 
     rng = random.Random(42)
     resolver = SpaceResolver()
@@ -109,11 +109,11 @@ async def _publish(bootstrap: str, topic: str, msgs: list[tuple[bytes, bytes, in
 
 def run_benchmark(launches: int, per_batch: int, echo: Any = print) -> dict[str, Any]:
     """Publish, replay into a report, return the measured figures."""
-    from app.broker import EmbeddedBroker
-    from app.replay import RangeSpec, ReplayOptions, run_replay
-    from app.report_analysis import LaunchFilter
-    from app.settings import Settings
-    from app.topics import ensure_topics
+    from kernelstream.app.broker import EmbeddedBroker
+    from kernelstream.app.replay import RangeSpec, ReplayOptions, run_replay
+    from kernelstream.app.report_analysis import LaunchFilter
+    from kernelstream.app.settings import Settings
+    from kernelstream.app.topics import ensure_topics
 
     tag = uuid.uuid4().hex[:6]
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(Path(tmp)) as broker:

@@ -32,7 +32,7 @@ import click
 import numpy as np
 import orjson
 
-from bench.results import dated_stem
+from kernelstream.bench.results import dated_stem
 
 __all__ = ["command", "pick_size", "run_benchmark", "summarize"]
 
@@ -80,8 +80,8 @@ def pick_size(
 
 def _good_config(workload: Any, spec_name: str) -> dict[str, Any]:
     """The sim model's fastest configuration of ``workload`` (its default if no model)."""
-    from kernels.backends.sim import SimDevice
-    from kernels.errors import UnknownDeviceError
+    from kernelstream.kernels.backends.sim import SimDevice
+    from kernelstream.kernels.errors import UnknownDeviceError
 
     try:
         sim = SimDevice(spec_name)
@@ -99,7 +99,7 @@ class _Kernel:
     """One sized workload and configuration on the device, with both launch loops."""
 
     def __init__(self, device: Any, n: int) -> None:
-        from kernels import get_workload
+        from kernelstream.kernels import get_workload
 
         self.device = device
         self.workload = get_workload(_WORKLOAD, (n,))
@@ -122,8 +122,8 @@ class _Kernel:
 
     def run_on(self, n: int, batcher: Any) -> tuple[float, np.ndarray]:
         """Launches with the node's telemetry; returns wall seconds and the durations."""
-        from kernels.runner import LaunchChunk
-        from schemas import encode
+        from kernelstream.kernels.runner import LaunchChunk
+        from kernelstream.schemas import encode
 
         t0 = time.perf_counter()
         r = self.device.launch(self.workload, self.config, n)
@@ -143,8 +143,8 @@ class _Kernel:
 
 
 def _measure(device: Any, label: str, target_us: float, batch: int, rounds: int) -> dict[str, Any]:
-    from kernels.backends.nvml import NvmlSampler
-    from kernels.runner import LaunchBatcher
+    from kernelstream.kernels.backends.nvml import NvmlSampler
+    from kernelstream.kernels.runner import LaunchBatcher
 
     n, probe_us = pick_size(lambda k: _Kernel(device, k).mean_us(), target_us)
     k = _Kernel(device, n)
@@ -187,7 +187,7 @@ def _measure(device: Any, label: str, target_us: float, batch: int, rounds: int)
 
 
 def run_benchmark(device_index: int, batch: int, rounds: int) -> dict[str, Any]:
-    from kernels.backends.cupy import CupyDevice
+    from kernelstream.kernels.backends.cupy import CupyDevice
 
     device = CupyDevice(device_index=device_index, nvml_interval_s=None)
     try:
@@ -239,7 +239,7 @@ def _text(report: dict[str, Any]) -> str:
 )
 def command(device_index: int, batch: int, rounds: int, results_dir: Path) -> None:
     """Kernel throughput with telemetry on vs off, short and long kernels (needs a GPU)."""
-    from kernels.errors import BackendUnavailableError
+    from kernelstream.kernels.errors import BackendUnavailableError
 
     try:
         report = run_benchmark(device_index, batch, rounds)

@@ -46,7 +46,7 @@ from typing import Any
 import click
 import numpy as np
 
-from bench.results import dated_stem
+from kernelstream.bench.results import dated_stem
 
 __all__ = ["command", "run_benchmark"]
 
@@ -80,7 +80,7 @@ _SPACES: dict[str, Any] = {}
 
 def _space(path: str) -> Any:
     if path not in _SPACES:
-        from kernels.backends.trace import load_cache
+        from kernelstream.kernels.backends.trace import load_cache
 
         _SPACES[path] = load_cache(path)
     return _SPACES[path]
@@ -103,11 +103,11 @@ def _loop(
     tuner: Any = None,
     windows: int | None = None,
 ) -> Any:
-    from agents.logic.closed_loop import ClosedLoop
-    from agents.logic.reconfiguration import ReconfigPolicy
-    from agents.logic.search import ModelGuidedSearch
-    from agents.logic.tuning import Tuner
-    from kernels.backends.trace import TraceDevice
+    from kernelstream.agents.logic.closed_loop import ClosedLoop
+    from kernelstream.agents.logic.reconfiguration import ReconfigPolicy
+    from kernelstream.agents.logic.search import ModelGuidedSearch
+    from kernelstream.agents.logic.tuning import Tuner
+    from kernelstream.kernels.backends.trace import TraceDevice
 
     path = paths[0]
     ts = _space(path)
@@ -172,8 +172,8 @@ def _run_warm(path: str, sibling: str, seed: int, budget: int) -> dict[str, Any]
     The warm start is an option of the search (``warm_start``, off by default since it
     measured worse than cold on the A100 convolution space); this turns it on.
     """
-    from agents.logic.search import ModelGuidedSearch
-    from agents.logic.tuning import Tuner
+    from kernelstream.agents.logic.search import ModelGuidedSearch
+    from kernelstream.agents.logic.tuning import Tuner
 
     tuner = Tuner(strategy=ModelGuidedSearch(seed=seed, warm_start=True))
     first = _loop([sibling], seed, 1, budget=100, tuner=tuner)
@@ -200,7 +200,7 @@ def _run_kt(json_path: str, strategy: str, seed: int, budget: int) -> dict[str, 
 
     from kernel_tuner.interface import tune_cache
 
-    from kernels.backends.trace import is_measured_time
+    from kernelstream.kernels.backends.trace import is_measured_time
 
     random.seed(seed)
     np.random.seed(seed)  # Kernel Tuner's strategies draw from the global generators
@@ -359,7 +359,7 @@ def run_benchmark(
     echo: Any = print,
 ) -> dict[str, Any]:
     fleet_windows = fleet_windows or 2 * budget
-    from kernels.backends.trace import load_caches_in
+    from kernelstream.kernels.backends.trace import load_caches_in
 
     # Files that are not Kernel Tuner caches (a T4 results or metadata file beside each
     # cache, as the autotuning benchmark hub ships them) are skipped with their reason.
@@ -729,7 +729,7 @@ def command(
     results_dir: Path,
 ) -> None:
     """Tuner vs random search and Kernel Tuner's strategies on measured search spaces."""
-    from kernels.backends.trace import default_tuning_spaces_dir
+    from kernelstream.kernels.backends.trace import default_tuning_spaces_dir
 
     try:
         import kernel_tuner  # noqa: F401

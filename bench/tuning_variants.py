@@ -8,10 +8,10 @@ closed-loop run per seed (the benchmark's own ``_loop``: trace devices, noisy la
 windows), and the two are compared seed by seed: the mean log ratio of evaluations to
 within 5% and its standard error, beside the medians and the seeds within 200 and 60.
 
-    python -m bench.tuning_variants run --seeds 120-280 --out base.json
-    python -m bench.tuning_variants run --seeds 120-280 --kwargs '{"arm_bonus": 1.0}' \\
-        --out bonus.json
-    python -m bench.tuning_variants compare base.json bonus.json
+    python -m kernelstream.bench.tuning_variants run --seeds 120-280 --out base.json
+    python -m kernelstream.bench.tuning_variants run --seeds 120-280 \\
+        --kwargs '{"arm_bonus": 1.0}' --out bonus.json
+    python -m kernelstream.bench.tuning_variants compare base.json bonus.json
 
 ``--kwargs`` are ``ModelGuidedSearch`` arguments (JSON). A seed that does not get within
 5% in ``--windows`` windows per node counts as ``--windows + 1`` evaluations (and
@@ -41,9 +41,9 @@ def run_seed(
     space: str, seed: int, nodes: int, kwargs: Mapping[str, Any], windows: int
 ) -> dict[str, Any]:
     """One closed-loop run: evaluations (unique configs) and windows per node to within 5%."""
-    from agents.logic.search import ModelGuidedSearch
-    from agents.logic.tuning import Tuner
-    from bench.tuning import _loop
+    from kernelstream.agents.logic.search import ModelGuidedSearch
+    from kernelstream.agents.logic.tuning import Tuner
+    from kernelstream.bench.tuning import _loop
 
     tuner = Tuner(strategy=ModelGuidedSearch(seed=seed, **kwargs))
     loop = _loop([space], seed, nodes, budget=0, windows=windows, tuner=tuner)
@@ -171,7 +171,9 @@ def _kwargs(text: str) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.tuning_variants", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m kernelstream.bench.tuning_variants", description=__doc__
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run one variant on a range of seeds")
     r.add_argument("--space", default=DEFAULT_SPACE, help="a Kernel Tuner cache file")

@@ -28,10 +28,10 @@ import click
 import orjson
 from aiokafka import codec
 
-from agents.logic.snapshot_codec import pack
-from agents.logic.windowing import Windower, WindowSpec
-from bench.pipeline_input import FleetSpec, encoded, fleet_batches, recent_t0
-from schemas.columnar import decode_launch_columns
+from kernelstream.agents.logic.snapshot_codec import pack
+from kernelstream.agents.logic.windowing import Windower, WindowSpec
+from kernelstream.bench.pipeline_input import FleetSpec, encoded, fleet_batches, recent_t0
+from kernelstream.schemas.columnar import decode_launch_columns
 
 __all__ = ["command", "measure"]
 

@@ -11,7 +11,7 @@ np.True_
 
 from __future__ import annotations
 
-from kernels.backends import (
+from kernelstream.kernels.backends import (
     SIM_MODELS,
     Device,
     LaunchPlan,
@@ -21,9 +21,9 @@ from kernels.backends import (
     load_cache,
     open_device,
 )
-from kernels.devices import DeviceSpec, device_spec_for_name, get_device_spec
-from kernels.errors import KernelsError
-from kernels.workloads import WORKLOAD_NAMES, Workload, get_workload
+from kernelstream.kernels.devices import DeviceSpec, device_spec_for_name, get_device_spec
+from kernelstream.kernels.errors import KernelsError
+from kernelstream.kernels.workloads import WORKLOAD_NAMES, Workload, get_workload
 
 __all__ = [
     "SIM_MODELS",

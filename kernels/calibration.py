@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from kernels.backends.sim import SimDevice
-from kernels.backends.trace import is_measured_time, read_cache_document
-from kernels.devices import device_spec_for_name, get_device_spec
-from kernels.errors import CalibrationError, UnknownDeviceError, UnknownWorkloadError
-from kernels.workloads import get_workload
+from kernelstream.kernels.backends.sim import SimDevice
+from kernelstream.kernels.backends.trace import is_measured_time, read_cache_document
+from kernelstream.kernels.devices import device_spec_for_name, get_device_spec
+from kernelstream.kernels.errors import CalibrationError, UnknownDeviceError, UnknownWorkloadError
+from kernelstream.kernels.workloads import get_workload
 
 __all__ = ["Calibration", "calibrate", "calibrate_file", "format_table", "spearman"]
 

@@ -18,7 +18,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from kernels.errors import UnknownDeviceError
+from kernelstream.kernels.errors import UnknownDeviceError
 
 __all__ = [
     "DEVICE_SPECS",

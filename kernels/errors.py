@@ -5,7 +5,7 @@ Every error names what failed (workload, device, file) and what to do about it.
 
 from __future__ import annotations
 
-from schemas.errors import KernelstreamError
+from kernelstream.schemas.errors import KernelstreamError
 
 __all__ = [
     "BackendUnavailableError",

@@ -11,7 +11,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from kernels.space import SearchSpace
+from kernelstream.kernels.space import SearchSpace
 
 __all__ = ["SpaceResolver"]
 
@@ -44,7 +44,7 @@ class SpaceResolver:
         return self._cache[key]
 
     def _find(self, workload: str, problem_size: tuple[int, ...]) -> SearchSpace:
-        from kernels import WORKLOAD_NAMES, default_tuning_spaces_dir, get_workload
+        from kernelstream.kernels import WORKLOAD_NAMES, default_tuning_spaces_dir, get_workload
 
         if workload in WORKLOAD_NAMES:
             return get_workload(workload, problem_size).space
@@ -61,7 +61,7 @@ class SpaceResolver:
 
     def _scan(self, d: Path) -> None:
         """(Re)build the index if the directory's cache files changed since last time."""
-        from kernels.backends.trace import cache_files_in, load_caches_in
+        from kernelstream.kernels.backends.trace import cache_files_in, load_caches_in
 
         sigs = []
         for path in cache_files_in(d):

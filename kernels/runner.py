@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from kernels.space import Config
-from schemas import DeviceSample, LaunchBatch
+from kernelstream.kernels.space import Config
+from kernelstream.schemas import DeviceSample, LaunchBatch
 
 __all__ = ["LaunchBatcher", "LaunchChunk", "WorkloadRunner"]
 

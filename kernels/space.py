@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from schemas.errors import KernelstreamError
+from kernelstream.schemas.errors import KernelstreamError
 
 __all__ = ["Config", "Constraint", "ParamValue", "SearchSpace", "SpaceError"]
 

@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from kernels.space import Config
-from kernels.workloads.base import Workload
+from kernelstream.kernels.space import Config
+from kernelstream.kernels.workloads.base import Workload
 
 __all__ = [
     "COMPILE_FAILED",

@@ -1,8 +1,8 @@
 """Record types of kernelstream's topics, their JSON Schemas and the wire codec."""
 
-from schemas.codec import MAX_MESSAGE_BYTES, decode, decode_any, encode
-from schemas.errors import KernelstreamError, SchemaError, SigningKeyError
-from schemas.records import (
+from kernelstream.schemas.codec import MAX_MESSAGE_BYTES, decode, decode_any, encode
+from kernelstream.schemas.errors import KernelstreamError, SchemaError, SigningKeyError
+from kernelstream.schemas.records import (
     RECORD_TYPES,
     DeadLetter,
     DeviceSample,

@@ -8,8 +8,8 @@ from typing import TypeVar
 import orjson
 from pydantic import ValidationError
 
-from schemas.errors import SchemaError
-from schemas.records import RECORD_TYPES, Record
+from kernelstream.schemas.errors import SchemaError
+from kernelstream.schemas.records import RECORD_TYPES, Record
 
 __all__ = [
     "MAX_MESSAGE_BYTES",

@@ -31,9 +31,9 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from schemas.codec import MAX_MESSAGE_BYTES, decode, json_problem
-from schemas.errors import SchemaError
-from schemas.records import LaunchBatch
+from kernelstream.schemas.codec import MAX_MESSAGE_BYTES, decode, json_problem
+from kernelstream.schemas.errors import SchemaError
+from kernelstream.schemas.records import LaunchBatch
 
 __all__ = ["LaunchColumns", "decode_launch_columns"]
 

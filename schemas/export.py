@@ -1,4 +1,4 @@
-"""Write the JSON Schema file of every record type: ``python -m schemas.export``."""
+"""Write the JSON Schema file of every record type: ``python -m kernelstream.schemas.export``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 
-from schemas.records import RECORD_TYPES
+from kernelstream.schemas.records import RECORD_TYPES
 
 __all__ = ["SCHEMA_DIR", "json_schema_of", "main", "schema_filename"]
 

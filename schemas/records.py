@@ -3,7 +3,7 @@
 Every record has a ``schema`` field naming its type and version, e.g.
 ``"ks.launch_batch/1"``. The wire format is JSON (orjson). The pydantic models
 below are the single definition of each record: the JSON Schema files under
-``schemas/json/`` are generated from them (``python -m schemas.export``) and a
+``schemas/json/`` are generated from them (``python -m kernelstream.schemas.export``) and a
 test keeps the two in sync.
 
 Launch telemetry travels columnar: one :class:`LaunchBatch` carries many launches
@@ -17,7 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from schemas.keys import stream_key
+from kernelstream.schemas.keys import stream_key
 
 __all__ = [
     "RECORD_TYPES",

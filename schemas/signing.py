@@ -32,8 +32,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from schemas.errors import SigningKeyError
-from schemas.records import Recommendation
+from kernelstream.schemas.errors import SigningKeyError
+from kernelstream.schemas.records import Recommendation
 
 __all__ = [
     "Signer",

@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from agents.logic.windowing import make_example_batch
-from schemas import LaunchBatch, encode
+from kernelstream.agents.logic.windowing import make_example_batch
+from kernelstream.schemas import LaunchBatch, encode
 
 __all__ = ["BadInput", "bad_inputs", "good_batch"]
 

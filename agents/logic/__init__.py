@@ -5,9 +5,9 @@ Every stateful object offers ``snapshot() -> dict`` (JSON-able) and a ``restore`
 classmethod; time is always passed in, never read from the clock.
 """
 
-from agents.logic.detection import Detector, DetectorThresholds, finding_id
-from agents.logic.errors import LogicError, LogicSettingsError, SnapshotError
-from agents.logic.tuning import (
+from kernelstream.agents.logic.detection import Detector, DetectorThresholds, finding_id
+from kernelstream.agents.logic.errors import LogicError, LogicSettingsError, SnapshotError
+from kernelstream.agents.logic.tuning import (
     GroupKey,
     GroupStats,
     GuidedLocalSearch,
@@ -18,7 +18,7 @@ from agents.logic.tuning import (
     Tuner,
     group_of,
 )
-from agents.logic.windowing import (
+from kernelstream.agents.logic.windowing import (
     LaunchRow,
     Windower,
     WindowerMetrics,

@@ -22,12 +22,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.logic.detection import Detector
-from agents.logic.reconfiguration import ReconfigPolicy, Reconfigurator, outcome_record
-from agents.logic.tuning import Tuner, group_of
-from agents.logic.windowing import Windower, WindowSpec
-from kernels.runner import LaunchBatcher, WorkloadRunner
-from schemas.records import Recommendation
+from kernelstream.agents.logic.detection import Detector
+from kernelstream.agents.logic.reconfiguration import ReconfigPolicy, Reconfigurator, outcome_record
+from kernelstream.agents.logic.tuning import Tuner, group_of
+from kernelstream.agents.logic.windowing import Windower, WindowSpec
+from kernelstream.kernels.runner import LaunchBatcher, WorkloadRunner
+from kernelstream.schemas.records import Recommendation
 
 __all__ = ["ClosedLoop", "LoopNode", "LoopTrace"]
 

@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from agents.logic.errors import LogicSettingsError, SnapshotError
-from schemas.records import Classification, Finding, WindowAggregate
+from kernelstream.agents.logic.errors import LogicSettingsError, SnapshotError
+from kernelstream.schemas.records import Classification, Finding, WindowAggregate
 
 __all__ = ["Detector", "DetectorThresholds", "finding_id"]
 

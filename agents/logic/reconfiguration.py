@@ -21,8 +21,8 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from kernels.space import Config, SearchSpace
-from schemas import Recommendation, ReconfigOutcome
+from kernelstream.kernels.space import Config, SearchSpace
+from kernelstream.schemas import Recommendation, ReconfigOutcome
 
 __all__ = [
     "Decision",

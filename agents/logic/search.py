@@ -85,11 +85,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kernels.space import Config, SearchSpace
+from kernelstream.kernels.space import Config, SearchSpace
 
 if TYPE_CHECKING:
-    from agents.logic.tuning import GroupStats, Proposal
-    from schemas.records import Finding
+    from kernelstream.agents.logic.tuning import GroupStats, Proposal
+    from kernelstream.schemas.records import Finding
 
 __all__ = [
     "ModelGuidedSearch",
@@ -375,7 +375,7 @@ class ModelGuidedSearch:
         allowed: Callable[[Config], bool],
         related: Sequence[GroupStats] = (),
     ) -> Proposal | None:
-        from agents.logic.tuning import Proposal
+        from kernelstream.agents.logic.tuning import Proposal
 
         if not self.warm_start:
             related = ()

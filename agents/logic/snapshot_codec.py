@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from agents.logic.errors import SnapshotError
+from kernelstream.agents.logic.errors import SnapshotError
 
 __all__ = ["pack", "unpack"]
 

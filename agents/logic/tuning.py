@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agents.logic.errors import LogicSettingsError, SnapshotError
-from kernels.space import Config, SearchSpace
-from schemas.records import (
+from kernelstream.agents.logic.errors import LogicSettingsError, SnapshotError
+from kernelstream.kernels.space import Config, SearchSpace
+from kernelstream.schemas.records import (
     Finding,
     Recommendation,
     ReconfigOutcome,
@@ -334,7 +334,7 @@ class Tuner:
         self.share_min_gain = share_min_gain
         self.share_after = share_after
         if strategy is None:
-            from agents.logic.search import ModelGuidedSearch
+            from kernelstream.agents.logic.search import ModelGuidedSearch
 
             strategy = ModelGuidedSearch()
         self.strategy: Strategy = strategy

@@ -33,9 +33,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from agents.logic.errors import LogicSettingsError, SnapshotError
-from schemas.columnar import LaunchColumns
-from schemas.records import LaunchBatch, WindowAggregate
+from kernelstream.agents.logic.errors import LogicSettingsError, SnapshotError
+from kernelstream.schemas.columnar import LaunchColumns
+from kernelstream.schemas.records import LaunchBatch, WindowAggregate
 
 __all__ = [
     "LaunchRow",

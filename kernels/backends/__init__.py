@@ -10,10 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from kernels.backends.base import Device, LaunchPlan, LaunchResult
-from kernels.backends.sim import SIM_MODELS, SimDevice
-from kernels.backends.trace import TraceDevice, TraceSpace, default_tuning_spaces_dir, load_cache
-from kernels.errors import TraceFileError, UnknownDeviceError
+from kernelstream.kernels.backends.base import Device, LaunchPlan, LaunchResult
+from kernelstream.kernels.backends.sim import SIM_MODELS, SimDevice
+from kernelstream.kernels.backends.trace import (
+    TraceDevice,
+    TraceSpace,
+    default_tuning_spaces_dir,
+    load_cache,
+)
+from kernelstream.kernels.errors import TraceFileError, UnknownDeviceError
 
 __all__ = [
     "BACKENDS",
@@ -61,7 +66,9 @@ def open_device(
             )
         return TraceDevice(trace_file, device_index=device_index, seed=seed)
     if backend == "cupy":
-        from kernels.backends.cupy import CupyDevice  # keeps CuPy out of sim/trace imports
+        from kernelstream.kernels.backends.cupy import (
+            CupyDevice,  # keeps CuPy out of sim/trace imports
+        )
 
         return CupyDevice(device_index=device_index, seed=seed, problem_scale=problem_scale)
     raise UnknownDeviceError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")

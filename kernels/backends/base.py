@@ -14,9 +14,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from kernels.devices import DeviceSpec, theoretical_occupancy, waves
-from kernels.space import Config, ParamValue, SearchSpace, SpaceError
-from kernels.workloads.base import Workload
+from kernelstream.kernels.devices import DeviceSpec, theoretical_occupancy, waves
+from kernelstream.kernels.space import Config, ParamValue, SearchSpace, SpaceError
+from kernelstream.kernels.workloads.base import Workload
 
 __all__ = ["Device", "LaunchPlan", "LaunchResult", "make_plan", "well_formed"]
 

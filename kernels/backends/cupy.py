@@ -27,13 +27,18 @@ from typing import Any
 
 import numpy as np
 
-from kernels.backends.base import LaunchPlan, LaunchResult, make_plan, well_formed
-from kernels.backends.nvml import NvmlSampler
-from kernels.devices import DeviceSpec, device_spec_for_name
-from kernels.errors import BackendUnavailableError, UnknownDeviceError
-from kernels.space import Config, ParamValue
-from kernels.workloads import WORKLOAD_NAMES, CudaWorkload, get_workload, scaled_problem_size
-from kernels.workloads.base import Workload
+from kernelstream.kernels.backends.base import LaunchPlan, LaunchResult, make_plan, well_formed
+from kernelstream.kernels.backends.nvml import NvmlSampler
+from kernelstream.kernels.devices import DeviceSpec, device_spec_for_name
+from kernelstream.kernels.errors import BackendUnavailableError, UnknownDeviceError
+from kernelstream.kernels.space import Config, ParamValue
+from kernelstream.kernels.workloads import (
+    WORKLOAD_NAMES,
+    CudaWorkload,
+    get_workload,
+    scaled_problem_size,
+)
+from kernelstream.kernels.workloads.base import Workload
 
 __all__ = ["INSTALL_HINT", "CupyDevice", "fp32_lanes_per_sm", "import_cupy", "spec_from_attributes"]
 

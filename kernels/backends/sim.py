@@ -35,11 +35,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.backends.base import LaunchPlan, LaunchResult, make_plan, well_formed
-from kernels.devices import DEVICE_SPECS, DeviceSpec, get_device_spec
-from kernels.space import ParamValue
-from kernels.workloads import WORKLOAD_NAMES, get_workload, scaled_problem_size
-from kernels.workloads.base import Traits, Workload, smooth_min
+from kernelstream.kernels.backends.base import LaunchPlan, LaunchResult, make_plan, well_formed
+from kernelstream.kernels.devices import DEVICE_SPECS, DeviceSpec, get_device_spec
+from kernelstream.kernels.space import ParamValue
+from kernelstream.kernels.workloads import WORKLOAD_NAMES, get_workload, scaled_problem_size
+from kernelstream.kernels.workloads.base import Traits, Workload, smooth_min
 
 __all__ = ["SIM_MODELS", "SimDevice", "SimEstimate", "estimate"]
 

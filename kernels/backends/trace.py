@@ -32,12 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from kernels.backends.base import LaunchPlan, LaunchResult, make_plan, well_formed
-from kernels.devices import DeviceSpec, device_spec_for_name
-from kernels.errors import TraceFileError, UnknownDeviceError
-from kernels.space import Config, ParamValue, SearchSpace
-from kernels.workloads import WORKLOAD_NAMES, CudaWorkload, get_workload
-from kernels.workloads.base import Geometry, Traits, Workload
+from kernelstream.kernels.backends.base import LaunchPlan, LaunchResult, make_plan, well_formed
+from kernelstream.kernels.devices import DeviceSpec, device_spec_for_name
+from kernelstream.kernels.errors import TraceFileError, UnknownDeviceError
+from kernelstream.kernels.space import Config, ParamValue, SearchSpace
+from kernelstream.kernels.workloads import WORKLOAD_NAMES, CudaWorkload, get_workload
+from kernelstream.kernels.workloads.base import Geometry, Traits, Workload
 
 __all__ = [
     "TraceDevice",

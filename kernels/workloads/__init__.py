@@ -7,12 +7,12 @@
 
 from __future__ import annotations
 
-from kernels.errors import UnknownWorkloadError
-from kernels.workloads.base import CudaWorkload, Geometry, Traits, Workload
-from kernels.workloads.matmul import Matmul
-from kernels.workloads.reduction import Reduction
-from kernels.workloads.stencil2d import Stencil2D
-from kernels.workloads.transpose import Transpose
+from kernelstream.kernels.errors import UnknownWorkloadError
+from kernelstream.kernels.workloads.base import CudaWorkload, Geometry, Traits, Workload
+from kernelstream.kernels.workloads.matmul import Matmul
+from kernelstream.kernels.workloads.reduction import Reduction
+from kernelstream.kernels.workloads.stencil2d import Stencil2D
+from kernelstream.kernels.workloads.transpose import Transpose
 
 __all__ = [
     "WORKLOAD_NAMES",

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from kernels.space import Config, ParamValue, SearchSpace
+from kernelstream.kernels.space import Config, ParamValue, SearchSpace
 
 __all__ = ["CudaWorkload", "Geometry", "Traits", "Workload", "ceil_div", "smooth_min"]
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from kernels.space import Constraint, ParamValue, SearchSpace
-from kernels.workloads.base import CudaWorkload, Geometry, Traits
+from kernelstream.kernels.space import Constraint, ParamValue, SearchSpace
+from kernelstream.kernels.workloads.base import CudaWorkload, Geometry, Traits
 
 __all__ = ["Transpose"]
 

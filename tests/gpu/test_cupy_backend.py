@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kernels import WORKLOAD_NAMES, get_workload
-from kernels.backends.cupy import CupyDevice
-from kernels.backends.sim import SimDevice
-from kernels.devices import device_spec_for_name, theoretical_occupancy
-from kernels.workloads import CudaWorkload
+from kernelstream.kernels import WORKLOAD_NAMES, get_workload
+from kernelstream.kernels.backends.cupy import CupyDevice
+from kernelstream.kernels.backends.sim import SimDevice
+from kernelstream.kernels.devices import device_spec_for_name, theoretical_occupancy
+from kernelstream.kernels.workloads import CudaWorkload
 
 pytestmark = pytest.mark.gpu
 
@@ -110,8 +110,8 @@ def test_nvml_samples_off_the_launch_path(dev: CupyDevice) -> None:
 
 
 def test_sweep_of_a_small_space_loads_as_a_trace(dev: CupyDevice, tmp_path: Path) -> None:
-    from kernels.backends.trace import TraceDevice
-    from kernels.sweep import cache_document, sweep, write_cache
+    from kernelstream.kernels.backends.trace import TraceDevice
+    from kernelstream.kernels.sweep import cache_document, sweep, write_cache
 
     w = get_workload("transpose", get_workload("transpose").SMALL_SIZE)
     result = sweep(dev, w, iterations=3)

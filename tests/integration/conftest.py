@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from app.broker import EmbeddedBroker, free_port
-from app.settings import Settings
+from kernelstream.app.broker import EmbeddedBroker, free_port
+from kernelstream.app.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +81,7 @@ def worker(settings: Settings, tmp_path: Path) -> Iterator[subprocess.Popen[byte
     """A real ``kernelstream worker`` process on the test's topics."""
     log = (tmp_path / "worker.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "worker"],
+        [sys.executable, "-m", "kernelstream.app.cli", "worker"],
         env=settings_env(settings),
         stdout=log,
         stderr=subprocess.STDOUT,

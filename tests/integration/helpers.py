@@ -10,7 +10,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from schemas import SchemaError, decode_any
+from kernelstream.schemas import SchemaError, decode_any
 
 
 class TopicReader:

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from agents.logic.windowing import WindowSpec, aggregate_reference, launch_rows
-from app.settings import Settings
-from app.topics import ensure_topics
-from schemas import DeadLetter, WindowAggregate, encode
+from kernelstream.agents.logic.windowing import WindowSpec, aggregate_reference, launch_rows
+from kernelstream.app.settings import Settings
+from kernelstream.app.topics import ensure_topics
+from kernelstream.schemas import DeadLetter, WindowAggregate, encode
 from tests.bad_input import bad_inputs, good_batch
 from tests.integration.helpers import TopicReader, produce
 

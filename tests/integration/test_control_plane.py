@@ -19,12 +19,12 @@ from typing import Any
 import orjson
 import pytest
 
-from app.node import run_node
-from app.settings import Settings
-from app.topics import ensure_topics
-from kernels import open_device
-from schemas import LaunchBatch, Recommendation, ReconfigOutcome, encode
-from schemas.signing import Signer, generate_keypair, load_private_key
+from kernelstream.app.node import run_node
+from kernelstream.app.settings import Settings
+from kernelstream.app.topics import ensure_topics
+from kernelstream.kernels import open_device
+from kernelstream.schemas import LaunchBatch, Recommendation, ReconfigOutcome, encode
+from kernelstream.schemas.signing import Signer, generate_keypair, load_private_key
 from tests.integration.helpers import TopicReader, produce
 
 pytestmark = pytest.mark.integration

@@ -37,7 +37,7 @@ def test_demo_summary_from_windows(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "app.cli",
+            "kernelstream.app.cli",
             "demo",
             "--duration",
             "20",
@@ -70,7 +70,7 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "app.cli",
+            "kernelstream.app.cli",
             "demo",
             "--duration",
             "120",

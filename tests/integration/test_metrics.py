@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.broker import free_port
-from app.metrics import METRICS
-from app.settings import Settings
-from app.topics import ensure_topics
+from kernelstream.app.broker import free_port
+from kernelstream.app.metrics import METRICS
+from kernelstream.app.settings import Settings
+from kernelstream.app.topics import ensure_topics
 from tests.integration.conftest import settings_env
 from tests.integration.helpers import produce
 from tests.integration.workers import wait_for
@@ -68,7 +68,7 @@ def node_process(settings: Settings, log: Path, **env: str) -> Iterator[int]:
     full.update(KERNELSTREAM_NODE_METRICS_PORT=str(port), KERNELSTREAM_BACKEND="sim", **env)
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "node"], env=full, stdout=out, stderr=out
+            [sys.executable, "-m", "kernelstream.app.cli", "node"], env=full, stdout=out, stderr=out
         )
         try:
             yield port

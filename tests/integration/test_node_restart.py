@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from app.broker import free_port
-from app.outbox import NodeStore, Outbox
-from app.settings import Settings
-from app.topics import ensure_topics
-from schemas import LaunchBatch
+from kernelstream.app.broker import free_port
+from kernelstream.app.outbox import NodeStore, Outbox
+from kernelstream.app.settings import Settings
+from kernelstream.app.topics import ensure_topics
+from kernelstream.schemas import LaunchBatch
 from tests.integration.conftest import settings_env
 from tests.integration.helpers import TopicReader
 
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.integration
 def _node(s: Settings, bootstrap: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
     env = settings_env(s) | {"KAFKA_BOOTSTRAP": bootstrap}
     return subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "node", *extra],
+        [sys.executable, "-m", "kernelstream.app.cli", "node", *extra],
         env=env,
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from app.broker import EmbeddedBroker, free_port
-from app.node import NodeReport, run_node
-from app.settings import Settings
-from app.topics import ensure_topics, topic_specs
-from schemas import LaunchBatch, decode
+from kernelstream.app.broker import EmbeddedBroker, free_port
+from kernelstream.app.node import NodeReport, run_node
+from kernelstream.app.settings import Settings
+from kernelstream.app.topics import ensure_topics, topic_specs
+from kernelstream.schemas import LaunchBatch, decode
 from tests.integration.helpers import TopicReader
 
 pytestmark = pytest.mark.integration

@@ -14,10 +14,16 @@ from typing import TypeVar
 
 import pytest
 
-from app.node import run_node
-from app.settings import Settings
-from app.topics import ensure_topics
-from schemas import DeadLetter, Finding, Recommendation, ReconfigOutcome, WindowAggregate
+from kernelstream.app.node import run_node
+from kernelstream.app.settings import Settings
+from kernelstream.app.topics import ensure_topics
+from kernelstream.schemas import (
+    DeadLetter,
+    Finding,
+    Recommendation,
+    ReconfigOutcome,
+    WindowAggregate,
+)
 from tests.integration.helpers import TopicReader, produce
 
 pytestmark = pytest.mark.integration

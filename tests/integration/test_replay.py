@@ -12,14 +12,14 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from agents.window_agent import window_spec
-from app.node import run_node
-from app.replay import KafkaSource, RangeSpec, analyse, read_range, select_ranges
-from app.report_analysis import OfflineAnalysis
-from app.settings import Settings
-from app.topics import ensure_topics
-from kernels.resolve import SpaceResolver
-from schemas import Finding, LaunchBatch, WindowAggregate
+from kernelstream.agents.window_agent import window_spec
+from kernelstream.app.node import run_node
+from kernelstream.app.replay import KafkaSource, RangeSpec, analyse, read_range, select_ranges
+from kernelstream.app.report_analysis import OfflineAnalysis
+from kernelstream.app.settings import Settings
+from kernelstream.app.topics import ensure_topics
+from kernelstream.kernels.resolve import SpaceResolver
+from kernelstream.schemas import Finding, LaunchBatch, WindowAggregate
 from tests.integration.helpers import TopicReader
 
 pytestmark = pytest.mark.integration
@@ -156,8 +156,8 @@ def test_replay_reproduces_live_windows_and_findings(
 
 @pytest.mark.parametrize("speed", [0.0, 200.0])
 def test_to_topic_keeps_partitions_and_order(settings: Settings, speed: float) -> None:
-    from app.replay import ReplayOptions, run_replay
-    from app.report_analysis import LaunchFilter
+    from kernelstream.app.replay import ReplayOptions, run_replay
+    from kernelstream.app.report_analysis import LaunchFilter
 
     bootstrap = str(settings.bootstrap)
     source = f"{settings.topic_launches}.src"

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.node import run_node
-from app.settings import Settings
-from app.topics import ensure_topics
-from kernels import load_cache
-from schemas import Finding, Recommendation, ReconfigOutcome
+from kernelstream.app.node import run_node
+from kernelstream.app.settings import Settings
+from kernelstream.app.topics import ensure_topics
+from kernelstream.kernels import load_cache
+from kernelstream.schemas import Finding, Recommendation, ReconfigOutcome
 from tests.integration.helpers import TopicReader
 from tests.toy_cache import write_kt_cache
 

@@ -8,10 +8,10 @@ import io
 import orjson
 import pytest
 
-from app.settings import Settings
-from app.topics import ensure_topics
-from app.watch import watch_topic
-from schemas import Recommendation, encode
+from kernelstream.app.settings import Settings
+from kernelstream.app.topics import ensure_topics
+from kernelstream.app.watch import watch_topic
+from kernelstream.schemas import Recommendation, encode
 from tests.integration.helpers import produce
 
 pytestmark = pytest.mark.integration

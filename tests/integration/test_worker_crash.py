@@ -29,11 +29,11 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from agents.logic.windowing import WindowSpec, aggregate_reference, launch_rows
-from app.settings import Settings
-from app.topics import ensure_topics
-from bench.pipeline_input import FleetSpec, fleet_batches
-from schemas import DeadLetter, LaunchBatch, WindowAggregate, decode, encode
+from kernelstream.agents.logic.windowing import WindowSpec, aggregate_reference, launch_rows
+from kernelstream.app.settings import Settings
+from kernelstream.app.topics import ensure_topics
+from kernelstream.bench.pipeline_input import FleetSpec, fleet_batches
+from kernelstream.schemas import DeadLetter, LaunchBatch, WindowAggregate, decode, encode
 from tests.integration.helpers import TopicReader, produce
 from tests.integration.workers import WorkerProc, closing_batches, wait_for
 

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.broker import free_port
-from app.settings import Settings
-from schemas import LaunchBatch
+from kernelstream.app.broker import free_port
+from kernelstream.app.settings import Settings
+from kernelstream.schemas import LaunchBatch
 from tests.integration.conftest import settings_env
 
 
@@ -48,7 +48,7 @@ class WorkerProc:
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "app.cli", "worker"],
+                [sys.executable, "-m", "kernelstream.app.cli", "worker"],
                 env=settings_env(self.settings),
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -13,12 +13,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agents.logic.closed_loop import ClosedLoop
-from agents.logic.reconfiguration import ReconfigPolicy
-from agents.logic.search import ModelGuidedSearch
-from agents.logic.tuning import Tuner
-from kernels.backends.base import LaunchResult
-from kernels.backends.trace import TraceDevice, load_cache
+from kernelstream.agents.logic.closed_loop import ClosedLoop
+from kernelstream.agents.logic.reconfiguration import ReconfigPolicy
+from kernelstream.agents.logic.search import ModelGuidedSearch
+from kernelstream.agents.logic.tuning import Tuner
+from kernelstream.kernels.backends.base import LaunchResult
+from kernelstream.kernels.backends.trace import TraceDevice, load_cache
 from tests.toy_cache import write_toy_cache
 
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from agents.context import WorkerContext
-from app.settings import Settings
-from schemas import DeadLetter, LaunchBatch, decode
+from kernelstream.agents.context import WorkerContext
+from kernelstream.app.settings import Settings
+from kernelstream.schemas import DeadLetter, LaunchBatch, decode
 from tests.bad_input import bad_inputs, good_batch
 
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from agents.logic.detection import Detector, DetectorThresholds
-from agents.logic.errors import LogicSettingsError, SnapshotError
-from schemas.records import WindowAggregate
+from kernelstream.agents.logic.detection import Detector, DetectorThresholds
+from kernelstream.agents.logic.errors import LogicSettingsError, SnapshotError
+from kernelstream.schemas.records import WindowAggregate
 
 # Ridge point of this device: 20000 / 2000 = 10 FLOP/B.
 PEAK_GBS, PEAK_GFLOPS = 2000.0, 20000.0

@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agents.logic.detection import Detector
-from agents.logic.errors import LogicSettingsError, SnapshotError
-from agents.logic.search import ModelGuidedSearch
-from agents.logic.tuning import GuidedLocalSearch, Strategy, Tuner, group_of
-from agents.logic.windowing import Windower, WindowSpec, make_example_batch
-from kernels.space import Config, Constraint, SearchSpace
-from schemas.records import Finding, Recommendation, ReconfigOutcome
+from kernelstream.agents.logic.detection import Detector
+from kernelstream.agents.logic.errors import LogicSettingsError, SnapshotError
+from kernelstream.agents.logic.search import ModelGuidedSearch
+from kernelstream.agents.logic.tuning import GuidedLocalSearch, Strategy, Tuner, group_of
+from kernelstream.agents.logic.windowing import Windower, WindowSpec, make_example_batch
+from kernelstream.kernels.space import Config, Constraint, SearchSpace
+from kernelstream.schemas.records import Finding, Recommendation, ReconfigOutcome
 
 SPACE = SearchSpace(
     "tiny",

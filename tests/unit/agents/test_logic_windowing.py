@@ -9,15 +9,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agents.logic.errors import LogicSettingsError, SnapshotError
-from agents.logic.windowing import (
+from kernelstream.agents.logic.errors import LogicSettingsError, SnapshotError
+from kernelstream.agents.logic.windowing import (
     Windower,
     WindowSpec,
     aggregate_reference,
     launch_rows,
     make_example_batch,
 )
-from schemas.records import LaunchBatch, WindowAggregate
+from kernelstream.schemas.records import LaunchBatch, WindowAggregate
 
 batch = make_example_batch
 NO_WAIT = WindowSpec(size_s=1.0, out_of_orderness_s=0.0, allowed_lateness_s=0.0)
@@ -330,7 +330,7 @@ def test_in_order_fast_path_equals_reference(seed: int, monkeypatch: Any) -> Non
     meta fields are compared exactly; float statistics to 1e-12 relative (NumPy sums
     pairwise, the reference left to right: only the last bits may differ).
     """
-    from schemas.columnar import LaunchColumns
+    from kernelstream.schemas.columnar import LaunchColumns
 
     spec = WindowSpec(size_s=1.0, out_of_orderness_s=0.05, allowed_lateness_s=0.1)
     batches = _in_order_batches(seed)

@@ -7,10 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agents.logic.reconfiguration import ReconfigPolicy, Reconfigurator
-from kernels.space import Constraint, SearchSpace
-from schemas import Recommendation
-from schemas.signing import Signer, Verifier, generate_keypair, load_private_key, load_public_key
+from kernelstream.agents.logic.reconfiguration import ReconfigPolicy, Reconfigurator
+from kernelstream.kernels.space import Constraint, SearchSpace
+from kernelstream.schemas import Recommendation
+from kernelstream.schemas.signing import (
+    Signer,
+    Verifier,
+    generate_keypair,
+    load_private_key,
+    load_public_key,
+)
 
 SPACE = SearchSpace(
     "toy",
@@ -186,7 +192,7 @@ def test_signed_but_invalid_recommendations_are_still_checked(
 def test_replay_memory_survives_a_node_restart(
     signing: tuple[Signer, Verifier], tmp_path: Path
 ) -> None:
-    from app.outbox import DurableSeenIds, NodeStore
+    from kernelstream.app.outbox import DurableSeenIds, NodeStore
 
     signer, verifier = signing
     good = signer.sign(rec({"block": 64, "tile": 1}, rid="once"))

@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agents.logic.closed_loop import ClosedLoop
-from agents.logic.reconfiguration import ReconfigPolicy
-from agents.logic.search import ModelGuidedSearch, space_features
-from agents.logic.tuning import GroupStats, Measurement, Tuner
-from kernels.backends.trace import TraceDevice, load_cache
-from kernels.space import Config, Constraint, SearchSpace
+from kernelstream.agents.logic.closed_loop import ClosedLoop
+from kernelstream.agents.logic.reconfiguration import ReconfigPolicy
+from kernelstream.agents.logic.search import ModelGuidedSearch, space_features
+from kernelstream.agents.logic.tuning import GroupStats, Measurement, Tuner
+from kernelstream.kernels.backends.trace import TraceDevice, load_cache
+from kernelstream.kernels.space import Config, Constraint, SearchSpace
 from tests.toy_cache import write_kt_cache
 
 # A rugged space: a smooth trend plus a needle that no neighbour points to.

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from agents.logic.search import ModelGuidedSearch
-from agents.logic.tuning import GroupStats, Measurement
-from kernels.space import Config, SearchSpace
+from kernelstream.agents.logic.search import ModelGuidedSearch
+from kernelstream.agents.logic.tuning import GroupStats, Measurement
+from kernelstream.kernels.space import Config, SearchSpace
 
 SPACE = SearchSpace(
     "paths",

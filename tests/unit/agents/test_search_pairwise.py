@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from agents.logic.search import ModelGuidedSearch, pairwise_mean, pairwise_posterior
+from kernelstream.agents.logic.search import ModelGuidedSearch, pairwise_mean, pairwise_posterior
 
 # Every combination of four parameters with 6, 4, 3 and 2 values.
 POSITIONS = np.array(list(itertools.product(range(6), range(4), range(3), range(2))))
@@ -75,8 +75,8 @@ def test_constant_parameters_and_failures_do_not_break_it() -> None:
 
 
 def test_alignment_columns_group_block_widths_by_the_power_of_two_dividing_them() -> None:
-    from agents.logic.search import ModelGuidedSearch
-    from kernels.space import SearchSpace
+    from kernelstream.agents.logic.search import ModelGuidedSearch
+    from kernelstream.kernels.space import SearchSpace
 
     space = SearchSpace(
         "align",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.window_checkpoints import CheckpointStore, CheckpointStoreError
+from kernelstream.agents.window_checkpoints import CheckpointStore, CheckpointStoreError
 
 
 def test_save_load_replace_delete(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from agents.window_agent import StateReassembler, state_messages
+from kernelstream.agents.window_agent import StateReassembler, state_messages
 
 
 def _replay(reader: StateReassembler, partition: int, msgs: list[tuple[bytes, bytes]]) -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from app.cli import main
-from app.demo import SummaryBuilder
-from schemas import ReconfigOutcome, WindowAggregate
+from kernelstream.app.cli import main
+from kernelstream.app.demo import SummaryBuilder
+from kernelstream.schemas import ReconfigOutcome, WindowAggregate
 
 
 @pytest.mark.parametrize("command", ["demo", "broker", "worker", "node", "watch"])
@@ -93,8 +93,8 @@ def test_demo_trace_node_replays_the_first_file_that_is_a_cache(tmp_path: Path) 
     import gzip
     import json
 
-    from app.demo import _find_trace_file
-    from app.settings import Settings
+    from kernelstream.app.demo import _find_trace_file
+    from kernelstream.app.settings import Settings
     from tests.toy_cache import write_toy_cache
 
     # "A100_T4" sorts before "B" but is a T4 results file, not a Kernel Tuner cache.

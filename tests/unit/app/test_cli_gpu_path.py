@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-import kernels
-from app.cli import main
-from kernels import load_cache
+import kernelstream.kernels as kernels
+from kernelstream.app.cli import main
+from kernelstream.kernels import load_cache
 
 
 def test_sim_sweep_then_calibrate(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from app.errors import ConfigError
-from app.outbox import DurableSeenIds, NodeStore, Outbox, OutboxSender
+from kernelstream.app.errors import ConfigError
+from kernelstream.app.outbox import DurableSeenIds, NodeStore, Outbox, OutboxSender
 
 
 def msg(i: int, stream: str = "n:0/k", size: int = 10) -> tuple[str, bytes, bytes, bool, int, int]:

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from agents.logic.windowing import (
+from kernelstream.agents.logic.windowing import (
     Windower,
     WindowSpec,
     aggregate_reference,
     launch_rows,
     make_example_batch,
 )
-from app.cli import main
-from app.replay import (
+from kernelstream.app.cli import main
+from kernelstream.app.replay import (
     RangeSpec,
     RecordingSource,
     _line,
@@ -25,9 +25,14 @@ from app.replay import (
     read_range,
     select_ranges,
 )
-from app.report_analysis import LaunchFilter, OfflineAnalysis, RecordedMessage, key_matches
-from schemas import LaunchBatch, encode
-from schemas.columnar import LaunchColumns
+from kernelstream.app.report_analysis import (
+    LaunchFilter,
+    OfflineAnalysis,
+    RecordedMessage,
+    key_matches,
+)
+from kernelstream.schemas import LaunchBatch, encode
+from kernelstream.schemas.columnar import LaunchColumns
 
 SPACE = {"block_x": 8, "block_y": 8, "items_per_thread": 1, "tile_k": 8, "use_shared": 0}
 T0 = 1_790_000_000.0  # event times near the record timestamps (edge checks use them)

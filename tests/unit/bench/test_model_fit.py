@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.model_fit import MODELS, main, score
-from kernels.backends.trace import load_cache
+from kernelstream.bench.model_fit import MODELS, main, score
+from kernelstream.kernels.backends.trace import load_cache
 from tests.toy_cache import write_toy_cache
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bench.tuning import _run_kt
+from kernelstream.bench.tuning import _run_kt
 
 pytest.importorskip("kernel_tuner", reason="Kernel Tuner is a bench extra: pip install '.[bench]'")
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench.tuning import (
+from kernelstream.bench.tuning import (
     _evals_to,
     _gap_at,
     _run_fleet,
@@ -64,7 +64,7 @@ def test_kernelstream_run_only_sees_measured_launches(tmp_path: Path) -> None:
 
 def test_a_gpu_missing_from_the_device_table_is_tuned_all_the_same(tmp_path: Path) -> None:
     # Measured spaces of other GPUs (AMD ones among them) have no DeviceSpec here.
-    from kernels.backends.trace import TraceDevice
+    from kernelstream.kernels.backends.trace import TraceDevice
 
     path = tmp_path / "toy_mi250x.json.gz"
     truth = write_toy_cache(path, device_name="AMD Instinct MI250X")
@@ -132,7 +132,7 @@ def test_a_run_that_raises_is_reported_and_left_out_not_fatal(tmp_path: Path) ->
 
 
 def test_a_second_run_of_the_day_keeps_the_first_ones_files(tmp_path: Path) -> None:
-    from bench.tuning import _dated
+    from kernelstream.bench.tuning import _dated
 
     out = tmp_path / "elsewhere.json"
     assert _dated(tmp_path, "2026-01-02", out).name == "tuning-2026-01-02.json"

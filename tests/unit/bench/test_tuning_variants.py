@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench.tuning_variants import compare, format_comparison, main, run
+from kernelstream.bench.tuning_variants import compare, format_comparison, main, run
 from tests.toy_cache import write_toy_cache
 
 

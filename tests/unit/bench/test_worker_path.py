@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.worker_path import measure
+from kernelstream.bench.worker_path import measure
 
 
 def test_worker_path_measures_both_passes_on_the_same_input() -> None:

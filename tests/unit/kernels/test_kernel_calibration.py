@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from kernels import get_workload, open_device
-from kernels.backends.sim import SimDevice
-from kernels.calibration import calibrate, calibrate_file, format_table, spearman
-from kernels.errors import CalibrationError
-from kernels.sweep import RUNTIME_FAILED, cache_document, cache_key, sweep, write_cache
+from kernelstream.kernels import get_workload, open_device
+from kernelstream.kernels.backends.sim import SimDevice
+from kernelstream.kernels.calibration import calibrate, calibrate_file, format_table, spearman
+from kernelstream.kernels.errors import CalibrationError
+from kernelstream.kernels.sweep import RUNTIME_FAILED, cache_document, cache_key, sweep, write_cache
 
 _MODEL = "H100-SXM5-80GB"
 

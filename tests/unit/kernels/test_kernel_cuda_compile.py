@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels import WORKLOAD_NAMES, get_workload
+from kernelstream.kernels import WORKLOAD_NAMES, get_workload
 
 
 def _nvcc() -> str | None:

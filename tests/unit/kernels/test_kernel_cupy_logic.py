@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-import kernels.backends.cupy as cupy_backend
-from kernels import get_workload, open_device
-from kernels.backends.cupy import CupyDevice, fp32_lanes_per_sm, spec_from_attributes
-from kernels.runner import WorkloadRunner
+import kernelstream.kernels.backends.cupy as cupy_backend
+from kernelstream.kernels import get_workload, open_device
+from kernelstream.kernels.backends.cupy import CupyDevice, fp32_lanes_per_sm, spec_from_attributes
+from kernelstream.kernels.runner import WorkloadRunner
 
 H200_ATTRS = {
     "MultiProcessorCount": 132,

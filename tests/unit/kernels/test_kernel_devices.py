@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kernels import SIM_MODELS, get_device_spec
-from kernels.devices import device_spec_for_name, theoretical_occupancy, waves
-from kernels.errors import UnknownDeviceError
+from kernelstream.kernels import SIM_MODELS, get_device_spec
+from kernelstream.kernels.devices import device_spec_for_name, theoretical_occupancy, waves
+from kernelstream.kernels.errors import UnknownDeviceError
 
 
 def test_required_models_with_published_peaks() -> None:
@@ -39,7 +39,7 @@ def test_driver_names_with_brand_words_and_variants() -> None:
 
 
 def test_unknown_model_has_no_roofline_and_no_made_up_limits() -> None:
-    from kernels.devices import DeviceSpec
+    from kernelstream.kernels.devices import DeviceSpec
 
     spec = DeviceSpec.unknown("AMD Instinct MI250X")
     assert spec.name == "AMD Instinct MI250X" and not spec.peaks_known
@@ -77,8 +77,8 @@ def test_waves() -> None:
 def test_cupy_backend_without_cupy_names_the_extra() -> None:
     import importlib.util
 
-    from kernels import open_device
-    from kernels.errors import BackendUnavailableError, UnknownDeviceError
+    from kernelstream.kernels import open_device
+    from kernelstream.kernels.errors import BackendUnavailableError, UnknownDeviceError
 
     if importlib.util.find_spec("cupy") is not None:
         pytest.skip("CuPy is installed here; the missing-CuPy path cannot be exercised")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from kernels.backends.nvml import NvmlSampler
+from kernelstream.kernels.backends.nvml import NvmlSampler
 
 
 class _MetricsGet:

@@ -7,10 +7,10 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
-from kernels import SIM_MODELS, WORKLOAD_NAMES, get_workload, open_device
-from kernels.backends.sim import SimDevice
-from kernels.space import ParamValue, SpaceError
-from kernels.workloads.base import Workload
+from kernelstream.kernels import SIM_MODELS, WORKLOAD_NAMES, get_workload, open_device
+from kernelstream.kernels.backends.sim import SimDevice
+from kernelstream.kernels.space import ParamValue, SpaceError
+from kernelstream.kernels.workloads.base import Workload
 
 
 def test_deterministic_per_seed_and_vectorised() -> None:

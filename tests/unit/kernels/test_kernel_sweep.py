@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kernels import get_workload, load_cache, open_device
-from kernels.backends.base import LaunchResult
-from kernels.backends.trace import TraceDevice
-from kernels.space import Config, ParamValue
-from kernels.sweep import (
+from kernelstream.kernels import get_workload, load_cache, open_device
+from kernelstream.kernels.backends.base import LaunchResult
+from kernelstream.kernels.backends.trace import TraceDevice
+from kernelstream.kernels.space import Config, ParamValue
+from kernelstream.kernels.sweep import (
     COMPILE_FAILED,
     RUNTIME_FAILED,
     cache_document,
@@ -23,7 +23,7 @@ from kernels.sweep import (
     sweep,
     write_cache,
 )
-from kernels.workloads.base import Workload
+from kernelstream.kernels.workloads.base import Workload
 
 _KEYS = {"device_name", "kernel_name", "problem_size", "tune_params_keys", "tune_params"}
 

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kernels import TraceSpace, load_cache, open_device
-from kernels.errors import TraceFileError
+from kernelstream.kernels import TraceSpace, load_cache, open_device
+from kernelstream.kernels.errors import TraceFileError
 
 
 def _cache(path: Path, *, gz: bool = False, device: str = "NVIDIA A100-PCIE-40GB") -> Path:
@@ -117,7 +117,7 @@ def test_bad_files(tmp_path: Path) -> None:
 
 
 def test_a_folder_reads_its_caches_and_says_why_it_skipped_the_rest(tmp_path: Path) -> None:
-    from kernels.backends.trace import load_caches_in
+    from kernelstream.kernels.backends.trace import load_caches_in
 
     _cache(tmp_path / "A100.json.gz", gz=True)
     # What the autotuning benchmark hub ships beside each cache: T4 results and metadata.
@@ -140,9 +140,9 @@ def test_a_folder_reads_its_caches_and_says_why_it_skipped_the_rest(tmp_path: Pa
 
 
 def test_a_gpu_missing_from_the_device_table_replays_with_peaks_of_zero(tmp_path: Path) -> None:
-    from kernels.runner import LaunchBatcher, WorkloadRunner
-    from schemas import LaunchBatch
-    from schemas.codec import decode, encode
+    from kernelstream.kernels.runner import LaunchBatcher, WorkloadRunner
+    from kernelstream.schemas import LaunchBatch
+    from kernelstream.schemas.codec import decode, encode
 
     dev = open_device(
         "trace", trace_file=_cache(tmp_path / "mi.json", device="AMD Instinct MI250X")
@@ -257,7 +257,7 @@ def test_real_tuning_spaces(real_spaces: Path) -> None:
     for f in files:
         w = load_cache(f)
         dev = open_device("trace", trace_file=f)
-        assert dev.spec.name in {"A100-PCIE-40GB", "RTX-A4000"}
+        assert dev.spec.name in {"A100-PCIE-40GB", "RTX-A4000", "RTX-3090"}
         assert w.space.is_valid(w.default)
         r = dev.launch(w, w.default, 10)
         assert r.ok.all()
@@ -268,5 +268,5 @@ def test_real_tuning_spaces(real_spaces: Path) -> None:
         if w.name.startswith("dedispersion"):
             assert "not valid" in w.start_note  # the T1 default breaks its own conditions
             assert w.default["tile_stride_x"] == 0
-        else:
+        elif w.name.startswith("convolution") and "milo" in f.name:
             assert w.space.size() == 4362  # 4201 measured + 161 that failed

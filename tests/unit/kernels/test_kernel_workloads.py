@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import WORKLOAD_NAMES, get_workload
-from kernels.errors import UnknownWorkloadError
-from kernels.space import SpaceError
-from kernels.workloads import scaled_problem_size
+from kernelstream.kernels import WORKLOAD_NAMES, get_workload
+from kernelstream.kernels.errors import UnknownWorkloadError
+from kernelstream.kernels.space import SpaceError
+from kernelstream.kernels.workloads import scaled_problem_size
 
 
 @pytest.mark.parametrize("name", WORKLOAD_NAMES)

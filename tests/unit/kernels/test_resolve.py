@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-import kernels.backends.trace as trace
-from kernels.resolve import SpaceResolver
+import kernelstream.kernels.backends.trace as trace
+from kernelstream.kernels.resolve import SpaceResolver
 
 
 def _cache(path: Path, kernel: str, size: list[int], tiles: tuple[int, ...] = (1, 2)) -> Path:

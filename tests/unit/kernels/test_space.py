@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from kernels.space import Config, Constraint, ParamValue, SearchSpace
+from kernelstream.kernels.space import Config, Constraint, ParamValue, SearchSpace
 
 
 def _every(params: dict[str, Sequence[ParamValue]]) -> list[Config]:

@@ -8,9 +8,9 @@ import numpy as np
 import orjson
 import pytest
 
-from agents.logic.windowing import make_example_batch
-from schemas import LaunchBatch, SchemaError, decode
-from schemas.columnar import decode_launch_columns
+from kernelstream.agents.logic.windowing import make_example_batch
+from kernelstream.schemas import LaunchBatch, SchemaError, decode
+from kernelstream.schemas.columnar import decode_launch_columns
 
 # A valid record as a node sends it (the shared example batch), columns replaced per case.
 _BASE: dict[str, Any] = make_example_batch(

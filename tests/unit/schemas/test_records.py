@@ -10,7 +10,7 @@ import jsonschema
 import orjson
 import pytest
 
-from schemas import (
+from kernelstream.schemas import (
     RECORD_TYPES,
     DeadLetter,
     Finding,
@@ -24,7 +24,7 @@ from schemas import (
     decode_any,
     encode,
 )
-from schemas.export import SCHEMA_DIR, json_schema_of, schema_filename
+from kernelstream.schemas.export import SCHEMA_DIR, json_schema_of, schema_filename
 
 
 def launch_batch(**over: object) -> LaunchBatch:
@@ -157,7 +157,7 @@ def test_schema_files_match_models() -> None:
     for schema in RECORD_TYPES:
         path = SCHEMA_DIR / schema_filename(schema)
         assert path.read_bytes() == json_schema_of(schema), (
-            f"{path.name} is stale: run python -m schemas.export"
+            f"{path.name} is stale: run python -m kernelstream.schemas.export"
         )
 
 

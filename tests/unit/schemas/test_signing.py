@@ -6,9 +6,9 @@ import base64
 
 import pytest
 
-from app.settings import Settings
-from schemas import Recommendation, SigningKeyError, decode, encode
-from schemas.signing import (
+from kernelstream.app.settings import Settings
+from kernelstream.schemas import Recommendation, SigningKeyError, decode, encode
+from kernelstream.schemas.signing import (
     Signer,
     Verifier,
     generate_keypair,
