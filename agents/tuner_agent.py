@@ -30,7 +30,7 @@ _BATCH_WITHIN_S = 0.01
 
 
 def tuner_from_settings(settings: Any) -> Tuner:
-    """The tuner as the worker runs it; offline replay (``app/replay.py``) builds the same."""
+    """The tuner as the worker runs it; replay (``app/replay/``) builds the same."""
     from kernelstream.agents.logic.search import ModelGuidedSearch
 
     return Tuner(

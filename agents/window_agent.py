@@ -55,6 +55,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -70,7 +71,7 @@ from kernelstream.agents.logic.errors import SnapshotError
 from kernelstream.agents.logic.snapshot_codec import pack, unpack
 from kernelstream.agents.logic.windowing import Windower, WindowSpec
 from kernelstream.agents.window_checkpoints import CheckpointStore
-from kernelstream.app.worker_start import EarlyConsumer, window_consumer
+from kernelstream.agents.window_consumer import EarlyConsumer
 from kernelstream.schemas import WindowAggregate, encode
 
 __all__ = ["WindowAgentStats", "WindowIngest", "register", "state_topic", "window_spec"]
@@ -203,12 +204,14 @@ class WindowIngest(Service):
         windower: Windower,
         detector: InlineDetector | None = None,
         early: EarlyConsumer | None = None,
+        make_consumer: Callable[[], Any] | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(**kw)
         self.app, self.ctx, self.windower = app, ctx, windower
         self.detector = detector
         self._early = early
+        self._make_consumer = make_consumer
         self.settings = ctx.settings
         self.stats = WindowAgentStats()
         self._consumer: Any = None
@@ -234,12 +237,14 @@ class WindowIngest(Service):
         self._store = CheckpointStore(Path(s.data_dir) / "window-state")
         await self.ctx.topics["window_state"].maybe_declare()
         if self._early is not None:
-            # Joined (or joining) since the process started (app/worker_start.py):
+            # Joined (or joining) since the process started (app/worker/start.py):
             # assignments received so far waited for this.
             self._consumer = self._early.consumer
             self._early.listener.attach(_Listener(self))
         else:
-            self._consumer = window_consumer(s, self.bootstrap)
+            if self._make_consumer is None:
+                raise RuntimeError("the window agent needs a consumer or a way to make one")
+            self._consumer = self._make_consumer()
             await self._consumer.start()  # then subscribe: the join runs in the background
             self._consumer.subscribe([s.topic_launches], listener=_Listener(self))
         # Faust stops its producer before its children: hand over while it still runs.
@@ -584,9 +589,10 @@ def register(
     ctx: WorkerContext,
     detector: InlineDetector | None = None,
     early: EarlyConsumer | None = None,
+    make_consumer: Callable[[], Any] | None = None,
 ) -> tuple[Windower, WindowAgentStats]:
     windower = Windower(window_spec(ctx.settings))
-    ingest = WindowIngest(app, ctx, windower, detector, early)
+    ingest = WindowIngest(app, ctx, windower, detector, early, make_consumer)
     # A child of the app, not an ``app.service``: those start only after Faust's own
     # group join, and the two joins (each held by the broker) should overlap.
     app.add_dependency(ingest)

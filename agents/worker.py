@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,12 +23,21 @@ class WorkerAgents:
 
 
 def register_agents(
-    app: Any, settings: Any, topics: dict[str, Any], window_consumer: Any = None
+    app: Any,
+    settings: Any,
+    topics: dict[str, Any],
+    window_consumer: Any = None,
+    make_consumer: Callable[[], Any] | None = None,
 ) -> WorkerAgents:
-    """Register the window agent (with the detector inline) and the tuner agents on ``app``."""
+    """Register the window agent (with the detector inline) and the tuner agents on ``app``.
+
+    ``window_consumer`` is the window agent's consumer already joining its group, or
+    None; ``make_consumer`` builds one when the app starts (the app layer knows the
+    settings and the client options, the agents do not import it).
+    """
     ctx = WorkerContext(settings=settings, topics=topics, app=app)
     windower, stats = window_agent.register(
-        app, ctx, detector_agent.InlineDetector(ctx), window_consumer
+        app, ctx, detector_agent.InlineDetector(ctx), window_consumer, make_consumer
     )
     tuner_agent.register(app, ctx)
     return WorkerAgents(ctx, windower, stats)

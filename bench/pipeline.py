@@ -37,8 +37,8 @@ import numpy as np
 import orjson
 
 from kernelstream.agents.logic.detection import finding_id
-from kernelstream.app.broker import EmbeddedBroker
-from kernelstream.app.topics import ensure_topics
+from kernelstream.app.kafka.embedded import EmbeddedBroker
+from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.bench.pipeline_input import (
     FleetSpec,
     LiveFleet,
@@ -62,7 +62,7 @@ async def _ceiling(
     decoder installed (:mod:`app.zstd_decode`) instead of aiokafka's own."""
     from aiokafka import AIOKafkaConsumer
 
-    from kernelstream.app import zstd_decode
+    from kernelstream.app.kafka import zstd_decode
 
     if worker_zstd:
         zstd_decode.install()
@@ -483,7 +483,7 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
         out["ceiling_a_worker_zstd"] = {
             "median_per_s": statistics.median(c["per_s"] for c in ceil_fast),
             "rounds": ceil_fast,
-            "consumes": "as (a), with the worker's zstd decoder (app/zstd_decode.py) in aiokafka",
+            "consumes": "as (a), with the worker's zstd decoder (app/kafka/) in aiokafka",
         }
         out["worker_c"] = {
             "median_per_s": statistics.median(w["per_s"] for w in work),
@@ -562,7 +562,7 @@ async def _latency_phases(
 
 
 def _port() -> int:
-    from kernelstream.app.broker import free_port
+    from kernelstream.app.kafka.embedded import free_port
 
     return free_port()
 

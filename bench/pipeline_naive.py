@@ -16,8 +16,8 @@ from typing import Any
 import faust
 import orjson
 
-from kernelstream.app.faust_app import faust_broker_kwargs
 from kernelstream.app.settings import load_settings
+from kernelstream.app.worker.faust_app import faust_broker_kwargs
 
 
 def main() -> None:

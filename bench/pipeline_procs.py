@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from kernelstream.app.broker import die_with_parent, free_port
+from kernelstream.app.kafka.embedded import die_with_parent, free_port
 from kernelstream.app.settings import Settings
 
 __all__ = ["WorkerProc", "bench_settings", "settings_env"]

@@ -109,11 +109,11 @@ async def _publish(bootstrap: str, topic: str, msgs: list[tuple[bytes, bytes, in
 
 def run_benchmark(launches: int, per_batch: int, echo: Any = print) -> dict[str, Any]:
     """Publish, replay into a report, return the measured figures."""
-    from kernelstream.app.broker import EmbeddedBroker
-    from kernelstream.app.replay import RangeSpec, ReplayOptions, run_replay
-    from kernelstream.app.report_analysis import LaunchFilter
+    from kernelstream.app.kafka.embedded import EmbeddedBroker
+    from kernelstream.app.kafka.topics import ensure_topics
+    from kernelstream.app.replay.analysis import LaunchFilter
+    from kernelstream.app.replay.command import RangeSpec, ReplayOptions, run_replay
     from kernelstream.app.settings import Settings
-    from kernelstream.app.topics import ensure_topics
 
     tag = uuid.uuid4().hex[:6]
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(Path(tmp)) as broker:

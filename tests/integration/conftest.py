@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from kernelstream.app.broker import EmbeddedBroker, free_port
+from kernelstream.app.kafka.embedded import EmbeddedBroker, free_port
 from kernelstream.app.settings import Settings
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from kernelstream.agents.logic.windowing import WindowSpec, aggregate_reference, launch_rows
+from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.settings import Settings
-from kernelstream.app.topics import ensure_topics
 from kernelstream.schemas import DeadLetter, WindowAggregate, encode
 from tests.bad_input import bad_inputs, good_batch
 from tests.integration.helpers import TopicReader, produce

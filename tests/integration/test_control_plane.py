@@ -19,9 +19,9 @@ from typing import Any
 import orjson
 import pytest
 
-from kernelstream.app.node import run_node
+from kernelstream.app.kafka.topics import ensure_topics
+from kernelstream.app.node.runtime import run_node
 from kernelstream.app.settings import Settings
-from kernelstream.app.topics import ensure_topics
 from kernelstream.kernels import open_device
 from kernelstream.schemas import LaunchBatch, Recommendation, ReconfigOutcome, encode
 from kernelstream.schemas.signing import Signer, generate_keypair, load_private_key

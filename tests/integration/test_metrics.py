@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kernelstream.app.broker import free_port
-from kernelstream.app.metrics import METRICS
+from kernelstream.app.kafka.embedded import free_port
+from kernelstream.app.kafka.topics import ensure_topics
+from kernelstream.app.observability.metrics import METRICS
 from kernelstream.app.settings import Settings
-from kernelstream.app.topics import ensure_topics
 from tests.integration.conftest import settings_env
 from tests.integration.helpers import produce
 from tests.integration.workers import wait_for

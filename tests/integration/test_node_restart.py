@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from kernelstream.app.broker import free_port
-from kernelstream.app.outbox import NodeStore, Outbox
+from kernelstream.app.kafka.embedded import free_port
+from kernelstream.app.kafka.topics import ensure_topics
+from kernelstream.app.node.outbox import NodeStore, Outbox
 from kernelstream.app.settings import Settings
-from kernelstream.app.topics import ensure_topics
 from kernelstream.schemas import LaunchBatch
 from tests.integration.conftest import settings_env
 from tests.integration.helpers import TopicReader

@@ -9,7 +9,7 @@ wire must be an exact re-send of the same batch (what a consumer removes by
 sequence number).
 
 The embedded broker comes back empty (memory storage) and acknowledges, then
-loses, records produced to topics it no longer has (see app/broker.py). On Kafka
+loses, records produced to topics it no longer has (see app/kafka/embedded.py). On Kafka
 topics survive a restart; here the nodes reach the broker through a gate (a TCP
 proxy) that opens only once the topics exist again, as they would on Kafka.
 """
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from kernelstream.app.broker import EmbeddedBroker, free_port
-from kernelstream.app.node import NodeReport, run_node
+from kernelstream.app.kafka.embedded import EmbeddedBroker, free_port
+from kernelstream.app.kafka.topics import ensure_topics, topic_specs
+from kernelstream.app.node.runtime import NodeReport, run_node
 from kernelstream.app.settings import Settings
-from kernelstream.app.topics import ensure_topics, topic_specs
 from kernelstream.schemas import LaunchBatch, decode
 from tests.integration.helpers import TopicReader
 

@@ -14,9 +14,9 @@ from typing import TypeVar
 
 import pytest
 
-from kernelstream.app.node import run_node
+from kernelstream.app.kafka.topics import ensure_topics
+from kernelstream.app.node.runtime import run_node
 from kernelstream.app.settings import Settings
-from kernelstream.app.topics import ensure_topics
 from kernelstream.schemas import (
     DeadLetter,
     Finding,

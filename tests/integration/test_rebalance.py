@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 
 from kernelstream.agents.logic.windowing import WindowSpec, aggregate_reference, launch_rows
+from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.settings import Settings
-from kernelstream.app.topics import ensure_topics
 from kernelstream.bench.pipeline_input import FleetSpec, fleet_batches
 from kernelstream.schemas import LaunchBatch, WindowAggregate, decode, encode
 from tests.integration.helpers import TopicReader, produce

@@ -13,11 +13,17 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from kernelstream.agents.window_agent import window_spec
-from kernelstream.app.node import run_node
-from kernelstream.app.replay import KafkaSource, RangeSpec, analyse, read_range, select_ranges
-from kernelstream.app.report_analysis import OfflineAnalysis
+from kernelstream.app.kafka.topics import ensure_topics
+from kernelstream.app.node.runtime import run_node
+from kernelstream.app.replay.analysis import OfflineAnalysis
+from kernelstream.app.replay.command import (
+    KafkaSource,
+    RangeSpec,
+    analyse,
+    read_range,
+    select_ranges,
+)
 from kernelstream.app.settings import Settings
-from kernelstream.app.topics import ensure_topics
 from kernelstream.kernels.resolve import SpaceResolver
 from kernelstream.schemas import Finding, LaunchBatch, WindowAggregate
 from tests.integration.helpers import TopicReader
@@ -156,8 +162,8 @@ def test_replay_reproduces_live_windows_and_findings(
 
 @pytest.mark.parametrize("speed", [0.0, 200.0])
 def test_to_topic_keeps_partitions_and_order(settings: Settings, speed: float) -> None:
-    from kernelstream.app.replay import ReplayOptions, run_replay
-    from kernelstream.app.report_analysis import LaunchFilter
+    from kernelstream.app.replay.analysis import LaunchFilter
+    from kernelstream.app.replay.command import ReplayOptions, run_replay
 
     bootstrap = str(settings.bootstrap)
     source = f"{settings.topic_launches}.src"

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kernelstream.app.node import run_node
+from kernelstream.app.kafka.topics import ensure_topics
+from kernelstream.app.node.runtime import run_node
 from kernelstream.app.settings import Settings
-from kernelstream.app.topics import ensure_topics
 from kernelstream.kernels import load_cache
 from kernelstream.schemas import Finding, Recommendation, ReconfigOutcome
 from tests.integration.helpers import TopicReader

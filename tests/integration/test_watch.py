@@ -8,9 +8,9 @@ import io
 import orjson
 import pytest
 
+from kernelstream.app.cli.watch import watch_topic
+from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.settings import Settings
-from kernelstream.app.topics import ensure_topics
-from kernelstream.app.watch import watch_topic
 from kernelstream.schemas import Recommendation, encode
 from tests.integration.helpers import produce
 

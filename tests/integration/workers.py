@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kernelstream.app.broker import free_port
+from kernelstream.app.kafka.embedded import free_port
 from kernelstream.app.settings import Settings
 from kernelstream.schemas import LaunchBatch
 from tests.integration.conftest import settings_env

@@ -60,7 +60,7 @@ def test_wheel_installs_only_kernelstream(tmp_path: Path) -> None:
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"kernelstream"}
     for needed in (
-        "kernelstream/app/cli.py",
+        "kernelstream/app/cli/main.py",
         "kernelstream/agents/logic/search.py",
         "kernelstream/kernels/cuda/matmul.cu",
         "kernelstream/schemas/json/ks.launch_batch.v1.schema.json",

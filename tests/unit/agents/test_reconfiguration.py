@@ -192,7 +192,7 @@ def test_signed_but_invalid_recommendations_are_still_checked(
 def test_replay_memory_survives_a_node_restart(
     signing: tuple[Signer, Verifier], tmp_path: Path
 ) -> None:
-    from kernelstream.app.outbox import DurableSeenIds, NodeStore
+    from kernelstream.app.node.outbox import DurableSeenIds, NodeStore
 
     signer, verifier = signing
     good = signer.sign(rec({"block": 64, "tile": 1}, rid="once"))

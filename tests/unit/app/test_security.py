@@ -18,8 +18,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from kernelstream.app.faust_app import create_app, faust_broker_kwargs
 from kernelstream.app.settings import Settings
+from kernelstream.app.worker.faust_app import create_app, faust_broker_kwargs
 
 
 def _pki(d: Path) -> tuple[Path, Path, Path]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from kernelstream.app.kafka.topics import topic_specs
 from kernelstream.app.settings import Settings, load_settings
-from kernelstream.app.topics import topic_specs
 
 
 def test_defaults_match_architecture_topic_names(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,7 +60,7 @@ def test_sasl_settings_reach_clients_and_secret_is_not_printed() -> None:
     kw = s.kafka_client_kwargs()
     assert kw["sasl_mechanism"] == "SCRAM-SHA-512" and kw["sasl_plain_password"] == "hunter2"
     assert "hunter2" not in repr(s)
-    from kernelstream.app.faust_app import faust_broker_kwargs
+    from kernelstream.app.worker.faust_app import faust_broker_kwargs
 
     creds = faust_broker_kwargs(s)["broker_credentials"]
     assert creds.username == "ks"

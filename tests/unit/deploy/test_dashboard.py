@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from kernelstream.app.metrics import exported_names
+from kernelstream.app.observability.metrics import exported_names
 
 ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "kernelstream.json"

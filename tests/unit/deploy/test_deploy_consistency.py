@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from kernelstream.app.kafka.topics import topics_markdown
 from kernelstream.app.settings import Settings
-from kernelstream.app.topics import topics_markdown
 
 yaml = pytest.importorskip("yaml")
 

@@ -38,7 +38,7 @@ def _bootstrap(settings: Settings, log_dir: Path) -> Iterator[str]:
     if settings.bootstrap:
         yield settings.bootstrap
         return
-    from kernelstream.app.broker import EmbeddedBroker
+    from kernelstream.app.kafka.embedded import EmbeddedBroker
 
     with EmbeddedBroker(log_dir) as broker:
         click.echo(f"embedded broker on {broker.bootstrap} (log: {broker.log_path})", err=True)
@@ -107,7 +107,7 @@ def demo(
     and kernel of the default vs final configuration measured from window
     aggregates. Exits 0 when the run completed.
     """
-    from kernelstream.app.demo import DemoOptions, run_demo
+    from kernelstream.app.cli.demo import DemoOptions, run_demo
     from kernelstream.kernels.errors import BackendUnavailableError
 
     settings = _settings()
@@ -139,8 +139,8 @@ def demo(
 )
 def broker(port: int, log_dir: Path, create_topics: bool) -> None:
     """Run the embedded Kafka-compatible broker (Tansu, memory storage) until Ctrl-C."""
-    from kernelstream.app.broker import EmbeddedBroker
-    from kernelstream.app.topics import ensure_topics
+    from kernelstream.app.kafka.embedded import EmbeddedBroker
+    from kernelstream.app.kafka.topics import ensure_topics
 
     settings = _settings()
     with EmbeddedBroker(log_dir, port=port) as b:
@@ -155,7 +155,7 @@ def broker(port: int, log_dir: Path, create_topics: bool) -> None:
 @click.option("--table", is_flag=True, help="Print the topic table (Markdown); no broker needed.")
 def topics(table: bool) -> None:
     """Create kernelstream's topics on KAFKA_BOOTSTRAP (missing ones; existing ones kept)."""
-    from kernelstream.app.topics import ensure_topics, topics_markdown
+    from kernelstream.app.kafka.topics import ensure_topics, topics_markdown
 
     settings = _settings()
     if table:
@@ -179,7 +179,7 @@ def topics(table: bool) -> None:
 )
 def worker(data_dir: Path | None, web_port: int | None, app_id: str | None, loglevel: str) -> None:
     """Run a Faust worker: window (with the detector inline) and tuner agents."""
-    from kernelstream.app.worker_start import run_worker
+    from kernelstream.app.worker.start import run_worker
 
     settings = _settings(data_dir=data_dir, web_port=web_port, app_id=app_id)
     with _bootstrap(settings, Path("var")) as bootstrap:
@@ -213,9 +213,9 @@ def node(
 
     Serves /metrics, /healthz and /readyz on ``KERNELSTREAM_NODE_METRICS_PORT``.
     """
-    from kernelstream.app.health import serve_node_endpoints
-    from kernelstream.app.metrics import NodeMetrics
-    from kernelstream.app.node import run_node
+    from kernelstream.app.node.runtime import run_node
+    from kernelstream.app.observability.health import serve_node_endpoints
+    from kernelstream.app.observability.metrics import NodeMetrics
 
     settings = _settings(
         node_id=node_id,
@@ -276,7 +276,7 @@ def watch(
     limit: int | None,
 ) -> None:
     """Follow a topic from the command line (needs KAFKA_BOOTSTRAP)."""
-    from kernelstream.app.watch import watch_topic
+    from kernelstream.app.cli.watch import watch_topic
 
     settings = _settings()
     if not settings.bootstrap:
@@ -386,8 +386,8 @@ def replay(
     offsets or by record time (found by reading record timestamps, never by the
     broker's offset-for-time answer).
     """
-    from kernelstream.app.replay import RangeSpec, ReplayOptions, run_replay
-    from kernelstream.app.report_analysis import LaunchFilter
+    from kernelstream.app.replay.analysis import LaunchFilter
+    from kernelstream.app.replay.command import RangeSpec, ReplayOptions, run_replay
 
     if (report_dir is None) == (to_topic is None):
         raise click.UsageError("give exactly one of --report DIR or --to-topic NAME")

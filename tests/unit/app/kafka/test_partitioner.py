@@ -6,7 +6,7 @@ import random
 
 from aiokafka.partitioner import DefaultPartitioner
 
-from kernelstream.app.partitioner import CachedKeyPartitioner
+from kernelstream.app.kafka.partitioner import CachedKeyPartitioner
 
 
 def test_same_partition_as_the_default_for_every_key_and_partition_count() -> None:

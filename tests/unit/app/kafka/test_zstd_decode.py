@@ -8,7 +8,7 @@ from typing import Any
 import cramjam
 import pytest
 
-from kernelstream.app import zstd_decode as fast
+from kernelstream.app.kafka import zstd_decode as fast
 
 zstandard = pytest.importorskip("zstandard")
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from aiokafka.abc import ConsumerRebalanceListener
 
-from kernelstream.app.worker_start import DeferredListener
+from kernelstream.agents.window_consumer import DeferredListener
 
 
 class _Recorder(ConsumerRebalanceListener):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernelstream.app.watch import TableFormatter, format_row, matches
+from kernelstream.app.cli.watch import TableFormatter, format_row, matches
 
 
 def rec(**kw: object) -> dict[str, object]:

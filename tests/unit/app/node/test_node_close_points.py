@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernelstream.app.node import WindowClosePoints
+from kernelstream.app.node.runtime import WindowClosePoints
 
 
 def test_close_points_pass_once_each_and_not_at_the_first_launch() -> None:

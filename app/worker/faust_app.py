@@ -14,9 +14,9 @@ from typing import Any
 
 import faust
 
-from kernelstream.app.partitioner import CachedKeyPartitioner
+from kernelstream.app.kafka.partitioner import CachedKeyPartitioner
+from kernelstream.app.kafka.topics import topic_specs
 from kernelstream.app.settings import Settings
-from kernelstream.app.topics import topic_specs
 
 __all__ = ["create_app", "faust_broker_kwargs"]
 
@@ -89,13 +89,15 @@ def create_app(
 ) -> faust.App:
     """Build the worker's Faust app with every agent registered.
 
-    ``window_consumer``: an :class:`app.worker_start.EarlyConsumer` already joining
-    the window agent's group (``kernelstream worker``); by default the window agent
-    creates its consumer when the app starts.
+    ``window_consumer``: an :class:`~kernelstream.agents.window_consumer.EarlyConsumer`
+    already joining the window agent's group (``kernelstream worker``); by default the
+    window agent creates its consumer when the app starts.
     """
+    from functools import partial
+
     from kernelstream.agents.window_agent import state_topic
     from kernelstream.agents.worker import register_agents
-    from kernelstream.app.health import add_worker_endpoints
+    from kernelstream.app.observability.health import add_worker_endpoints
 
     app = faust.App(
         settings.app_id,
@@ -143,7 +145,11 @@ def create_app(
         value_serializer="raw",
         partitions=settings.partitions,
     )
-    agents = register_agents(app, settings, topics, window_consumer)
+    from kernelstream.app.worker.start import window_consumer as make_window_consumer
+
+    agents = register_agents(
+        app, settings, topics, window_consumer, partial(make_window_consumer, settings, bootstrap)
+    )
     _stats_page(app, agents)
     add_worker_endpoints(app, agents)
     return app

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from kernelstream.app.errors import ConfigError
-from kernelstream.app.outbox import DurableSeenIds, NodeStore, Outbox, OutboxSender
+from kernelstream.app.node.outbox import DurableSeenIds, NodeStore, Outbox, OutboxSender
 
 
 def msg(i: int, stream: str = "n:0/k", size: int = 10) -> tuple[str, bytes, bytes, bool, int, int]:

@@ -14,7 +14,12 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from kernelstream.app.metrics import CONTENT_TYPE, NodeMetrics, render, worker_registry
+from kernelstream.app.observability.metrics import (
+    CONTENT_TYPE,
+    NodeMetrics,
+    render,
+    worker_registry,
+)
 
 __all__ = ["add_worker_endpoints", "serve_node_endpoints", "worker_readiness"]
 

@@ -26,9 +26,9 @@ from typing import Any
 
 import orjson
 
-from kernelstream.app.broker import EmbeddedBroker, die_with_parent, free_port
+from kernelstream.app.kafka.embedded import EmbeddedBroker, die_with_parent, free_port
+from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.settings import Settings
-from kernelstream.app.topics import ensure_topics
 from kernelstream.schemas import Finding, ReconfigOutcome, SchemaError, WindowAggregate, decode_any
 
 __all__ = ["DemoOptions", "SummaryBuilder", "run_demo"]
@@ -279,7 +279,7 @@ async def _monitor(
 
 async def _record(settings: Settings, bootstrap: str, directory: Path) -> None:
     """Keep the run's topics: the embedded broker forgets them when it stops."""
-    from kernelstream.app.replay import KafkaSource, record_topics
+    from kernelstream.app.replay.command import KafkaSource, record_topics
 
     names = [
         settings.topic_launches,

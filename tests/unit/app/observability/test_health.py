@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from kernelstream.app.health import worker_readiness
-from kernelstream.app.metrics import METRICS, exported_names
+from kernelstream.app.observability.health import worker_readiness
+from kernelstream.app.observability.metrics import METRICS, exported_names
 
 
 def _agents(window_ready: bool | None) -> SimpleNamespace:

@@ -17,19 +17,19 @@ from kernelstream.agents.logic.windowing import (
     make_example_batch,
 )
 from kernelstream.app.cli import main
-from kernelstream.app.replay import (
+from kernelstream.app.replay.analysis import (
+    LaunchFilter,
+    OfflineAnalysis,
+    RecordedMessage,
+    key_matches,
+)
+from kernelstream.app.replay.command import (
     RangeSpec,
     RecordingSource,
     _line,
     offset_for_time,
     read_range,
     select_ranges,
-)
-from kernelstream.app.report_analysis import (
-    LaunchFilter,
-    OfflineAnalysis,
-    RecordedMessage,
-    key_matches,
 )
 from kernelstream.schemas import LaunchBatch, encode
 from kernelstream.schemas.columnar import LaunchColumns

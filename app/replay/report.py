@@ -27,8 +27,8 @@ from typing import Any
 
 import orjson
 
-from kernelstream.app.report_analysis import AnalysisResult
-from kernelstream.app.report_whatif import fleet_sweep, trace_what_if
+from kernelstream.app.replay.analysis import AnalysisResult
+from kernelstream.app.replay.whatif import fleet_sweep, trace_what_if
 from kernelstream.schemas import Finding, Recommendation, ReconfigOutcome, WindowAggregate
 
 __all__ = ["build_summary", "dumps", "write_report"]
@@ -301,7 +301,7 @@ def write_report(
     out_dir: Path, res: AnalysisResult, summary: dict[str, Any], run_info: dict[str, Any]
 ) -> Path:
     """Write the report directory; return the path of its ``index.html``."""
-    from kernelstream.app.report_plots import render_plots
+    from kernelstream.app.replay.plots import render_plots
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_bytes(dumps(summary))

@@ -19,22 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-from dataclasses import dataclass, field
-from typing import Any
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.abc import ConsumerRebalanceListener
 
+from kernelstream.agents.window_consumer import EarlyConsumer
 from kernelstream.app.settings import Settings
 
-__all__ = ["EarlyConsumer", "run_worker", "window_consumer"]
+__all__ = ["run_worker", "start_window_consumer", "window_consumer"]
 
 # Imported on a thread while the group join is held by the broker.
 _HEAVY_MODULES = (
     "numpy",
     "faust",
     "faust.worker",
-    "kernelstream.app.faust_app",
+    "kernelstream.app.worker.faust_app",
     "kernelstream.agents.worker",
 )
 
@@ -45,7 +43,7 @@ def window_group(settings: Settings) -> str:
 
 def window_consumer(settings: Settings, bootstrap: str) -> AIOKafkaConsumer:
     """The window agent's plain aiokafka group consumer of the launches topic."""
-    from kernelstream.app import zstd_decode
+    from kernelstream.app.kafka import zstd_decode
 
     zstd_decode.install()  # the launch batches' decompression, ~2x faster per batch
     s = settings
@@ -64,42 +62,9 @@ def window_consumer(settings: Settings, bootstrap: str) -> AIOKafkaConsumer:
     )
 
 
-class DeferredListener(ConsumerRebalanceListener):
-    """Forwards rebalance callbacks to a listener attached later.
-
-    Before one is attached nothing has been processed: a revocation has nothing
-    to hand over, and an assignment waits until the window agent attaches.
-    """
-
-    def __init__(self) -> None:
-        self._target: ConsumerRebalanceListener | None = None
-        self._attached = asyncio.Event()
-
-    def attach(self, target: ConsumerRebalanceListener) -> None:
-        self._target = target
-        self._attached.set()
-
-    async def on_partitions_revoked(self, revoked: Any) -> None:
-        if self._target is not None:
-            await self._target.on_partitions_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: Any) -> None:
-        await self._attached.wait()
-        assert self._target is not None
-        await self._target.on_partitions_assigned(assigned)
-
-
-@dataclass
-class EarlyConsumer:
-    """A started, subscribed window consumer and the listener to attach the agent to."""
-
-    consumer: AIOKafkaConsumer
-    listener: DeferredListener = field(default_factory=DeferredListener)
-
-
 async def start_window_consumer(settings: Settings, bootstrap: str) -> EarlyConsumer:
     """Create the topics (the subscription must see them), start, subscribe."""
-    from kernelstream.app.topics import ensure_topics
+    from kernelstream.app.kafka.topics import ensure_topics
 
     await ensure_topics(settings, bootstrap)
     early = EarlyConsumer(window_consumer(settings, bootstrap))
@@ -125,7 +90,7 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str) -> None:
 
     from faust.worker import Worker
 
-    from kernelstream.app.faust_app import create_app
+    from kernelstream.app.worker.faust_app import create_app
 
     app = create_app(settings, bootstrap, window_consumer=early)
     Worker(

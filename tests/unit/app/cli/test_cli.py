@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from kernelstream.app.cli import main
-from kernelstream.app.demo import SummaryBuilder
+from kernelstream.app.cli.demo import SummaryBuilder
 from kernelstream.schemas import ReconfigOutcome, WindowAggregate
 
 
@@ -93,7 +93,7 @@ def test_demo_trace_node_replays_the_first_file_that_is_a_cache(tmp_path: Path) 
     import gzip
     import json
 
-    from kernelstream.app.demo import _find_trace_file
+    from kernelstream.app.cli.demo import _find_trace_file
     from kernelstream.app.settings import Settings
     from tests.toy_cache import write_toy_cache
 

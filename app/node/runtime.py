@@ -31,8 +31,8 @@ import orjson
 from kernelstream.agents.context import dead_letter_record
 from kernelstream.agents.logic.reconfiguration import ReconfigPolicy, Reconfigurator
 from kernelstream.agents.reconfig_agent import RecommendationInbox, outcome_record
-from kernelstream.app.outbox import DurableSeenIds, NodeStore, Outbox, OutboxSender
-from kernelstream.app.partitioner import CachedKeyPartitioner
+from kernelstream.app.kafka.partitioner import CachedKeyPartitioner
+from kernelstream.app.node.outbox import DurableSeenIds, NodeStore, Outbox, OutboxSender
 from kernelstream.app.settings import Settings
 from kernelstream.kernels import open_device
 from kernelstream.kernels.runner import LaunchBatcher, WorkloadRunner

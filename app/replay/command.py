@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from kernelstream.app.report_analysis import RecordedMessage
+from kernelstream.app.replay.analysis import RecordedMessage
 
 __all__ = [
     "KafkaSource",
@@ -185,7 +185,7 @@ class KafkaSource:
     async def __aenter__(self) -> KafkaSource:
         from aiokafka import AIOKafkaConsumer
 
-        from kernelstream.app import zstd_decode
+        from kernelstream.app.kafka import zstd_decode
 
         zstd_decode.install()  # as the worker reads launch batches
         self._consumer = AIOKafkaConsumer(
@@ -625,9 +625,9 @@ async def _to_report(settings: Any, source: Source, opts: ReplayOptions) -> dict
     from kernelstream.agents.context import LaunchLimits
     from kernelstream.agents.tuner_agent import tuner_from_settings
     from kernelstream.agents.window_agent import window_spec
-    from kernelstream.app.report import build_summary, write_report
-    from kernelstream.app.report_analysis import OfflineAnalysis
-    from kernelstream.app.report_whatif import trace_files_in
+    from kernelstream.app.replay.analysis import OfflineAnalysis
+    from kernelstream.app.replay.report import build_summary, write_report
+    from kernelstream.app.replay.whatif import trace_files_in
     from kernelstream.kernels.resolve import SpaceResolver
 
     assert opts.report_dir is not None
@@ -724,8 +724,8 @@ def _default_spaces() -> Path | None:
 async def _to_topic(settings: Any, source: Source, opts: ReplayOptions) -> dict[str, Any]:
     from aiokafka import AIOKafkaProducer
 
-    from kernelstream.app.report_analysis import key_matches
-    from kernelstream.app.topics import topic_specs
+    from kernelstream.app.kafka.topics import topic_specs
+    from kernelstream.app.replay.analysis import key_matches
 
     assert opts.to_topic is not None
     if opts.recording is None and opts.to_topic == getattr(settings, f"topic_{opts.source_role}"):

@@ -1,0 +1,1 @@
+"""Prometheus metrics and the HTTP health endpoints of workers and nodes."""
