@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from kernelstream.agents.latency import WINDOW_BUCKETS_S, LatencyHistogram
 from kernelstream.schemas import DeadLetter, LaunchBatch, Record, SchemaError, decode, encode
 from kernelstream.schemas.codec import check_key
 
@@ -118,6 +119,10 @@ class WorkerContext:
     # Live readings agents offer the metrics and health endpoints (``window.lag``,
     # ``window.ready``), called at scrape time.
     probes: dict[str, Callable[[], Any]] = field(default_factory=dict)
+    # Event time of each emitted window's end to its emission (worker clock).
+    window_latency: LatencyHistogram = field(
+        default_factory=lambda: LatencyHistogram(WINDOW_BUCKETS_S)
+    )
     # The Faust app whose producer :meth:`send` uses; None (unit tests) sends through
     # the topic objects themselves.
     app: Any = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -61,7 +62,9 @@ class RecommendationInbox:
         self._task: asyncio.Task[None] | None = None
         self._consumer: Any = None
         self.ready = asyncio.Event()
-        self.dead_letters = 0
+        self.dead_letters: Counter[str] = Counter()  # by reason code
+        self._tp: Any = None  # the partition read, once assigned
+        self._read: int | None = None  # the last offset received
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="recommendation-inbox")
@@ -94,7 +97,7 @@ class RecommendationInbox:
                 tp = TopicPartition(topic, part)
                 consumer.assign([tp])
                 await consumer.seek_to_beginning(tp)
-                self._consumer = consumer
+                self._consumer, self._tp = consumer, tp
                 self.ready.set()
                 return
             except Exception as exc:
@@ -109,12 +112,13 @@ class RecommendationInbox:
             self._receive(msg)
 
     def _receive(self, msg: Any) -> None:
+        self._read = msg.offset
         if msg.key is not None and msg.key != self.settings.node_id.encode():
             return  # another node hashed to the same partition
         try:
             rec = decode(msg.value, Recommendation)
         except SchemaError as exc:
-            self.dead_letters += 1
+            self.dead_letters[exc.code] += 1
             dl = dead_letter_record(
                 "node.reconfig",
                 msg.topic,
@@ -130,6 +134,20 @@ class RecommendationInbox:
         if self.handled is not None and self.handled(rec.id, msg.offset):
             return  # decided before this node restarted; not a replay
         self._queue.append((rec, msg.offset))
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        """Messages of this node's partition not yet received, from the fetch high watermark.
+
+        Empty until the partition is assigned; the high watermark is the one the
+        broker reported with the last fetch (no ListOffsets request, which the
+        embedded broker answers wrongly).
+        """
+        if self._consumer is None or self._tp is None:
+            return {}
+        high = self._consumer.highwater(self._tp)
+        done = self._read + 1 if self._read is not None else 0
+        key = (self._tp.topic, self._tp.partition)
+        return {key: max(0, high - done) if high is not None else 0}
 
     def drain(self) -> list[tuple[Recommendation, int]]:
         """The recommendations received since the last call, with their offsets."""

@@ -372,6 +372,7 @@ class WindowIngest(Service):
             self.stats.launches_in_windows += agg.count + agg.failures
             self.ctx.counters["windows.out"] += 1
             await self.ctx.send("windows", agg.stream_key.encode(), encode(agg))
+            self.ctx.window_latency.observe(time.time() - agg.window_end)
             if self.detector is not None:
                 await self.detector.on_window(agg)
 

@@ -29,6 +29,12 @@ import numpy as np
 import orjson
 
 from kernelstream.agents.context import dead_letter_record
+from kernelstream.agents.latency import (
+    RECOMMENDATION_BUCKETS_S,
+    TICK_LAG_WINDOW_S,
+    LatencyHistogram,
+    RecentMax,
+)
 from kernelstream.agents.logic.reconfiguration import ReconfigPolicy, Reconfigurator
 from kernelstream.agents.reconfig_agent import RecommendationInbox, outcome_record
 from kernelstream.app.kafka.partitioner import CachedKeyPartitioner
@@ -172,6 +178,9 @@ class _Node:
             settings, bootstrap, self.publish, handled=self.seen.handled
         )
         self.audit = _Audit(settings.node_dir() / "audit.jsonl")
+        # For the metrics endpoint: issued_at -> applied, and the recent worst tick overrun.
+        self.recommendation_latency = LatencyHistogram(RECOMMENDATION_BUCKETS_S)
+        self.tick_lag = RecentMax(TICK_LAG_WINDOW_S)
         self.metrics: Any = None  # app.metrics.NodeMetrics when the node is scraped
         self._partitioner = CachedKeyPartitioner()  # kept across producers the sender makes
 
@@ -270,6 +279,7 @@ class _Node:
                 self._outcome(rec, "rejected", decision.reason, before, rec.config, **audit)
                 continue
             self.runner.set_config(rec.kernel, self.reconf.apply(rec, now))
+            self.recommendation_latency.observe(time.time() - rec.issued_at)
             self._outcome(rec, "applied", "applied at a safe point", before, rec.config, **audit)
 
     def _outcome(
@@ -379,6 +389,7 @@ async def _loop(node: _Node, stop: asyncio.Event, duration_s: float | None) -> N
             report.ticks += 1
             elapsed = time.time() - tick_start
             report.max_tick_lag_s = max(report.max_tick_lag_s, elapsed - _TICK_S)
+            node.tick_lag.observe(time.monotonic(), elapsed - _TICK_S)
             await asyncio.sleep(max(0.0, _TICK_S - elapsed))
     finally:
         node.publish_batches(node.batcher.flush())

@@ -3,8 +3,10 @@
 :data:`METRICS` names each metric once (name, type, labels, help); the collectors
 below read the processes' existing counters at scrape time (the worker's
 ``WorkerContext.counters`` and window-agent stats, the node's report, outbox and
-inbox), so the hot paths carry no metric code of their own. The Grafana dashboard
-in ``deploy/`` may use only these names (checked by a test).
+inbox), so the hot paths carry no metric code of their own beyond two latency
+histograms (one bisect per emitted window or applied recommendation). Label values
+known in advance are exported at 0 from the first scrape. The Grafana dashboard and
+the alert rules in ``deploy/`` may use only these names (checked by tests).
 
 >>> "kernelstream_worker_launches_total" in exported_names()
 True
@@ -14,17 +16,32 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from kernelstream.agents.latency import TICK_LAG_WINDOW_S, LatencyHistogram
+from kernelstream.schemas.codec import REASON_CODES
+from kernelstream.schemas.records import Classification, OutcomeStatus
 
 __all__ = [
+    "CLASSIFICATIONS",
     "CONTENT_TYPE",
     "METRICS",
+    "NODE_DEAD_LETTERS",
+    "OUTCOMES",
+    "WORKER_DEAD_LETTERS",
     "KernelSpeed",
     "MetricSpec",
     "NodeMetrics",
@@ -36,36 +53,56 @@ __all__ = [
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+Kind = Literal["counter", "gauge", "histogram"]
+
+
 @dataclass(frozen=True)
 class MetricSpec:
-    """One exported metric. A counter's samples carry the ``_total`` suffix."""
+    """One exported metric. A counter's samples carry the ``_total`` suffix.
+
+    Names follow one scheme: ``kernelstream_<process>_<what>``, where the process
+    is ``worker`` or ``node``; what both kinds export (``_ready``,
+    ``_consumer_lag``, ``_dead_letters_total``) has the same suffix and labels.
+    """
 
     name: str
-    kind: Literal["counter", "gauge"]
+    kind: Kind
     help: str
     labels: tuple[str, ...] = ()
     source: Literal["worker", "node"] = "worker"
 
     @property
-    def sample_name(self) -> str:
-        return f"{self.name}_total" if self.kind == "counter" else self.name
+    def sample_names(self) -> tuple[str, ...]:
+        if self.kind == "counter":
+            return (f"{self.name}_total",)
+        if self.kind == "histogram":
+            return tuple(f"{self.name}_{s}" for s in ("bucket", "sum", "count"))
+        return (self.name,)
 
-    def family(self) -> CounterMetricFamily | GaugeMetricFamily:
-        cls = CounterMetricFamily if self.kind == "counter" else GaugeMetricFamily
+    def family(self) -> Metric:
+        cls = {
+            "counter": CounterMetricFamily,
+            "gauge": GaugeMetricFamily,
+            "histogram": HistogramMetricFamily,
+        }[self.kind]
         return cls(self.name, self.help, labels=list(self.labels))
 
 
-def _w(name: str, kind: Literal["counter", "gauge"], help: str, *labels: str) -> MetricSpec:
+def _w(name: str, kind: Kind, help: str, *labels: str) -> MetricSpec:
+    assert name.startswith("kernelstream_worker_"), name  # the naming scheme
     return MetricSpec(name, kind, help, labels, "worker")
 
 
-def _n(name: str, kind: Literal["counter", "gauge"], help: str, *labels: str) -> MetricSpec:
+def _n(name: str, kind: Kind, help: str, *labels: str) -> MetricSpec:
+    assert name.startswith("kernelstream_node_"), name
     return MetricSpec(name, kind, help, ("node", *labels), "node")
 
 
+_LAG_HELP = "Messages not yet processed per partition (fetch high watermark minus position)."
+
 METRICS: tuple[MetricSpec, ...] = (
     # --- worker ---------------------------------------------------------------
-    _w("kernelstream_ready", "gauge", "1 when this process is ready (see /readyz), else 0."),
+    _w("kernelstream_worker_ready", "gauge", "1 when this worker is ready (see /readyz), else 0."),
     _w(
         "kernelstream_worker_launches",
         "counter",
@@ -74,14 +111,19 @@ METRICS: tuple[MetricSpec, ...] = (
     _w("kernelstream_worker_launch_batches", "counter", "Launch batches accepted."),
     _w("kernelstream_worker_windows", "counter", "Window aggregates emitted."),
     _w(
+        "kernelstream_worker_window_latency_seconds",
+        "histogram",
+        "Event time of a window's end to the window's emission (worker clock).",
+    ),
+    _w(
         "kernelstream_worker_late_launches",
         "counter",
-        "Launches later than the allowed lateness, sent to the late topic.",
+        "Launches later than the allowed lateness, sent to ks.late.",
     ),
     _w(
         "kernelstream_worker_duplicate_launches",
         "counter",
-        "Launches received again (resent or replayed) and counted once.",
+        "Launches received again and counted once.",
     ),
     _w("kernelstream_worker_open_windows", "gauge", "Windows open in this worker."),
     _w(
@@ -97,26 +139,19 @@ METRICS: tuple[MetricSpec, ...] = (
         "Reconfiguration outcomes seen on the reconfig topic (fleet-wide).",
         "outcome",
     ),
-    _w(
-        "kernelstream_consumer_lag",
-        "gauge",
-        "Messages not yet processed per partition (fetch high watermark minus position).",
-        "consumer",
-        "topic",
-        "partition",
-    ),
+    _w("kernelstream_worker_consumer_lag", "gauge", _LAG_HELP, "consumer", "topic", "partition"),
     _w(
         "kernelstream_worker_assigned_partitions",
         "gauge",
         "Partitions assigned to this worker.",
         "consumer",
     ),
-    MetricSpec(
-        "kernelstream_dead_letters",
+    _w(
+        "kernelstream_worker_dead_letters",
         "counter",
-        "Records sent to the dead-letter topic, by stage and reason code (workers and nodes).",
-        ("stage", "reason"),
-        "worker",
+        "Records sent to the dead-letter topic, by stage and reason code.",
+        "stage",
+        "reason",
     ),
     # --- node -----------------------------------------------------------------
     _n("kernelstream_node_ready", "gauge", "1 when this node is ready (see /readyz), else 0."),
@@ -129,34 +164,62 @@ METRICS: tuple[MetricSpec, ...] = (
         "outcome",
     ),
     _n(
-        "kernelstream_kernel_duration_seconds",
+        "kernelstream_node_recommendation_latency_seconds",
+        "histogram",
+        "A recommendation's issued_at (worker clock) to its application on this node.",
+    ),
+    _n("kernelstream_node_consumer_lag", "gauge", _LAG_HELP, "consumer", "topic", "partition"),
+    _n(
+        "kernelstream_node_kernel_duration_seconds",
         "gauge",
         "Recent mean duration of a kernel under its current configuration.",
         "device_model",
         "kernel",
     ),
     _n(
-        "kernelstream_kernel_speedup",
+        "kernelstream_node_kernel_speedup",
         "gauge",
         "Mean duration under the default configuration / under the current one.",
         "device_model",
         "kernel",
     ),
-    _n("kernelstream_outbox_depth", "gauge", "Messages in the node's outbox not yet delivered."),
-    _n("kernelstream_outbox_bytes", "gauge", "Bytes in the node's outbox not yet delivered."),
-    _n("kernelstream_outbox_send_failures", "counter", "Failed sends (retried in order)."),
     _n(
-        "kernelstream_outbox_dropped_launches",
+        "kernelstream_node_outbox_depth",
+        "gauge",
+        "Messages in the node's outbox not yet delivered.",
+    ),
+    _n("kernelstream_node_outbox_bytes", "gauge", "Bytes in the node's outbox not yet delivered."),
+    _n("kernelstream_node_outbox_send_failures", "counter", "Failed sends (retried in order)."),
+    _n(
+        "kernelstream_node_outbox_dropped_launches",
         "counter",
         "Launches dropped because the outbox was full during an outage.",
     ),
     _n(
         "kernelstream_node_dead_letters",
         "counter",
-        "Dead letters written by the node, by reason code.",
+        "Records the node sent to the dead-letter topic, by stage and reason code.",
+        "stage",
         "reason",
     ),
-    _n("kernelstream_node_tick_lag_seconds", "gauge", "Worst overrun of the launch loop's tick."),
+    _n(
+        "kernelstream_node_tick_lag_seconds",
+        "gauge",
+        f"Worst overrun of the launch loop's 50 ms tick in the last {TICK_LAG_WINDOW_S:.0f} s.",
+    ),
+)
+
+#: Label values known in advance: their series exist from the first scrape at 0,
+#: so ``increase()`` counts the first event and a healthy system shows 0, not "No data".
+CLASSIFICATIONS: tuple[str, ...] = get_args(Classification)
+OUTCOMES: tuple[str, ...] = get_args(OutcomeStatus)
+_STAGE_CODES = tuple(c for c in REASON_CODES if c != "outbox_full")
+WORKER_DEAD_LETTERS: tuple[tuple[str, str], ...] = tuple(
+    (stage, code) for stage in ("window", "tuner", "outcomes") for code in _STAGE_CODES
+)
+NODE_DEAD_LETTERS: tuple[tuple[str, str], ...] = (
+    ("node.outbox", "outbox_full"),
+    *(("node.reconfig", code) for code in _STAGE_CODES),
 )
 
 _BY_NAME = {m.name: m for m in METRICS}
@@ -164,10 +227,10 @@ _BY_NAME = {m.name: m for m in METRICS}
 
 def exported_names() -> set[str]:
     """Every sample name a kernelstream process may export (process_* excluded)."""
-    return {m.sample_name for m in METRICS}
+    return {n for m in METRICS for n in m.sample_names}
 
 
-def _family(name: str) -> CounterMetricFamily | GaugeMetricFamily:
+def _family(name: str) -> Any:
     return _BY_NAME[name].family()
 
 
@@ -195,22 +258,21 @@ class _WorkerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         ctx, stats = self.agents.ctx, self.agents.window_stats
         c = dict(ctx.counters)
-        yield _gauge("kernelstream_ready", 1.0 if self.ready() else 0.0)
+        yield _gauge("kernelstream_worker_ready", 1.0 if self.ready() else 0.0)
         yield _count("kernelstream_worker_launches", c.get("launches.in", 0))
         yield _count("kernelstream_worker_launch_batches", stats.batches)
         yield _count("kernelstream_worker_windows", c.get("windows.out", 0))
+        yield _histogram("kernelstream_worker_window_latency_seconds", ctx.window_latency)
         yield _count("kernelstream_worker_late_launches", c.get("launches.late", 0))
         yield _count("kernelstream_worker_duplicate_launches", c.get("launches.duplicate", 0))
         yield _gauge("kernelstream_worker_open_windows", self.agents.windower.open_windows())
         yield _count("kernelstream_worker_recommendations", c.get("recommendations.out", 0))
-        yield _by_prefix("kernelstream_worker_findings", c, "findings.")
-        yield _by_prefix("kernelstream_worker_outcomes", c, "outcomes.")
-        dead = _family("kernelstream_dead_letters")
-        for key, n in sorted(ctx.dead_letter_counts().items()):
-            stage, _, reason = key.rpartition(".")
-            dead.add_metric([stage, reason], n)
-        yield dead
-        lag = _family("kernelstream_consumer_lag")
+        yield _by_prefix("kernelstream_worker_findings", c, "findings.", CLASSIFICATIONS)
+        yield _by_prefix("kernelstream_worker_outcomes", c, "outcomes.", OUTCOMES)
+        yield _dead_letters("kernelstream_worker_dead_letters", [], WORKER_DEAD_LETTERS, {
+            tuple(key.rsplit(".", 1)): n for key, n in ctx.dead_letter_counts().items()
+        })  # fmt: skip
+        lag = _family("kernelstream_worker_consumer_lag")
         assigned = _family("kernelstream_worker_assigned_partitions")
         for consumer, parts in self._lags():
             assigned.add_metric([consumer], len(parts))
@@ -327,23 +389,29 @@ class NodeMetrics(Collector):
         yield _count("kernelstream_node_launches", report.launches, nid)
         yield _count("kernelstream_node_batches", report.batches, nid)
         rec = _family("kernelstream_node_recommendations")
-        for outcome in ("applied", "rejected", "kept", "rolled_back"):
+        for outcome in OUTCOMES:
             rec.add_metric([*nid, outcome], report.outcomes.get(outcome, 0))
         yield rec
+        latency = node.recommendation_latency
+        yield _histogram("kernelstream_node_recommendation_latency_seconds", latency, nid)
+        lag = _family("kernelstream_node_consumer_lag")
+        for (topic, partition), n in sorted(node.inbox.lag().items()):
+            lag.add_metric([*nid, "recommendations", topic, str(partition)], n)
+        yield lag
         yield from self._kernels(node, nid)
-        yield _gauge("kernelstream_outbox_depth", ob.pending, nid)
-        yield _gauge("kernelstream_outbox_bytes", ob.pending_bytes, nid)
-        yield _count("kernelstream_outbox_send_failures", ob.send_failures, nid)
-        yield _count("kernelstream_outbox_dropped_launches", ob.dropped_launches, nid)
-        dead = _family("kernelstream_node_dead_letters")
-        dead.add_metric([*nid, "outbox_full"], ob.dropped_batches)
-        dead.add_metric([*nid, "invalid_recommendation"], node.inbox.dead_letters)
-        yield dead
-        yield _gauge("kernelstream_node_tick_lag_seconds", max(0.0, report.max_tick_lag_s), nid)
+        yield _gauge("kernelstream_node_outbox_depth", ob.pending, nid)
+        yield _gauge("kernelstream_node_outbox_bytes", ob.pending_bytes, nid)
+        yield _count("kernelstream_node_outbox_send_failures", ob.send_failures, nid)
+        yield _count("kernelstream_node_outbox_dropped_launches", ob.dropped_launches, nid)
+        dead: dict[tuple[str, ...], int] = {("node.outbox", "outbox_full"): ob.dropped_batches}
+        dead.update((("node.reconfig", code), n) for code, n in node.inbox.dead_letters.items())
+        yield _dead_letters("kernelstream_node_dead_letters", nid, NODE_DEAD_LETTERS, dead)
+        lag_s = max(0.0, node.tick_lag.value(time.monotonic()))
+        yield _gauge("kernelstream_node_tick_lag_seconds", lag_s, nid)
 
     def _kernels(self, node: Any, nid: list[str]) -> Iterator[Metric]:
-        duration = _family("kernelstream_kernel_duration_seconds")
-        speedup = _family("kernelstream_kernel_speedup")
+        duration = _family("kernelstream_node_kernel_duration_seconds")
+        speedup = _family("kernelstream_node_kernel_speedup")
         model = str(node.device.spec.name)
         for kernel, st in sorted(node.runner.kernels.items()):
             if self.speed is None:
@@ -372,9 +440,33 @@ def _gauge(name: str, value: float, labels: list[str] | None = None) -> Metric:
     return _count(name, value, labels)
 
 
-def _by_prefix(name: str, counters: dict[str, int], prefix: str) -> Metric:
+def _by_prefix(name: str, counters: dict[str, int], prefix: str, known: tuple[str, ...]) -> Metric:
+    """One sample per label value: every known one (0 until counted) and any other seen."""
+    values = dict.fromkeys(known, 0)
+    values.update((k[len(prefix) :], n) for k, n in counters.items() if k.startswith(prefix))
     fam = _family(name)
-    for key, n in sorted(counters.items()):
-        if key.startswith(prefix):
-            fam.add_metric([key[len(prefix) :]], n)
+    for value, n in sorted(values.items()):
+        fam.add_metric([value], n)
+    return fam
+
+
+def _dead_letters(
+    name: str,
+    labels: list[str],
+    known: tuple[tuple[str, str], ...],
+    counts: Mapping[tuple[str, ...], int],
+) -> Metric:
+    """Dead letters by (stage, reason): every known pair (0 until counted) and any other seen."""
+    values: dict[tuple[str, ...], int] = dict.fromkeys(known, 0)
+    values.update(counts)
+    fam = _family(name)
+    for key, n in sorted(values.items()):
+        fam.add_metric([*labels, *key], n)
+    return fam
+
+
+def _histogram(name: str, h: LatencyHistogram, labels: list[str] | None = None) -> Metric:
+    fam = _family(name)
+    buckets = [(floatToGoString(bound), n) for bound, n in h.cumulative()]
+    fam.add_metric(labels or [], buckets, h.sum)
     return fam

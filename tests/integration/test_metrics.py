@@ -1,9 +1,12 @@
-"""Metrics and health endpoints of a real worker and a real node on the embedded broker.
+"""Metrics and health endpoints of a real worker and real nodes, scraped by a real Prometheus.
 
-A ``kernelstream worker`` and a ``kernelstream node`` (sim backend) run as processes;
-a bad message is produced so a dead letter exists. Both ``/metrics`` endpoints must
-serve every metric of :data:`app.metrics.METRICS` of their kind with sane values,
-and ``/readyz`` must say ready only once the process is (and never while it is not).
+A ``kernelstream worker`` and two ``kernelstream node`` processes (sim backend, two
+device models) run on the embedded broker, and Debian's ``prometheus`` scrapes them
+with the project's alert rules loaded. A bad message is produced (after Prometheus
+has seen the dead-letter counters at 0) so a dead letter exists. Both kinds of
+``/metrics`` endpoint must serve every metric of :data:`METRICS` of their kind with
+sane values; every dashboard query and the signal of every alert rule must return
+data in Prometheus; ``/readyz`` must say ready only once the process is.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -22,10 +26,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kernelstream.app.kafka.embedded import free_port
 from kernelstream.app.kafka.topics import ensure_topics
-from kernelstream.app.observability.metrics import METRICS
+from kernelstream.app.observability.metrics import (
+    CLASSIFICATIONS,
+    METRICS,
+    NODE_DEAD_LETTERS,
+    OUTCOMES,
+    WORKER_DEAD_LETTERS,
+)
 from kernelstream.app.settings import Settings
 from tests.integration.conftest import settings_env
 from tests.integration.helpers import produce
+from tests.integration.prometheus import PrometheusServer, alert_signals, dashboard_queries
 from tests.integration.workers import wait_for
 
 pytestmark = pytest.mark.integration
@@ -82,10 +93,34 @@ def node_process(settings: Settings, log: Path, **env: str) -> Iterator[int]:
 
 
 @pytest.fixture
-def node_port(settings: Settings, tmp_path: Path) -> Iterator[int]:
+def node_ports(settings: Settings, tmp_path: Path) -> Iterator[tuple[int, int]]:
+    """Two sim nodes: this test's node id on an A100 and a second one on an H100."""
     workloads = '["matmul","transpose"]'
-    with node_process(settings, tmp_path / "node.log", KERNELSTREAM_WORKLOADS=workloads) as port:
-        yield port
+    with (
+        node_process(settings, tmp_path / "node.log", KERNELSTREAM_WORKLOADS=workloads) as a,
+        node_process(
+            settings,
+            tmp_path / "node-b.log",
+            KERNELSTREAM_WORKLOADS=workloads,
+            KERNELSTREAM_NODE_ID=f"{settings.node_id}-b",
+            KERNELSTREAM_DEVICE_MODEL="H100-SXM5-80GB",
+        ) as b,
+    ):
+        yield a, b
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[PrometheusServer]:
+    """Not started: the test starts it once it knows the ports to scrape."""
+    server = PrometheusServer(tmp_path / "prometheus")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def node_ready(port: int) -> bool:
+    return get(port, "/readyz")[0] == 200
 
 
 def ready_answer(port: int, statuses: list[int]) -> bool:
@@ -100,11 +135,15 @@ def ready_answer(port: int, statuses: list[int]) -> bool:
 
 
 async def test_worker_and_node_metrics(
-    settings: Settings, worker: subprocess.Popen[bytes], node_port: int
+    settings: Settings,
+    worker: subprocess.Popen[bytes],
+    node_ports: tuple[int, int],
+    prometheus: PrometheusServer,
 ) -> None:
     bootstrap = str(settings.bootstrap)
     await ensure_topics(settings, bootstrap)
-    wport = settings.web_port
+    wport, (node_port, node_b_port) = settings.web_port, node_ports
+    prometheus.start(worker_ports=[wport], node_ports=[node_port, node_b_port])
 
     # Readiness: poll from start; once 200, the worker's window consumer has its assignment.
     statuses: list[int] = []
@@ -112,24 +151,48 @@ async def test_worker_and_node_metrics(
     stats = json.loads(get(wport, "/ks/stats/")[1])
     assert stats["window"]["assigned_at"] is not None
     assert get(wport, "/healthz")[0] == 200
-    await wait_for(lambda: get(node_port, "/readyz")[0] == 200, 60, "node /readyz 200")
-    assert get(node_port, "/healthz")[0] == 200
+    for port in node_ports:
+        await wait_for(partial(node_ready, port), 60, "node /readyz 200")
+        assert get(port, "/healthz")[0] == 200
 
+    # The first dead letter of a (stage, reason) must count: Prometheus has to have seen
+    # its counter at 0 before it happens.
+    first = 'kernelstream_worker_dead_letters_total{stage="window",reason="invalid_json"}'
+    await wait_for(lambda: prometheus.values(first) == [0.0], 60, "the counter at 0 in Prometheus")
     await produce(bootstrap, settings.topic_launches, [(b"bad-key", b"{not json")])
 
     def flowing() -> bool:
         w, n = scrape(wport), scrape(node_port)
         return (
             total(w, "kernelstream_worker_recommendations_total") > 0
-            and total(w, "kernelstream_dead_letters_total", stage="window") > 0
+            and total(w, "kernelstream_worker_dead_letters_total", stage="window") > 0
             and total(n, "kernelstream_node_recommendations_total", outcome="applied") > 0
         )
 
     await wait_for(flowing, 120, "recommendations applied and a dead letter")
-    w, n = scrape(wport), scrape(node_port)
+    check_worker_samples(scrape(wport), settings)
+    check_node_samples(scrape(node_port), settings.node_id)
+    check_node_samples(scrape(node_b_port), f"{settings.node_id}-b")
 
+    queries = dashboard_queries() + [signal for _, signal in alert_signals()]
+    assert len(queries) >= 40
+    missing = await prometheus.wait_for_data(queries, 90)
+    assert not missing, f"no data in Prometheus for: {missing}"
+
+    def counted() -> bool:  # extrapolated by increase(): about 1
+        return [round(v) for v in prometheus.values(f"increase({first}[10m])")] == [1]
+
+    await wait_for(counted, 30, "the first dead letter counted by increase()")
+    assert all(r["health"] == "ok" for r in prometheus.rules()), prometheus.rules()
+    firing = 'ALERTS{alertname="KernelstreamWorkerDeadLetters",reason="invalid_json"}'
+    await wait_for(lambda: bool(prometheus.values(firing)), 30, "the dead-letter alert")
+
+
+def check_worker_samples(w: Samples, settings: Settings) -> None:
+    """Every worker metric present with sane values; known label values pre-initialised."""
     for m in METRICS:
-        assert m.sample_name in (w if m.source == "worker" else n), f"{m.sample_name} missing"
+        if m.source == "worker":
+            assert set(m.sample_names) <= set(w), f"{m.name} missing"
     for name in (
         "kernelstream_worker_launches_total",
         "kernelstream_worker_launch_batches_total",
@@ -137,40 +200,55 @@ async def test_worker_and_node_metrics(
         "kernelstream_worker_findings_total",
         "kernelstream_worker_recommendations_total",
         "kernelstream_worker_outcomes_total",
+        "kernelstream_worker_window_latency_seconds_count",
     ):
         assert total(w, name) > 0, name
-    assert total(w, "kernelstream_ready") == 1
+    assert total(w, "kernelstream_worker_ready") == 1
     assert total(w, "kernelstream_worker_late_launches_total") >= 0
     assert total(w, "kernelstream_worker_open_windows") >= 0
     assert {lb["consumer"] for lb, _ in w["kernelstream_worker_assigned_partitions"]} == {
         "window",
         "agents",
     }
-    lag = w["kernelstream_consumer_lag"]
+    lag = w["kernelstream_worker_consumer_lag"]
     assert {lb["topic"] for lb, _ in lag} >= {settings.topic_launches}
     assert all(v >= 0 for _, v in lag)
-    dead = {lb["reason"]: v for lb, v in w["kernelstream_dead_letters_total"] if v}
-    assert dead == {"invalid_json": 1}, dead
-    classes = {lb["classification"] for lb, v in w["kernelstream_worker_findings_total"] if v}
-    assert classes, "no classification counted"
+    dead = {(lb["stage"], lb["reason"]): v for lb, v in w["kernelstream_worker_dead_letters_total"]}
+    assert set(WORKER_DEAD_LETTERS) <= set(dead)
+    assert {k: v for k, v in dead.items() if v} == {("window", "invalid_json"): 1}, dead
+    findings = {lb["classification"] for lb, _ in w["kernelstream_worker_findings_total"]}
+    assert findings >= set(CLASSIFICATIONS)
+    assert {lb["outcome"] for lb, _ in w["kernelstream_worker_outcomes_total"]} >= set(OUTCOMES)
+    buckets = w["kernelstream_worker_window_latency_seconds_bucket"]
+    count = total(w, "kernelstream_worker_window_latency_seconds_count")
+    assert max(v for _, v in buckets) == count  # the +Inf bucket holds every window
+    mean = total(w, "kernelstream_worker_window_latency_seconds_sum") / count
+    assert 0 < mean < 60, mean  # at least the out-of-orderness, at most the test's length
 
-    node = settings.node_id
+
+def check_node_samples(n: Samples, node: str) -> None:
+    """Every node metric present for this node id, with sane values."""
+    for m in METRICS:
+        if m.source == "node":
+            assert set(m.sample_names) <= set(n), f"{m.name} missing"
     assert total(n, "kernelstream_node_ready", node=node) == 1
     assert total(n, "kernelstream_node_launches_total", node=node) > 0
     assert total(n, "kernelstream_node_batches_total", node=node) > 0
-    assert {lb["outcome"] for lb, _ in n["kernelstream_node_recommendations_total"]} == {
-        "applied",
-        "rejected",
-        "kept",
-        "rolled_back",
-    }
-    kernels = {lb["kernel"]: v for lb, v in n["kernelstream_kernel_speedup"]}
+    outcomes = {lb["outcome"] for lb, _ in n["kernelstream_node_recommendations_total"]}
+    assert outcomes == set(OUTCOMES)
+    dead = {(lb["stage"], lb["reason"]) for lb, _ in n["kernelstream_node_dead_letters_total"]}
+    assert dead == set(NODE_DEAD_LETTERS)
+    kernels = {lb["kernel"]: v for lb, v in n["kernelstream_node_kernel_speedup"]}
     assert set(kernels) == {"matmul", "transpose"}
     assert all(0 < v < 1000 for v in kernels.values()), kernels
-    durations = [v for _, v in n["kernelstream_kernel_duration_seconds"]]
+    durations = [v for _, v in n["kernelstream_node_kernel_duration_seconds"]]
     assert durations and all(0 < v < 1 for v in durations), durations
-    assert total(n, "kernelstream_outbox_depth") >= 0
-    assert total(n, "kernelstream_outbox_dropped_launches_total") == 0
+    ((labels, lag),) = n["kernelstream_node_consumer_lag"]
+    assert labels["consumer"] == "recommendations" and lag >= 0
+    assert total(n, "kernelstream_node_outbox_depth") >= 0
+    assert total(n, "kernelstream_node_outbox_bytes") >= 0
+    assert total(n, "kernelstream_node_outbox_dropped_launches_total") == 0
+    assert 0 <= total(n, "kernelstream_node_tick_lag_seconds") < 5
     assert total(n, "process_resident_memory_bytes") > 0
 
 

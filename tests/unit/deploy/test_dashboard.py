@@ -17,6 +17,7 @@ _FUNCS = {
     "sum", "avg", "min", "max", "count", "rate", "increase", "irate", "by", "without",
     "histogram_quantile", "topk", "bottomk", "on", "ignoring", "group_left", "group_right",
     "and", "or", "unless", "offset", "abs", "clamp_min", "clamp_max", "delta", "deriv",
+    "vector",
 }  # fmt: skip
 
 
@@ -41,8 +42,10 @@ def targets(node: Any) -> list[str]:
 
 
 def test_metric_names_parser() -> None:
-    got = metric_names("sum by (stage, reason) (increase(kernelstream_dead_letters_total[5m]))")
-    assert got == {"kernelstream_dead_letters_total"}
+    expr = "sum by (stage, reason) (increase(kernelstream_worker_dead_letters_total[5m]))"
+    assert metric_names(expr) == {"kernelstream_worker_dead_letters_total"}
+    expr = "histogram_quantile(0.95, sum by (le) (rate(x_bucket[5m]))) or vector(0)"
+    assert metric_names(expr) == {"x_bucket"}
     got = metric_names('process_resident_memory_bytes{job="kernelstream-worker"} + up')
     assert got == {"process_resident_memory_bytes", "up"}
 
@@ -56,15 +59,22 @@ def test_dashboard_uses_only_exported_metrics() -> None:
     assert used <= known, f"unknown metrics in the dashboard: {sorted(used - known)}"
 
 
-def test_dashboard_covers_the_issue_panels() -> None:
+def test_dashboard_shows_what_an_operator_watches() -> None:
     used = set().union(*(metric_names(e) for e in targets(json.loads(DASHBOARD.read_text()))))
     for name in (
         "kernelstream_node_launches_total",  # fleet throughput
-        "kernelstream_consumer_lag",
-        "kernelstream_kernel_duration_seconds",
-        "kernelstream_kernel_speedup",
+        "kernelstream_worker_consumer_lag",
+        "kernelstream_node_consumer_lag",  # the nodes' recommendation consumer
+        "kernelstream_node_kernel_duration_seconds",
+        "kernelstream_node_kernel_speedup",
         "kernelstream_worker_findings_total",
         "kernelstream_node_recommendations_total",  # applied / rejected / rolled back
-        "kernelstream_dead_letters_total",
+        "kernelstream_worker_outcomes_total",
+        "kernelstream_worker_dead_letters_total",
+        "kernelstream_node_dead_letters_total",
+        "kernelstream_node_outbox_bytes",
+        "kernelstream_node_tick_lag_seconds",
+        "kernelstream_worker_window_latency_seconds_bucket",
+        "kernelstream_node_recommendation_latency_seconds_bucket",
     ):
         assert name in used, name
