@@ -21,7 +21,9 @@ __all__ = [
 
 #: Event time of a window's end to the window's emission: at least the allowed
 #: out-of-orderness, plus the node's batching delay and the worker's own work.
-WINDOW_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+WINDOW_BUCKETS_S = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
 #: A recommendation's ``issued_at`` to the node applying it at a safe point.
 RECOMMENDATION_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: A node's tick-lag gauge shows the worst overrun of this last stretch of time.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
 import shutil
@@ -134,8 +135,12 @@ class PrometheusServer:
         return [float(r["value"][1]) for r in self.query(expr)]
 
     def empty(self, exprs: list[str]) -> list[str]:
-        """The expressions that return no data now."""
-        return [e for e in exprs if not self.query(e)]
+        """The expressions that return no data now: no sample, or only NaN ones.
+
+        ``histogram_quantile`` of a rate without observations is NaN: a latency
+        panel with nothing to show, which must not pass for data.
+        """
+        return [e for e in exprs if not any(math.isfinite(v) for v in self.values(e))]
 
     async def wait_for_data(self, exprs: list[str], timeout_s: float) -> list[str]:
         """Poll until every expression returns data; returns those that never did."""
