@@ -15,11 +15,13 @@ batch order, even though :meth:`Windower.add` works on whole columns):
 * a launch older than the watermark whose window is still open is accepted and
   counted as ``late_accepted``.
 
->>> w = Windower(WindowSpec(size_s=1.0, out_of_orderness_s=0.0, allowed_lateness_s=0.0))
->>> w.add(make_example_batch([0.1, 0.5, 1.2]), now=0.0) is None
-True
->>> [(a.window_start, a.count) for a in w.poll(now=0.0)]
-[(0.0, 2)]
+For example (indented, so the API reference shows it as code):
+
+    >>> w = Windower(WindowSpec(size_s=1.0, out_of_orderness_s=0.0, allowed_lateness_s=0.0))
+    >>> w.add(make_example_batch([0.1, 0.5, 1.2]), now=0.0) is None
+    True
+    >>> [(a.window_start, a.count) for a in w.poll(now=0.0)]
+    [(0.0, 2)]
 """
 
 from __future__ import annotations
