@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything issue 3 needs measured on a real GPU, in ONE device call of at most 10 minutes:
+# Everything the GPU path needs measured on a real GPU, in one run of at most 10 minutes:
 #
 #   1. setup      the project's Python dependencies (offline wheels from bench/gpu_wheels.sh,
 #                 carried as var/gpu-wheels; or pip with network), CuPy and nvidia-ml-py
@@ -11,10 +11,9 @@
 #                 each followed by its calibration against the sim model
 #   6. calibrate  kernelstream calibrate over every sweep file -> calibration.{json,txt}
 #
-# Usage (repository root, on the GPU machine):
-#   bench/gpu_session.sh
-# with the device tool:  run(command="OUT=$OUT bench/gpu_session.sh", carry=["var/gpu-wheels"],
-#                            timeout_s=600)
+# Usage: copy the repository to the GPU machine (with var/gpu-wheels from bench/gpu_wheels.sh
+# when that machine has no network) and run, from the repository root:
+#   OUT=/path/for/results bench/gpu_session.sh
 # Environment: OUT (results; default var/gpu-session), STAGES (default all of
 # "tests overhead demo sweep calibrate"), BUDGET_S (whole run, default 570),
 # SWEEP_ITERATIONS (10), SWEEP_SCALE (problem scale of sweeps, 1.0), DEMO_S (60),
