@@ -4,7 +4,7 @@ app/settings.py is the one source of names and defaults: every environment
 variable set in the Compose file, the Kubernetes manifests and the Dockerfiles is
 a setting and parses as one; the ports exposed, probed and scraped are the
 settings' defaults; topics are created by the code (``kernelstream topics``) and
-the README's topic table is the code's.
+the topic table in docs/concepts.md is the code's.
 """
 
 from __future__ import annotations
@@ -148,6 +148,6 @@ def test_topics_created_by_the_code() -> None:
     assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["topics"]
 
 
-def test_readme_topic_table_is_the_codes() -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert topics_markdown(DEFAULTS) in readme, "run `kernelstream topics --table`"
+def test_docs_topic_table_is_the_codes() -> None:
+    concepts = (ROOT / "docs" / "concepts.md").read_text()
+    assert topics_markdown(DEFAULTS) in concepts, "run `kernelstream topics --table`"
