@@ -125,7 +125,15 @@ class Newcomer:
     def _start(self, argv: list[str], env: dict[str, str]) -> None:
         log = (self.tmp / f"{argv[-1]}-{len(self.background)}.log").open("w")
         proc = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
+            argv,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            # a runner started in the background of a non-interactive shell ignores SIGINT,
+            # and children inherit that; these must see Ctrl-C as a user's terminal sends it
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self.background.append(proc)
         if "broker" in argv:
@@ -139,8 +147,9 @@ class Newcomer:
                 try:
                     proc.wait(20)
                 except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
+                    # SIGTERM still lets the broker command stop its broker process
+                    proc.terminate()
+                    proc.wait(20)
 
 
 def _cli() -> list[str]:
