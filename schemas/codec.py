@@ -50,7 +50,7 @@ REASON_CODES = (
 def encode(record: Record) -> bytes:
     """Serialize a record to JSON bytes.
 
-    >>> from schemas.records import DeadLetter
+    >>> from kernelstream.schemas.records import DeadLetter
     >>> encode(DeadLetter(stage="s", topic="t", value_b64="", reason="r", at=0.0))[:30]
     b'{"schema":"ks.deadletter/1","s'
     """

@@ -9,7 +9,7 @@ columns are converted once and checked with vectorized comparisons. Anything the
 fast checks are unsure about is handed to :func:`schemas.decode`, whose verdict
 (and error message) is final: both paths accept and reject exactly the same input.
 
->>> from schemas.records import LaunchBatch
+>>> from kernelstream.schemas.records import LaunchBatch
 >>> cols = decode_launch_columns(b'{"schema":"ks.launch_batch/1","node":"n","device_index":0,'
 ...     b'"device_model":"A100","backend":"sim","kernel":"k","workload":"k","problem_size":[1],'
 ...     b'"config":{},"config_id":"c","grid":[1,1,1],"block":[1,1,1],"dynamic_smem_bytes":0,'

@@ -7,7 +7,7 @@ near a roof means efficient; below both roofs, an under-used device explains mor
 than the access pattern does, so under-utilization is reported before a memory
 bottleneck.
 
->>> from agents.logic.windowing import Windower, make_example_batch
+>>> from kernelstream.agents.logic.windowing import Windower, make_example_batch
 >>> w = Windower()
 >>> _ = w.add(make_example_batch([0.1, 0.2], duration_us=[6.0, 6.0]), now=0.0)
 >>> Detector().classify(w.flush_all()[0]).classification
