@@ -6,7 +6,7 @@ space file is found one ``trace`` node, and with ``cupy=True`` one ``cupy`` node
 on a real GPU), follows the windows, findings and
 outcomes topics to show a live table, and ends with a summary computed from the
 measured window aggregates: for every node, device model and kernel, the mean
-duration of its default configuration against that of its final configuration.
+durations of its default, best kept and current configurations.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +27,13 @@ import orjson
 
 from kernelstream.app.kafka.embedded import EmbeddedBroker, die_with_parent, free_port
 from kernelstream.app.kafka.topics import ensure_topics
+from kernelstream.app.replay.series import series_summary
 from kernelstream.app.settings import Settings
 from kernelstream.schemas import Finding, ReconfigOutcome, SchemaError, WindowAggregate, decode_any
 
-__all__ = ["DemoOptions", "SummaryBuilder", "run_demo"]
+__all__ = ["DemoFailedError", "DemoOptions", "SummaryBuilder", "run_demo"]
 
 SIM_NODES = (("sim-a100", "A100-SXM4-80GB"), ("sim-h100", "H100-SXM5-80GB"))
-_TAIL_WINDOWS = 3
 
 
 @dataclass(frozen=True)
@@ -49,80 +48,38 @@ class DemoOptions:
     cupy_device_index: int = 0
 
 
-@dataclass
-class _Series:
-    """Everything measured for one (node, device model, kernel)."""
-
-    windows: list[WindowAggregate] = field(default_factory=list)
-    classification: str = "-"
-    applied: int = 0
-    kept: int = 0
-    rolled_back: int = 0
-    rejected: int = 0
-
-
 class SummaryBuilder:
     """Folds windows, findings and outcomes into the live table and the final summary.
 
-    The default configuration of a series is the configuration of its first
-    window; the final one that of its last window. Both means are count-weighted
-    over measured windows: all windows of the default configuration, and the last
-    ``_TAIL_WINDOWS`` windows of the final configuration.
+    The rows come from :func:`kernelstream.app.replay.series.series_summary`, the
+    function the replay report uses: per node and kernel the default, the best kept
+    and the current configuration, each scored by all its windows.
     """
 
     def __init__(self) -> None:
-        self.series: dict[tuple[str, str, str], _Series] = defaultdict(_Series)
+        self.windows: list[WindowAggregate] = []
+        self.outcomes: list[ReconfigOutcome] = []
+        self.classification: dict[tuple[str, int, str], str] = {}
 
     def add(self, record: Any) -> None:
         if isinstance(record, WindowAggregate):
-            s = self.series[(record.node, record.device_model, record.kernel)]
-            if record.count > 0:
-                s.windows.append(record)
+            self.windows.append(record)
         elif isinstance(record, Finding):
-            self.series[
-                (record.node, record.device_model, record.kernel)
-            ].classification = record.classification
+            key = (record.node, record.device_index, record.kernel)
+            self.classification[key] = record.classification
         elif isinstance(record, ReconfigOutcome):
-            s = self.series[(record.node, record.device_model, record.kernel)]
-            setattr(s, record.status, getattr(s, record.status) + 1)
-
-    @staticmethod
-    def _mean(windows: list[WindowAggregate]) -> float | None:
-        n = sum(w.count for w in windows)
-        return sum(w.duration_mean_us * w.count for w in windows) / n if n else None
+            self.outcomes.append(record)
 
     def rows(self) -> list[dict[str, Any]]:
-        out = []
-        for (node, model, kernel), s in sorted(self.series.items()):
-            if not s.windows:
-                continue
-            ws = sorted(s.windows, key=lambda w: (w.window_start, w.config_id))
-            first, last = ws[0], ws[-1]
-            default_mean = self._mean([w for w in ws if w.config_id == first.config_id])
-            tail = [w for w in ws if w.config_id == last.config_id][-_TAIL_WINDOWS:]
-            final_mean = self._mean(tail)
-            speedup = default_mean / final_mean if default_mean and final_mean else None
-            out.append(
-                {
-                    "node": node,
-                    "device_model": model,
-                    "kernel": kernel,
-                    "default_config": first.config,
-                    "default_config_id": first.config_id,
-                    "default_mean_us": default_mean,
-                    "final_config": last.config,
-                    "final_config_id": last.config_id,
-                    "final_mean_us": final_mean,
-                    "speedup": speedup,
-                    "classification": s.classification,
-                    "recommendations_applied": s.applied,
-                    "kept": s.kept,
-                    "rolled_back": s.rolled_back,
-                    "rejected": s.rejected,
-                    "windows": len(ws),
-                }
-            )
-        return out
+        rows = series_summary(self.windows, self.outcomes)
+        for r in rows:
+            key = (r["node"], r["device_index"], r["kernel"])
+            r["classification"] = self.classification.get(key, "-")
+        return rows
+
+
+def _us(x: float | None) -> str:
+    return f"{x:.1f}" if x else "-"
 
 
 def _render(rows: list[dict[str, Any]], title: str) -> Any:
@@ -133,10 +90,11 @@ def _render(rows: list[dict[str, Any]], title: str) -> Any:
         "node",
         "device",
         "kernel",
-        "config",
-        "mean us",
         "default us",
+        "best kept us",
         "speedup",
+        "current us",
+        "current config",
         "class",
         "applied",
         "rolled back",
@@ -147,12 +105,13 @@ def _render(rows: list[dict[str, Any]], title: str) -> Any:
             r["node"],
             r["device_model"],
             r["kernel"],
-            r["final_config_id"],
-            f"{r['final_mean_us']:.1f}" if r["final_mean_us"] else "-",
-            f"{r['default_mean_us']:.1f}" if r["default_mean_us"] else "-",
+            _us(r["default_mean_us"]),
+            _us(r["best_kept_mean_us"]),
             f"{r['speedup']:.2f}x" if r["speedup"] else "-",
+            _us(r["current_mean_us"]),
+            r["current_config_id"] + ("" if r["current_is_kept"] else " (trial)"),
             r["classification"],
-            str(r["recommendations_applied"]),
+            str(r["applied"]),
             str(r["rolled_back"]),
         )
     return table
@@ -193,6 +152,9 @@ class _Children:
             stdin=subprocess.DEVNULL,
             env={**self.env, **env},
             preexec_fn=die_with_parent,
+            # A session of its own: Ctrl-C in the terminal reaches the demo only, which
+            # then stops its children in order (nodes, then worker) and keeps the run.
+            start_new_session=True,
         )
         self.procs.append((name, proc))
 
@@ -211,6 +173,14 @@ class _Children:
 
     def failed(self) -> list[str]:
         return [n for n, p in self.procs if p.poll() not in (None, 0, -signal.SIGTERM)]
+
+    def failure_message(self) -> str:
+        """One line: which child failed and the last line of its log."""
+        name = self.failed()[0]
+        log = self.run_dir / f"{name}.log"
+        lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+        last = lines[-1] if lines else "no output"
+        return f"{name} exited: {last} (log: {log})"
 
 
 async def _follow(
@@ -239,16 +209,49 @@ async def _follow(
         await consumer.stop()
 
 
+class DemoFailedError(Exception):
+    """A child process of the demo failed; the message names it and its last log line."""
+
+
+async def _wait_run(
+    opts: DemoOptions, builder: SummaryBuilder, children: _Children, live: Any
+) -> bool:
+    """Show progress until the duration is over or Ctrl-C; True when interrupted."""
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, interrupted.set)
+    start = time.monotonic()
+    try:
+        while (elapsed := time.monotonic() - start) < opts.duration_s:
+            if children.failed():
+                raise DemoFailedError(children.failure_message())
+            title = f"kernelstream demo: {elapsed:.0f}/{opts.duration_s:.0f} s"
+            if live is not None:
+                live.update(_render(builder.rows(), title))
+            elif int(elapsed) % 10 == 0:
+                print(f"{title}: {len(builder.rows())} series", flush=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(interrupted.wait(), 1.0)
+            if interrupted.is_set():
+                print("interrupted: stopping the nodes and keeping the run", flush=True)
+                return True
+        return False
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
 async def _monitor(
     settings: Settings,
     bootstrap: str,
     opts: DemoOptions,
     builder: SummaryBuilder,
     children: _Children,
-) -> None:
+) -> bool:
+    """Follow the run to its end; True when it was interrupted (Ctrl-C or SIGTERM)."""
     stop = asyncio.Event()
     follower = asyncio.create_task(_follow(settings, bootstrap, builder, stop))
-    start = time.monotonic()
     live: Any = None
     if opts.live:
         from rich.live import Live
@@ -256,25 +259,19 @@ async def _monitor(
         live = Live(_render([], "kernelstream demo"), refresh_per_second=2)
         live.start()
     try:
-        while (elapsed := time.monotonic() - start) < opts.duration_s:
-            if children.failed():
-                raise RuntimeError(
-                    f"child process failed: {children.failed()}; see logs in {opts.run_dir}"
-                )
-            title = f"kernelstream demo: {elapsed:.0f}/{opts.duration_s:.0f} s"
-            if live is not None:
-                live.update(_render(builder.rows(), title))
-            elif int(elapsed) % 10 == 0:
-                print(f"{title}: {len(builder.rows())} series", flush=True)
-            await asyncio.sleep(1.0)
-        children.stop([n for n, _ in children.procs if n != "worker"])
-        await asyncio.sleep(opts_drain_s(settings))
+        interrupted = await _wait_run(opts, builder, children, live)
+        nodes = [n for n, _ in children.procs if n != "worker"]
+        # Interrupted: a short stop and a short drain, so the user gets the prompt back
+        # within seconds; the windows still open are the ones the summary leaves out.
+        await asyncio.to_thread(children.stop, nodes, 1.0 if interrupted else 15.0)
+        await asyncio.sleep(0.5 if interrupted else opts_drain_s(settings))
     finally:
         stop.set()
         await follower
         if live is not None:
             live.update(_render(builder.rows(), "kernelstream demo: final"))
             live.stop()
+    return interrupted
 
 
 async def _record(settings: Settings, bootstrap: str, directory: Path) -> None:
@@ -330,6 +327,7 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
     broker: EmbeddedBroker | None = None
     children: _Children | None = None
     builder = SummaryBuilder()
+    interrupted = False
     try:
         if settings.bootstrap:
             bootstrap = settings.bootstrap
@@ -393,43 +391,50 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
                 KERNELSTREAM_NODE_METRICS_PORT=str(free_port()),
             )
             print(f"trace node replays measured durations from {trace}", flush=True)
-        asyncio.run(_monitor(settings, bootstrap, opts, builder, children))
+        interrupted = asyncio.run(_monitor(settings, bootstrap, opts, builder, children))
         asyncio.run(_record(settings, bootstrap, run_dir / "recording"))
-    except KeyboardInterrupt:
-        print("interrupted: stopping cleanly", flush=True)
+    except KeyboardInterrupt:  # while starting, or a second Ctrl-C while recording
+        print("interrupted: this run is not kept", flush=True)
         return 130
     finally:
         if children is not None:
-            children.stop()
+            children.stop(timeout_s=1.0)  # its state lives in run_dir, rebuilt on each run
         if broker is not None:
-            broker.stop()
+            broker.stop(timeout_s=1.0)
     rows = builder.rows()
     _print_summary(rows)
     if opts.json_path:
         opts.json_path.parent.mkdir(parents=True, exist_ok=True)
         opts.json_path.write_bytes(
             orjson.dumps(
-                {"duration_s": opts.duration_s, "series": rows}, option=orjson.OPT_INDENT_2
+                {"duration_s": opts.duration_s, "interrupted": interrupted, "series": rows},
+                option=orjson.OPT_INDENT_2,
             )
         )
-    return 0
+    return 130 if interrupted else 0
 
 
 def _print_summary(rows: list[dict[str, Any]]) -> None:
-    print("\nSummary (mean durations measured from window aggregates):")
+    """Per series: default, best kept and current configuration with their window means."""
     print(
-        f"{'node':10} {'device':16} {'kernel':14} {'default us':>11} {'final us':>10} "
-        f"{'speedup':>8} {'applied':>8} {'rolled back':>12}"
+        "\nSummary (mean duration over each configuration's windows; "
+        "speedup = default / best kept):"
+    )
+    print(
+        f"{'node':10} {'device':16} {'kernel':18} {'default us':>11} {'best kept us':>13} "
+        f"{'speedup':>8} {'current us':>11} {'applied':>8} {'rolled back':>12}"
     )
     for r in rows:
-        d, f, s = r["default_mean_us"], r["final_mean_us"], r["speedup"]
+        s = r["speedup"]
         print(
-            f"{r['node']:10} {r['device_model']:16} {r['kernel']:14} "
-            f"{d if d is not None else float('nan'):11.1f} "
-            f"{f if f is not None else float('nan'):10.1f} "
-            f"{(s or float('nan')):7.2f}x {r['recommendations_applied']:8d} "
-            f"{r['rolled_back']:12d}"
+            f"{r['node']:10} {r['device_model']:16} {r['kernel']:18} "
+            f"{_us(r['default_mean_us']):>11} {_us(r['best_kept_mean_us']):>13} "
+            f"{(s or float('nan')):7.2f}x {_us(r['current_mean_us']):>11} "
+            f"{r['applied']:8d} {r['rolled_back']:12d}"
         )
+        trial = "" if r["current_is_kept"] else " (on trial when the run ended)"
         print(
-            f"{'':10}   default {r['default_config_id']}\n{'':10}   final   {r['final_config_id']}"
+            f"{'':10}   default   {r['default_config_id']}\n"
+            f"{'':10}   best kept {r['best_kept_config_id']}\n"
+            f"{'':10}   current   {r['current_config_id']}{trial}"
         )

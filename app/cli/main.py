@@ -107,7 +107,7 @@ def demo(
     and kernel of the default vs final configuration measured from window
     aggregates. Exits 0 when the run completed.
     """
-    from kernelstream.app.cli.demo import DemoOptions, run_demo
+    from kernelstream.app.cli.demo import DemoFailedError, DemoOptions, run_demo
     from kernelstream.kernels.errors import BackendUnavailableError
 
     settings = _settings()
@@ -123,7 +123,7 @@ def demo(
     )
     try:
         code = run_demo(settings, opts)
-    except BackendUnavailableError as exc:
+    except (BackendUnavailableError, DemoFailedError) as exc:
         raise click.ClickException(str(exc)) from exc
     sys.exit(code)
 

@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from kernelstream.app.replay.analysis import AnalysisResult
+from kernelstream.app.replay.series import series_summary
 from kernelstream.app.replay.whatif import fleet_sweep, trace_what_if
 from kernelstream.schemas import Finding, Recommendation, ReconfigOutcome, WindowAggregate
 
@@ -267,6 +268,7 @@ def build_summary(
             "recorded_outcomes": len(res.recorded_outcomes),
             "offline_recommendations": len(res.recommendations),
         },
+        "series": series_summary(res.windows, res.recorded_outcomes),
         "gpu_time": _gpu_time(res.windows),
         "roofline": _roofline(res.windows),
         "timeline": _timeline(res.windows, res.recorded_outcomes, res.recorded_recommendations),
@@ -411,6 +413,7 @@ def render_html(summary: dict[str, Any], plots: dict[str, list[tuple[str, Path]]
             f"<p class='bad'>Refused at the edge: {_e(t['rejected'])}; launches too late for "
             f"their window: {t['launches_too_late']}.</p>"
         )
+    parts += _series_section(summary)
     parts += _gpu_section(summary, plots)
     parts += _roofline_section(plots)
     parts += _timeline_section(plots)
@@ -426,6 +429,47 @@ def render_html(summary: dict[str, Any], plots: dict[str, list[tuple[str, Path]]
 
 def _filters(flt: dict[str, Any]) -> str:
     return ", ".join(f"{k} = {v}" for k, v in sorted(flt.items()) if v is not None) or "none"
+
+
+def _series_section(summary: dict[str, Any]) -> list[str]:
+    rows = summary["series"]
+    return [
+        "<h2>What tuning kept</h2>",
+        "<p class='muted'>Per series: its default configuration (first window), the fastest "
+        "configuration the node kept (the default or one a <i>kept</i> outcome left in "
+        "place) and the one running when the range ended (<i>trial</i>: not judged yet). "
+        "Each mean is over all windows of that configuration; speedup is default over best "
+        "kept. <code>kernelstream demo</code> prints the same table.</p>",
+        _table(
+            [
+                "series",
+                "device model",
+                "default (us)",
+                "best kept (us)",
+                "speedup",
+                "current (us)",
+                "best kept config",
+                "current config",
+                "kept / rolled back",
+            ],
+            (
+                [
+                    _e(f"{r['node']}:{r['device_index']}/{r['kernel']}"),
+                    _e(r["device_model"]),
+                    _num(r["default_mean_us"], ".1f"),
+                    _num(r["best_kept_mean_us"], ".1f"),
+                    _times(r["speedup"]),
+                    _num(r["current_mean_us"], ".1f"),
+                    f"<code>{_brk(r['best_kept_config_id'])}</code>",
+                    f"<code>{_brk(r['current_config_id'])}</code>"
+                    + ("" if r["current_is_kept"] else " (trial)"),
+                    f"{r['kept']} / {r['rolled_back']}",
+                ]
+                for r in rows
+            ),
+            {2, 3, 4, 5, 8},
+        ),
+    ]
 
 
 def _gpu_section(summary: dict[str, Any], plots: dict[str, list[tuple[str, Path]]]) -> list[str]:

@@ -57,36 +57,55 @@ def window(start: float, config_id: str, mean: float, count: int = 100) -> Windo
     )
 
 
-def test_summary_uses_measured_windows() -> None:
+def outcome(status: str, after: str, at: float) -> ReconfigOutcome:
+    return ReconfigOutcome(
+        id=f"o{at}",
+        recommendation_id=f"r{at}",
+        node="n1",
+        device_index=0,
+        device_model="A100",
+        kernel="matmul",
+        workload="matmul",
+        problem_size=[2048],
+        status=status,
+        reason="measured",
+        before_config={},
+        before_config_id="default",
+        after_config={},
+        after_config_id=after,
+        at=at,
+    )
+
+
+def test_summary_shows_default_best_kept_and_current() -> None:
+    """A run that ends while the node tries a slow configuration still reports the fast
+    one it kept: default 200 us, best kept 50 us (4x), current trial 400 us."""
     b = SummaryBuilder()
     b.add(window(0, "default", 300.0, count=100))
     b.add(window(1, "default", 100.0, count=100))  # default mean is count-weighted: 200
     b.add(window(2, "mid", 150.0))
+    b.add(outcome("rolled_back", "mid", 2.5))
     for t in range(3, 8):
-        b.add(window(t, "best", 50.0 if t >= 5 else 500.0))  # only the last 3 windows count
-    b.add(
-        ReconfigOutcome(
-            id="o",
-            recommendation_id="r",
-            node="n1",
-            device_index=0,
-            device_model="A100",
-            kernel="matmul",
-            workload="matmul",
-            problem_size=[2048],
-            status="rolled_back",
-            reason="slower",
-            before_config={},
-            before_config_id="a",
-            after_config={},
-            after_config_id="b",
-            at=1.0,
-        )
-    )
+        b.add(window(t, "best", 50.0))
+    b.add(outcome("kept", "best", 5.0))
+    b.add(window(8, "fast-unkept", 20.0))  # measured faster, but rolled back: not held
+    b.add(outcome("rolled_back", "fast-unkept", 8.5))
+    b.add(window(9, "trial", 400.0))  # what the node runs as the run stops
     [row] = b.rows()
     assert row["default_config_id"] == "default" and row["default_mean_us"] == 200.0
-    assert row["final_config_id"] == "best" and row["final_mean_us"] == 50.0
-    assert row["speedup"] == 4.0 and row["rolled_back"] == 1
+    assert row["best_kept_config_id"] == "best" and row["best_kept_mean_us"] == 50.0
+    assert row["current_config_id"] == "trial" and row["current_mean_us"] == 400.0
+    assert not row["current_is_kept"]
+    assert row["speedup"] == 4.0 and row["current_speedup"] == 0.5
+    assert (row["kept"], row["rolled_back"]) == (1, 2)
+
+
+def test_summary_without_outcomes_keeps_the_default() -> None:
+    b = SummaryBuilder()
+    b.add(window(0, "default", 100.0))
+    b.add(window(1, "other", 10.0))
+    [row] = b.rows()
+    assert row["best_kept_config_id"] == "default" and row["speedup"] == 1.0
 
 
 def test_demo_trace_node_replays_the_first_file_that_is_a_cache(tmp_path: Path) -> None:
