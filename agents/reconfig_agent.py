@@ -18,6 +18,7 @@ from typing import Any
 
 from kernelstream.agents.context import dead_letter_record
 from kernelstream.agents.logic.reconfiguration import outcome_record
+from kernelstream.agents.retry_log import RetryLog
 from kernelstream.schemas import Recommendation, SchemaError, decode, encode
 
 __all__ = ["RecommendationInbox", "outcome_record", "partition_for_key"]
@@ -65,6 +66,7 @@ class RecommendationInbox:
         self.dead_letters: Counter[str] = Counter()  # by reason code
         self._tp: Any = None  # the partition read, once assigned
         self._read: int | None = None  # the last offset received
+        self._retry_log = RetryLog(log, "recommendation inbox")
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="recommendation-inbox")
@@ -99,9 +101,10 @@ class RecommendationInbox:
                 await consumer.seek_to_beginning(tp)
                 self._consumer, self._tp = consumer, tp
                 self.ready.set()
+                self._retry_log.recovered()
                 return
             except Exception as exc:
-                log.warning("recommendation inbox: cannot connect (%s); retrying", exc)
+                self._retry_log.failed(exc)
                 with contextlib.suppress(Exception):
                     await consumer.stop()
                 await asyncio.sleep(self.retry_s)

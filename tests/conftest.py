@@ -11,9 +11,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def tuning_spaces_dir() -> Path:
-    """``KERNELSTREAM_TUNING_SPACES`` or ``../shared/data/tuning-spaces`` beside the checkout."""
-    env = os.environ.get("KERNELSTREAM_TUNING_SPACES")
-    return Path(env) if env else REPO.parent / "shared" / "data" / "tuning-spaces"
+    """``KERNELSTREAM_TUNING_SPACES_DIR`` or ``../shared/data/tuning-spaces`` beside the
+    checkout (as the trace backend finds it)."""
+    from kernelstream.kernels import default_tuning_spaces_dir
+
+    return default_tuning_spaces_dir()
 
 
 @pytest.fixture
@@ -23,5 +25,5 @@ def real_spaces() -> Path:
     if not any(d.glob("*.json.gz")) if d.is_dir() else True:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true but the tuning spaces are missing at {d}")
-        pytest.skip(f"no tuning spaces at {d} (set KERNELSTREAM_TUNING_SPACES)")
+        pytest.skip(f"no tuning spaces at {d} (set KERNELSTREAM_TUNING_SPACES_DIR)")
     return d

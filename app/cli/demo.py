@@ -118,11 +118,15 @@ def _render(rows: list[dict[str, Any]], title: str) -> Any:
 
 
 def _find_trace_file(settings: Settings, explicit: Path | None) -> Path | None:
-    if explicit:
-        return explicit
+    """The cache file of the trace node: ``explicit`` (read now, so a damaged file is a
+    one-line error before any process starts), else the first cache that reads."""
     from kernelstream.kernels import default_tuning_spaces_dir
     from kernelstream.kernels.backends.trace import cache_files_in, load_cache
     from kernelstream.kernels.errors import TraceFileError
+
+    if explicit:
+        load_cache(explicit)
+        return explicit
 
     # The first file that reads as a Kernel Tuner cache: a T4 results file or other JSON
     # beside the caches is passed over (with a warning) rather than crashing the trace node.
@@ -134,6 +138,23 @@ def _find_trace_file(settings: Settings, explicit: Path | None) -> Path | None:
             continue
         return path
     return None
+
+
+def _trace_node_file(settings: Settings, opts: DemoOptions) -> Path | None:
+    """The trace node's cache file, or None with a line saying why there is none."""
+    if not opts.trace:
+        return None
+    trace = _find_trace_file(settings, opts.trace_file)
+    if trace is None:
+        from kernelstream.kernels import default_tuning_spaces_dir
+
+        where = settings.tuning_spaces_dir or default_tuning_spaces_dir()
+        print(
+            f"no trace node: no Kernel Tuner cache file in {where} (set "
+            "KERNELSTREAM_TUNING_SPACES_DIR or give --trace-file; --no-trace hides this)",
+            flush=True,
+        )
+    return trace
 
 
 class _Children:
@@ -321,6 +342,7 @@ def check_gpu(device_index: int) -> str:
 def run_demo(settings: Settings, opts: DemoOptions) -> int:
     """Run the demo; return the process exit code."""
     gpu_name = check_gpu(opts.cupy_device_index) if opts.cupy else None
+    trace = _trace_node_file(settings, opts)
     run_dir = opts.run_dir
     shutil.rmtree(run_dir, ignore_errors=True)  # the embedded broker starts empty: so does state
     run_dir.mkdir(parents=True)
@@ -383,7 +405,6 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
                 KERNELSTREAM_NODE_METRICS_PORT=str(free_port()),
             )
             print(f"cupy node runs the workloads on {gpu_name}", flush=True)
-        trace = _find_trace_file(settings, opts.trace_file) if opts.trace else None
         if trace is not None:
             children.spawn(
                 "trace-node",

@@ -45,14 +45,53 @@ def _bootstrap(settings: Settings, log_dir: Path) -> Iterator[str]:
         yield broker.bootstrap
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _kafka_unreachable(exc: BaseException) -> bool:
+    from aiokafka.errors import KafkaConnectionError
+
+    return isinstance(exc, KafkaConnectionError)
+
+
+def _hosts(exc: BaseException) -> str:
+    """``host:port,...`` from aiokafka's "Unable to bootstrap from [('h', 9092, ...)]"."""
+    import re
+
+    found = re.findall(r"\('([^']+)', (\d+)", str(exc))
+    return ",".join(f"{h}:{p}" for h, p in found) or str(exc)
+
+
+class _FrontDoor(click.Group):
+    """Errors a user can fix end the command with one line naming what to fix (click
+    prints ``Error: ...`` and exits 1); anything else keeps its traceback, as a bug."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from kernelstream.schemas.errors import KernelstreamError
+
+        try:
+            return super().invoke(ctx)
+        except KernelstreamError as exc:
+            raise click.ClickException(str(exc)) from exc
+        except Exception as exc:
+            if not _kafka_unreachable(exc):
+                raise
+            raise click.ClickException(
+                f"cannot reach Kafka at {_hosts(exc)}; check KAFKA_BOOTSTRAP, or unset it to "
+                "run on the embedded broker"
+            ) from exc
+
+
+@click.group(cls=_FrontDoor, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Log at INFO level.")
 def main(verbose: bool) -> None:
     """kernelstream: a streaming pipeline that tunes GPU kernels while they run."""
+    from kernelstream.agents.retry_log import quiet_aiokafka_connect_errors
+
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    # A failed connect is reported once by the command (or the node's RetryLog), not
+    # by aiokafka on every attempt.
+    quiet_aiokafka_connect_errors()
 
 
 @main.command()
@@ -226,6 +265,10 @@ def node(
         workloads=workloads or None,
         seed=seed,
     )
+    if settings.backend == "sim":  # an unknown model fails before a broker starts
+        from kernelstream.kernels.devices import device_spec_for_name
+
+        device_spec_for_name(settings.device_model)
     if settings.backend == "cupy":  # fail before starting a broker, with the install hint
         from kernelstream.kernels.backends.cupy import import_cupy
         from kernelstream.kernels.errors import BackendUnavailableError
@@ -296,7 +339,7 @@ def watch(
         )
 
 
-def _parse_time(value: str | None) -> int | None:
+def _parse_time(value: str | None, option: str) -> int | None:
     """Unix seconds, or an ISO 8601 date-time (UTC unless it names a zone), to ms."""
     if value is None:
         return None
@@ -309,10 +352,42 @@ def _parse_time(value: str | None) -> int | None:
     try:
         dt = datetime.fromisoformat(value)
     except ValueError as exc:
-        raise click.BadParameter(f"{value!r} is neither Unix seconds nor ISO 8601") from exc
+        raise click.BadParameter(
+            f"{value!r} is neither Unix seconds nor ISO 8601 (e.g. 2026-11-24T17:00:00)",
+            param_hint=option,
+        ) from exc
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     return round(dt.timestamp() * 1000)
+
+
+def _range_spec(
+    start_offset: int | None,
+    end_offset: int | None,
+    since: str | None,
+    until: str | None,
+    time_slack: float,
+) -> Any:
+    """The replay range; an empty one (start after end) is a usage error, not an empty report."""
+    from kernelstream.app.replay.command import RangeSpec
+
+    since_ms, until_ms = _parse_time(since, "--since"), _parse_time(until, "--until")
+    if since_ms is not None and until_ms is not None and since_ms >= until_ms:
+        raise click.BadParameter(
+            f"--since {since} is not before --until {until}", param_hint="--since/--until"
+        )
+    if start_offset is not None and end_offset is not None and start_offset >= end_offset:
+        raise click.BadParameter(
+            f"--start-offset {start_offset} is not below --end-offset {end_offset}",
+            param_hint="--start-offset/--end-offset",
+        )
+    return RangeSpec(
+        start_offset=start_offset,
+        end_offset=end_offset,
+        since_ms=since_ms,
+        until_ms=until_ms,
+        slack_ms=round(time_slack * 1000),
+    )
 
 
 @main.command()
@@ -387,7 +462,7 @@ def replay(
     broker's offset-for-time answer).
     """
     from kernelstream.app.replay.analysis import LaunchFilter
-    from kernelstream.app.replay.command import RangeSpec, ReplayOptions, run_replay
+    from kernelstream.app.replay.command import ReplayOptions, run_replay
 
     if (report_dir is None) == (to_topic is None):
         raise click.UsageError("give exactly one of --report DIR or --to-topic NAME")
@@ -401,13 +476,7 @@ def replay(
     if speed < 0:
         raise click.BadParameter("--speed must be >= 0")
     opts = ReplayOptions(
-        spec=RangeSpec(
-            start_offset=start_offset,
-            end_offset=end_offset,
-            since_ms=_parse_time(since),
-            until_ms=_parse_time(until),
-            slack_ms=round(time_slack * 1000),
-        ),
+        spec=_range_spec(start_offset, end_offset, since, until, time_slack),
         flt=LaunchFilter(node_filter, device_filter, kernel_filter),
         recording=recording,
         report_dir=report_dir,

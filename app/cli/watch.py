@@ -175,7 +175,11 @@ async def watch_topic(
         **settings.kafka_client_kwargs(),
     )
     table = TableFormatter()
-    await consumer.start()
+    try:
+        await consumer.start()
+    except BaseException:
+        await consumer.stop()  # else aiokafka reports an unclosed consumer
+        raise
     shown = 0
     try:
         async for msg in consumer:

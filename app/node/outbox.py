@@ -49,6 +49,7 @@ from typing import Any
 
 import orjson
 
+from kernelstream.agents.retry_log import RetryLog
 from kernelstream.app.errors import ConfigError
 
 __all__ = [
@@ -434,6 +435,7 @@ class OutboxSender:
         self._busy: set[tuple[str, bytes | None]] = set()
         self._retry_at: dict[tuple[str, bytes | None], float] = {}
         self._task: asyncio.Task[None] | None = None
+        self._retry_log = RetryLog(log, "outbox (launches wait on disk)")
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="outbox-sender")
@@ -445,9 +447,10 @@ class OutboxSender:
                 await producer.start()
                 self.producer = producer
                 self.connected.set()
+                self._retry_log.recovered()
                 return
             except Exception as exc:
-                log.warning("outbox: broker unreachable (%s); retrying", exc)
+                self._retry_log.failed(exc)
                 with contextlib.suppress(Exception):
                     await producer.stop()
                 await asyncio.sleep(self.retry_backoff_s)

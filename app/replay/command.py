@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from kernelstream.app.errors import NothingToReplayError, RecordingError
 from kernelstream.app.replay.analysis import RecordedMessage
 
 __all__ = [
@@ -198,7 +199,11 @@ class KafkaSource:
             fetch_max_bytes=32 << 20,
             **self.client_kwargs,
         )
-        await self._consumer.start()
+        try:
+            await self._consumer.start()
+        except BaseException:
+            await self._consumer.stop()  # else aiokafka reports an unclosed consumer
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -301,8 +306,8 @@ class RecordingSource:
                 raise LookupError(f"topic {topic!r} is not in the recording {self.directory}")
             parts: dict[int, list[RecordedMessage]] = {}
             with path.open("rb") as fh:
-                for line in fh:
-                    m = _from_line(topic, line)
+                for number, line in enumerate(fh, 1):
+                    m = _from_line(topic, line, path, number)
                     parts.setdefault(m.partition, []).append(m)
             for msgs in parts.values():
                 msgs.sort(key=lambda m: m.offset)
@@ -360,9 +365,17 @@ def _line(m: RecordedMessage) -> bytes:
     )
 
 
-def _from_line(topic: str, line: bytes) -> RecordedMessage:
-    d = orjson.loads(line)
-    return RecordedMessage(topic, d["p"], d["o"], d["ts"], _unb64(d["k"]), _unb64(d["v"]))
+def _from_line(topic: str, line: bytes, path: Path, number: int) -> RecordedMessage:
+    try:
+        d = orjson.loads(line)
+        return RecordedMessage(
+            topic, int(d["p"]), int(d["o"]), int(d["ts"]), _unb64(d["k"]), _unb64(d["v"])
+        )
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as ex:
+        raise RecordingError(
+            f"{path}:{number} is not a recorded message ({type(ex).__name__}: {ex}); "
+            "record the run again or remove that file"
+        ) from ex
 
 
 async def record_topics(source: Source, topics: Iterable[str], directory: Path) -> dict[str, int]:
@@ -672,6 +685,10 @@ async def _to_report(settings: Any, source: Source, opts: ReplayOptions) -> dict
         )
     t_read = time.perf_counter() - t0
     res = analysis.finish()
+    if res.launches == 0:
+        raise NothingToReplayError(
+            _nothing_selected(opts, res.launch_messages + res.skipped_messages)
+        )
     traces = list(opts.trace_files) or trace_files_in(
         settings.tuning_spaces_dir or _default_spaces()
     )
@@ -713,6 +730,21 @@ async def _to_report(settings: Any, source: Source, opts: ReplayOptions) -> dict
         "findings": len(res.findings),
         "seconds": run_info["total_s"],
     }
+
+
+def _nothing_selected(opts: ReplayOptions, messages: int) -> str:
+    flt = opts.flt
+    given = [
+        f"--{name} {value}"
+        for name, value in (("node", flt.node), ("device", flt.device), ("kernel", flt.kernel))
+        if value is not None
+    ]
+    return (
+        f"no launch to report: the range ({_range_description(opts.spec)}) holds {messages} "
+        "launch "
+        f"messages and none matches {' '.join(given) or 'the range'}; widen the range "
+        "or fix the filter"
+    )
 
 
 def _default_spaces() -> Path | None:

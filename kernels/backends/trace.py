@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import re
+import warnings
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -50,7 +51,8 @@ __all__ = [
     "read_cache_document",
 ]
 
-_ENV_DIR = "KERNELSTREAM_TUNING_SPACES"
+_ENV_DIR = "KERNELSTREAM_TUNING_SPACES_DIR"  # the settings field tuning_spaces_dir
+_ENV_DIR_OLD = "KERNELSTREAM_TUNING_SPACES"  # read before; still accepted, with a warning
 
 log = logging.getLogger("kernelstream.trace")
 
@@ -75,10 +77,22 @@ def is_measured_time(t: Any) -> bool:
 
 
 def default_tuning_spaces_dir() -> Path:
-    """``$KERNELSTREAM_TUNING_SPACES``, else ``<repo>/../shared/data/tuning-spaces``."""
+    """``$KERNELSTREAM_TUNING_SPACES_DIR``, else ``<repo>/../shared/data/tuning-spaces``.
+
+    The older name ``KERNELSTREAM_TUNING_SPACES`` is still read when the new one is
+    not set, with a ``FutureWarning`` (a deprecation shown to users by default).
+    """
     env = os.environ.get(_ENV_DIR)
     if env:
         return Path(env)
+    old = os.environ.get(_ENV_DIR_OLD)
+    if old:
+        warnings.warn(
+            f"{_ENV_DIR_OLD} is deprecated: set {_ENV_DIR} instead",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return Path(old)
     return Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tuning-spaces"
 
 
