@@ -244,7 +244,9 @@ class Recommendation(Record):
     config_id: _Name
     reason: str
     evidence: dict[str, float | int | str | bool]
-    expected_gain: _NonNegFloat
+    # current / expected duration - 1: above -1; negative for a step the recommender
+    # expects to be slower (an exploration step).
+    expected_gain: Annotated[float, Field(gt=-1.0, allow_inf_nan=False)]
     issued_at: _FiniteFloat
     expires_at: _FiniteFloat
     # Ed25519 signature (base64) by the recommender over every other field

@@ -484,11 +484,16 @@ class ModelGuidedSearch:
             return None
         predicted = math.exp(mu[choice])
         best_us = min(m[1] for m in measured)
+        cur = group.configs.get(space.config_id(current))
+        # The gain over what the node runs now (the recommendation's from_config), as the
+        # fleet-best step states it. Negative when the model expects the step to be slower:
+        # an exploration step, chosen for what it teaches the model.
+        base_us = cur.mean_us if cur is not None and cur.count > 0 else best_us
         return Proposal(
             idx.configs[choice],
             f"{finding.classification}: model ({mode}) predicts {predicted:.1f} us vs "
-            f"best measured {best_us:.1f} us after {step} configs",
-            max(0.0, best_us / predicted - 1.0),
+            f"{base_us:.1f} us now (best measured {best_us:.1f} us) after {step} configs",
+            base_us / predicted - 1.0,
         )
 
     def _untouched_arms(

@@ -110,7 +110,9 @@ class GroupStats:
 
 @dataclass(frozen=True)
 class Proposal:
-    """A strategy's answer: where to go, why, and the expected relative speedup."""
+    """A strategy's answer: where to go, why, and the expected relative speedup over
+    the current configuration (``current / expected - 1``: negative for a step
+    expected to be slower, such as an exploration step)."""
 
     config: Config
     reason: str
@@ -577,7 +579,7 @@ class Tuner:
             config_id=config_id,
             reason=proposal.reason,
             evidence=evidence,
-            expected_gain=max(0.0, proposal.expected_gain),
+            expected_gain=proposal.expected_gain,
             issued_at=now,
             expires_at=now + self.ttl_s,
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -404,3 +405,28 @@ def test_four_nodes_sharing_need_fewer_windows(tmp_path: Path) -> None:
             got.append(tr.rounds_to(opt))
         rounds[nodes] = float(np.median([r for r in got if r is not None]))
     assert rounds[4] < rounds[1], rounds
+
+
+def test_model_steps_state_their_gain_over_the_current_config() -> None:
+    """Past the initial design every proposal's expected gain is current / predicted - 1,
+    as its reason says: negative for an exploration step (it was clamped to 0 before, so
+    every model step read 'gain 0.0%'), positive where the model expects a gain."""
+    rng = np.random.default_rng(3)
+    strategy = ModelGuidedSearch(seed=0, n_trees=8)
+    group = GroupStats()
+    current = SPACE.start_config()
+    gains = []
+    f = SimpleNamespace(classification="memory_bottleneck")
+    for _ in range(40):
+        cid = SPACE.config_id(current)
+        mean = cost(current) * (1 + 0.01 * rng.standard_normal())
+        group.configs[cid] = Measurement(dict(current), count=100, sum_us=100 * mean, windows=1)
+        p = strategy.propose(f, SPACE, group, current, lambda c: True)  # type: ignore[arg-type]
+        assert p is not None
+        if "predicts" in p.reason:
+            predicted, now = (float(x) for x in re.findall(r"([\d.]+) us", p.reason)[:2])
+            assert p.expected_gain == pytest.approx(now / predicted - 1.0, abs=2e-3)
+            assert p.expected_gain > -1.0
+            gains.append(p.expected_gain)
+        current = p.config
+    assert gains and min(gains) < 0 < max(gains), gains
