@@ -91,6 +91,7 @@ def _gpu_share(plt: Any, summary: dict[str, Any], out: Path) -> Path:
 
 def _roofline(plt: Any, model: dict[str, Any], out: Path) -> Path:
     import numpy as np
+    from matplotlib.lines import Line2D
 
     pts = model["points"]
     peak_bw, peak_fl = model["peak_gbs"], model["peak_gflops"]
@@ -123,14 +124,18 @@ def _roofline(plt: Any, model: dict[str, Any], out: Path) -> Path:
             linewidth=0.5,
             label=f"{k} ({len(kp)} configs)",
         )
+        # The best configuration of each kernel: a star on the point itself (a text
+        # label next to it collided with the roof labels and with other kernels').
         best = max(kp, key=lambda p: p["achieved_gflops"])
-        ax.annotate(
-            "best",
-            (best["arithmetic_intensity"], best["achieved_gflops"]),
-            textcoords="offset points",
-            xytext=(6, 6),
-            fontsize=8,
+        ax.scatter(
+            [best["arithmetic_intensity"]],
+            [max(best["achieved_gflops"], 1e-6)],
+            s=260,
+            marker="*",
             color=cmap(i % 10),
+            edgecolor="black",
+            linewidth=0.8,
+            zorder=3,
         )
     ymin = min([p["achieved_gflops"] for p in pts if p["achieved_gflops"] > 0] or [1.0]) / 4
     ax.set_xscale("log")
@@ -140,7 +145,22 @@ def _roofline(plt: Any, model: dict[str, Any], out: Path) -> Path:
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("achieved GFLOP/s")
     ax.set_title(f"Roofline: {model['device_model']} (point size: launches)")
-    ax.legend(loc="lower right", fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    star = Line2D([], [], ls="", marker="*", ms=12, color="white", mec="black")
+    ax.legend(
+        handles=[*handles, star],
+        labels=[*labels, "best config of a kernel"],
+        loc="lower right",
+        fontsize=8,
+    )
+    off = model.get("off_roofline", [])
+    if off:
+        note = "; ".join(
+            f"{o['kernel']} ({o['reason']}, best {o['best_achieved_gbs']:.0f} GB/s = "
+            f"{o['best_bw_fraction']:.0%} of peak)"
+            for o in off
+        )
+        fig.text(0.01, -0.02, f"Not on the roofline: {note}", fontsize=8, ha="left", va="top")
     return _save(fig, out / f"roofline_{_safe(model['device_model'])}.png")
 
 
@@ -183,11 +203,14 @@ def _timeline(plt: Any, kernel: str, series: list[dict[str, Any]], t0: float, ou
         # Events in their own strip, one row per device, so they never hide the line.
         y = len(series) - 1 - i
         ev.axhline(y, color=color, lw=0.6, alpha=0.5)
+        # Three sub-rows (recommended, applied, judged): an outcome follows its
+        # recommendation within a second or two, and on one row their markers overlapped.
         rec_t = [r["t"] - t0 for r in s["recommendations"]]
-        ev.plot(rec_t, [y + 0.25] * len(rec_t), "v", color="#555555", ms=6, alpha=0.8)
+        ev.plot(rec_t, [y + 0.28] * len(rec_t), "v", color="#555555", ms=5, alpha=0.8)
         for status, (marker, c) in _OUTCOME_STYLE.items():
             ot = [o["t"] - t0 for o in s["outcomes"] if o["status"] == status]
-            ev.plot(ot, [y - 0.15] * len(ot), marker, color=c, ms=7, mec="black", mew=0.4)
+            row = y if status == "applied" else y - 0.28
+            ev.plot(ot, [row] * len(ot), marker, color=c, ms=5, mec="black", mew=0.4)
     if all_means and max(all_means) / max(min(all_means), 1e-9) > 20:
         ax.set_yscale("log")
     ax.set_ylabel("mean duration (us)")

@@ -113,8 +113,37 @@ def _roofline(windows: Sequence[WindowAggregate]) -> list[dict[str, Any]]:
             for (m, k, size, cid), (fl, busy, n, ai, devs) in sorted(acc.items())
             if m == model
         ]
-        out.append({"device_model": model, **peaks, "points": points})
+        out.append(
+            {
+                "device_model": model,
+                **peaks,
+                "points": points,
+                "off_roofline": _off_roofline(windows, model),
+            }
+        )
     return out
+
+
+def _off_roofline(windows: Sequence[WindowAggregate], model: str) -> list[dict[str, Any]]:
+    """Kernels of a model with no FLOP (a copy or transpose): a FLOP roofline has no place
+    for them (intensity 0 on a log axis), so the report names them with their best
+    achieved bandwidth instead of leaving them out silently."""
+    best: dict[str, WindowAggregate] = {}
+    for w in windows:
+        if w.device_model != model or w.count == 0 or w.arithmetic_intensity > 0:
+            continue
+        if w.kernel not in best or w.achieved_gbs > best[w.kernel].achieved_gbs:
+            best[w.kernel] = w
+    return [
+        {
+            "kernel": k,
+            "reason": "0 FLOP, moves data only",
+            "best_achieved_gbs": w.achieved_gbs,
+            "best_bw_fraction": w.bw_fraction,
+            "best_config_id": w.config_id,
+        }
+        for k, w in sorted(best.items())
+    ]
 
 
 def _timeline(
@@ -415,7 +444,7 @@ def render_html(summary: dict[str, Any], plots: dict[str, list[tuple[str, Path]]
         )
     parts += _series_section(summary)
     parts += _gpu_section(summary, plots)
-    parts += _roofline_section(plots)
+    parts += _roofline_section(summary, plots)
     parts += _timeline_section(plots)
     parts += _findings_section(summary)
     parts += _recommendation_section(summary)
@@ -496,14 +525,28 @@ def _gpu_section(summary: dict[str, Any], plots: dict[str, list[tuple[str, Path]
     return out
 
 
-def _roofline_section(plots: dict[str, list[tuple[str, Path]]]) -> list[str]:
+def _roofline_section(
+    summary: dict[str, Any], plots: dict[str, list[tuple[str, Path]]]
+) -> list[str]:
     out = [
         "<h2>Roofline per device model</h2>",
         "<p class='muted'>Each point is one kernel configuration: arithmetic intensity "
-        "(FLOP per byte moved) against achieved GFLOP/s, time-weighted over its windows. "
-        "Lines are the device's bandwidth and compute roofs.</p>",
+        "(FLOP per byte moved) against achieved GFLOP/s, time-weighted over its windows; "
+        "a star marks each kernel's best. Lines are the device's bandwidth and compute "
+        "roofs.</p>",
     ]
     out += [_img(p, title) for title, p in plots.get("roofline", [])]
+    off = [(m["device_model"], o) for m in summary["roofline"] for o in m["off_roofline"]]
+    if off:
+        out.append(
+            "<p class='muted'>Not on a roofline (no FLOP to place them by): "
+            + "; ".join(
+                f"{_e(o['kernel'])} on {_e(model)}, best {_num(o['best_achieved_gbs'], '.0f')} "
+                f"GB/s ({_pct(o['best_bw_fraction'])} of peak bandwidth)"
+                for model, o in off
+            )
+            + ".</p>"
+        )
     return out
 
 
@@ -571,42 +614,83 @@ def _status(s: str) -> str:
     return f"<span class='{cls}'>{_e(s)}</span>"
 
 
+def _recommendation_overview(rows: Sequence[dict[str, Any]]) -> str:
+    """One row per series: how many recommendations, how each ended, the best kept."""
+    per: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        per[r["series"]].append(r)
+
+    def best_kept(rs: list[dict[str, Any]]) -> float | None:
+        kept = [r["node_measured_speedup"] for r in rs if r["status"] == "kept"]
+        return max((k for k in kept if k is not None), default=None)
+
+    return _table(
+        [
+            "series",
+            "recommended",
+            "kept",
+            "rolled back",
+            "rejected",
+            "no outcome",
+            "best kept step (node speedup)",
+        ],
+        (
+            [
+                _e(series),
+                str(len(rs)),
+                *(
+                    str(sum(r["status"] == st for r in rs))
+                    for st in ("kept", "rolled_back", "rejected", "no outcome")
+                ),
+                _times(best_kept(rs)),
+            ]
+            for series, rs in sorted(per.items())
+        ),
+        {1, 2, 3, 4, 5, 6},
+    )
+
+
 def _recommendation_section(summary: dict[str, Any]) -> list[str]:
     rows = summary["recommendations"]
+    detail = _table(
+        [
+            "series",
+            "from",
+            "to",
+            "reason",
+            "expected gain",
+            "outcome",
+            "node speedup",
+            "window speedup",
+            "evidence",
+        ],
+        (
+            [
+                _e(r["series"]),
+                f"<code>{_brk(r['from_config_id'])}</code>",
+                f"<code>{_brk(r['config_id'])}</code>",
+                _e(r["reason"]),
+                _pct(r["expected_gain"]),
+                _status(r["status"]),
+                _times(r["node_measured_speedup"]),
+                _times(None if r["window_gain"] is None else 1.0 + r["window_gain"]),
+                _evidence(r["evidence"]),
+            ]
+            for r in rows
+        ),
+        {4, 6, 7},
+    )
     out = [
         "<h2>Recommendations and what they gained</h2>",
         "<p class='muted'>Recorded recommendations (ks.recommendations) joined with the nodes' "
-        "outcomes (ks.reconfig). <i>node speedup</i>: the node's own before/after "
-        "measurement; <i>window speedup</i>: the mean duration of the series' windows with "
-        "the old configuration over that with the new one, across the whole range.</p>",
-        _table(
-            [
-                "series",
-                "from",
-                "to",
-                "reason",
-                "expected gain",
-                "outcome",
-                "node speedup",
-                "window speedup",
-                "evidence",
-            ],
-            (
-                [
-                    _e(r["series"]),
-                    f"<code>{_brk(r['from_config_id'])}</code>",
-                    f"<code>{_brk(r['config_id'])}</code>",
-                    _e(r["reason"]),
-                    _pct(r["expected_gain"]),
-                    _status(r["status"]),
-                    _times(r["node_measured_speedup"]),
-                    _times(None if r["window_gain"] is None else 1.0 + r["window_gain"]),
-                    _evidence(r["evidence"]),
-                ]
-                for r in rows
-            ),
-            {4, 6, 7},
-        ),
+        "outcomes (ks.reconfig), per series. <i>node speedup</i>: the node's own before/after "
+        "measurement of a step it kept.</p>",
+        _recommendation_overview(rows),
+        f"<details><summary>Every recommendation ({len(rows)}, with its reason, evidence "
+        "and the window speedup: the mean duration of the series' windows with the old "
+        "configuration over that with the new one, across the whole range)</summary>"
+        + detail
+        + "</details>",
     ]
     off = summary["offline_recommendations"]
     out.append(
