@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from kernelstream.app.errors import NothingToReplayError, RecordingError
+from kernelstream.app.errors import ConfigError, NothingToReplayError, RecordingError
 from kernelstream.app.replay.analysis import RecordedMessage
 
 __all__ = [
@@ -732,7 +732,8 @@ async def _to_report(settings: Any, source: Source, opts: ReplayOptions) -> dict
     }
 
 
-def _nothing_selected(opts: ReplayOptions, messages: int) -> str:
+def _nothing_selected(opts: ReplayOptions, messages: int, what: str = "no launch to report") -> str:
+    """One line: the range, how many messages it holds, and the filters none matched."""
     flt = opts.flt
     given = [
         f"--{name} {value}"
@@ -740,9 +741,8 @@ def _nothing_selected(opts: ReplayOptions, messages: int) -> str:
         if value is not None
     ]
     return (
-        f"no launch to report: the range ({_range_description(opts.spec)}) holds {messages} "
-        "launch "
-        f"messages and none matches {' '.join(given) or 'the range'}; widen the range "
+        f"{what}: the range ({_range_description(opts.spec)}) holds {messages} messages "
+        f"and none matches {' '.join(given) or 'the range'}; widen the range "
         "or fix the filter"
     )
 
@@ -761,7 +761,7 @@ async def _to_topic(settings: Any, source: Source, opts: ReplayOptions) -> dict[
 
     assert opts.to_topic is not None
     if opts.recording is None and opts.to_topic == getattr(settings, f"topic_{opts.source_role}"):
-        raise ValueError("--to-topic must differ from the topic being replayed")
+        raise ConfigError("--to-topic must differ from the topic being replayed")
     name = getattr(settings, f"topic_{opts.source_role}")
     ranges = await select_ranges(source, [name], opts.spec)
     partitions = max((r.partition for r in ranges), default=0) + 1
@@ -802,6 +802,12 @@ async def _to_topic(settings: Any, source: Source, opts: ReplayOptions) -> dict[
             )
     finally:
         await producer.stop()
+    if stats.messages == 0:
+        raise NothingToReplayError(
+            _nothing_selected(
+                opts, sum(r.size for r in ranges), f"nothing republished to {opts.to_topic}"
+            )
+        )
     return {"topic": opts.to_topic, "messages": stats.messages}
 
 

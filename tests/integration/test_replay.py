@@ -185,3 +185,29 @@ def test_to_topic_keeps_partitions_and_order(settings: Settings, speed: float) -
         return out
 
     assert asyncio.run(contents(target, RangeSpec())) == asyncio.run(contents(source, spec))
+
+
+def test_to_topic_filter_that_matches_nothing_is_an_error(settings: Settings) -> None:
+    from kernelstream.app.errors import NothingToReplayError
+    from kernelstream.app.replay.analysis import LaunchFilter
+    from kernelstream.app.replay.command import ReplayOptions, run_replay
+
+    bootstrap = str(settings.bootstrap)
+    source = f"{settings.topic_launches}.nomatch"
+
+    async def produce() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+        await producer.start()
+        try:
+            for i in range(10):  # launch keys name the series: node:device/kernel
+                await producer.send_and_wait(source, b"%d" % i, key=b"n1:0/matmul")
+        finally:
+            await producer.stop()
+
+    asyncio.run(produce())
+    s = settings.model_copy(update={"topic_launches": source})
+    opts = ReplayOptions(
+        spec=RangeSpec(), flt=LaunchFilter(kernel="nosuch"), to_topic=f"{source}.again"
+    )
+    with pytest.raises(NothingToReplayError, match="holds 10 messages and none matches --kernel"):
+        asyncio.run(run_replay(s, opts))
