@@ -181,7 +181,8 @@ def parse_ptxas_info(log: str, kernel_name: str) -> dict[str, int] | None:
     ``ptxas -v`` report; None when the report has no such kernel.
 
     A C++ kernel's name is mangled; a report entry matches when it equals
-    ``kernel_name`` or is a mangled name containing it.
+    ``kernel_name`` or is a mangled name holding it as an identifier (``_Z5scale...``
+    for ``scale``).
 
     >>> log = '''ptxas info    : Compiling entry function 'k' for 'sm_90'
     ... ptxas info    : Function properties for k
@@ -207,7 +208,8 @@ def parse_ptxas_info(log: str, kernel_name: str) -> dict[str, int] | None:
             sm = _SMEM.search(line)
             entry["static_smem_bytes"] = int(sm.group(1)) if sm else 0
     for name, info in entries.items():
-        named = name == kernel_name or (name.startswith("_Z") and kernel_name in name)
+        mangled = name.startswith("_Z") and f"{len(kernel_name)}{kernel_name}" in name
+        named = name == kernel_name or mangled
         if named and "registers" in info:
             return {
                 "local_bytes": 0,

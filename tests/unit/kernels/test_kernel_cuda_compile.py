@@ -104,6 +104,7 @@ def test_missing_kernel_and_mangled_names(tmp_path: Path) -> None:
     )
     r = compile_config(src, "scale", {}, "sm_90", cache_dir=tmp_path)
     assert r.ok and r.registers
+    assert not compile_config(src, "scal", {}, "sm_90", cache_dir=tmp_path).ok
     missing = compile_config(src, "nope", {}, "sm_90", cache_dir=tmp_path)
     assert not missing.ok and "kernel 'nope' is not in the compiled module" in missing.log
 
@@ -127,6 +128,12 @@ def test_results_are_cached_on_disk_and_a_broken_entry_recompiles(tmp_path: Path
     assert not third.cached and _numbers(third) == _numbers(first)
     other = compile_config(*args[:3], "sm_80", cache_dir=tmp_path)
     assert not other.cached and len(list(tmp_path.rglob("*.json"))) == 2
+
+
+def test_an_architecture_nvrtc_does_not_know_is_a_failed_result(tmp_path: Path) -> None:
+    w = get_workload("transpose")
+    r = compile_config(w.source, w.kernel_name, w.defines(w.default), "sm_20", cache_dir=tmp_path)
+    assert not r.ok and "invalid value for --gpu-architecture" in r.log
 
 
 def test_malformed_arguments_are_rejected() -> None:
