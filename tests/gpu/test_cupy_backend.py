@@ -101,7 +101,13 @@ def test_compiler_table_matches_the_loaded_module(dev: CupyDevice, name: str) ->
         fn = dev.compile(w, config)
         assert table is not None, (name, config)
         got = (int(fn.num_regs), int(fn.shared_size_bytes))
-        assert got == (table.registers, table.static_smem_bytes), (name, config)
+        nvrtc = dev.cupy.cuda.nvrtc.getVersion()  # a different NVRTC may allocate differently
+        assert got == (table.registers, table.static_smem_bytes), (
+            name,
+            config,
+            table.source,
+            nvrtc,
+        )
 
 
 def test_peaks_from_attributes_are_near_the_datasheet(dev: CupyDevice) -> None:
