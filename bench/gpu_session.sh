@@ -4,7 +4,10 @@
 #   1. setup      the project's Python dependencies (offline wheels from bench/gpu_wheels.sh,
 #                 carried as var/gpu-wheels; or pip with network), CuPy and nvidia-ml-py
 #   2. tests      python -m pytest -m gpu tests/gpu (reference checks, timing, driver
-#                 occupancy vs our formula, NVML/GPM samples, a small cupy sweep)
+#                 occupancy vs our formula, the driver's register counts vs the compiler's
+#                 table, NVML/GPM samples, a small cupy sweep)
+#      compile    kernelstream kernels check for the GPU's architecture (NVRTC from PyPI;
+#                 skipped with a note where it is not installed)
 #   3. overhead   kernelstream bench telemetry-overhead (short ~10 us and long ~100 us kernel)
 #   4. demo       kernelstream demo --cupy (worker, two sim nodes and a cupy node), DEMO_S s
 #   5. sweep      kernelstream sweep --backend cupy, every workload (smallest space first),
@@ -14,22 +17,25 @@
 # Usage: copy the repository to the GPU machine (with var/gpu-wheels from bench/gpu_wheels.sh
 # when that machine has no network) and run, from the repository root:
 #   OUT=/path/for/results bench/gpu_session.sh
-# Environment: OUT (results; default var/gpu-session), STAGES (default all of
-# "tests overhead demo sweep calibrate"), BUDGET_S (whole run, default 570),
-# SWEEP_ITERATIONS (10), SWEEP_SCALE (problem scale of sweeps, 1.0), DEMO_S (60),
+# Environment: OUT (results; default var/gpu-session), WORK (scratch, default
+# var/gpu-session-work), STAGES (default all of "tests compile overhead demo sweep
+# calibrate"), BUDGET_S (whole run, default 570), SWEEP_ITERATIONS (10), SWEEP_SCALE
+# (problem scale of sweeps, 1.0), DEMO_S (60),
 # WORKLOADS (sweep order, default "stencil2d transpose reduction matmul"), PYTHON (python3).
 # DRY_RUN=1 checks the script's own plumbing without a GPU: no installs, sweeps and
-# calibration on the sim H200 model (STAGES="sweep calibrate"); its numbers mean nothing.
+# calibration on the sim H200 model, the compile check for sm_90 (STAGES="compile sweep
+# calibrate"); its numbers mean nothing.
 #
-# Results: $OUT/session.log and $OUT/results.tar.gz (every file the stages wrote), the
-# archive rewritten after each stage so a run cut short keeps what it finished. Unpack it
-# and commit the dated files under bench/results/ (never a figure nobody saw).
+# Results: $OUT/session.log and $OUT/results.tar.gz (every file the stages wrote, in one
+# folder gpu-<date>-<device>/), the archive rewritten after each stage so a run cut short
+# keeps what it finished. Unpack it under bench/results/ and commit it as it is (never a
+# figure nobody saw): tar -xzf $OUT/results.tar.gz -C bench/results/
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-var/gpu-session}
-WORK=var/gpu-session-work
+WORK=${WORK:-var/gpu-session-work}
 PY=${PYTHON:-python3}
-STAGES=${STAGES:-"tests overhead demo sweep calibrate"}
+STAGES=${STAGES:-"tests compile overhead demo sweep calibrate"}
 BUDGET_S=${BUDGET_S:-570}
 SWEEP_ITERATIONS=${SWEEP_ITERATIONS:-10}
 SWEEP_SCALE=${SWEEP_SCALE:-1.0}
@@ -48,7 +54,12 @@ log() { echo "[$(date -u +%H:%M:%S) +${SECONDS}s] $*"; }
 left() { echo $((BUDGET_S - SECONDS)); }
 # budget STAGE_MAX: seconds for the next step, within what is left of the whole run
 budget() { local l; l=$(left); ((l < $1)) && echo "$l" || echo "$1"; }
-pack() { tar -C "$WORK" -czf "$OUT/results.tar.gz.part" . && mv "$OUT/results.tar.gz.part" "$OUT/results.tar.gz"; }
+# the archive's one folder, gpu-<date>-<device>/, unpacks as is under bench/results/
+TAG="$DAY-no-gpu"
+pack() {
+  tar -C "$WORK" --transform "s,^\.,gpu-$TAG," -czf "$OUT/results.tar.gz.part" . &&
+    mv "$OUT/results.tar.gz.part" "$OUT/results.tar.gz"
+}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 
 # -- 1. setup --------------------------------------------------------------------------
@@ -85,14 +96,19 @@ for m in ("cupy", "pynvml", "numpy", "pydantic", "faust", "aiokafka", "calfkit_m
         print(m, "MISSING", ex)
 import cupy
 rt = cupy.cuda.runtime
-print("device", rt.getDeviceProperties(0)["name"])
+name = rt.getDeviceProperties(0)["name"]
+print("device", name.decode() if isinstance(name, bytes) else name)
 print("cuda runtime", rt.runtimeGetVersion(), "driver", rt.driverGetVersion())
+print("arch sm_%s" % cupy.cuda.Device(0).compute_capability)
 EOF
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 cat "$WORK/environment.txt" 2>/dev/null
+DEVICE=$(sed -n 's/^device //p' "$WORK/environment.txt" 2>/dev/null | tr -cs 'A-Za-z0-9.\n' '-')
+((DRY_RUN)) && DEVICE=dry-run-sim-H200
+TAG="$DAY-${DEVICE:-unknown-device}"
 pack
-KS=("$PY" -m app.cli)
+KS=("$PY" -m kernelstream.app.cli)
 
 # -- 2. GPU tests ----------------------------------------------------------------------
 if want tests; then
@@ -100,6 +116,24 @@ if want tests; then
   timeout "$(budget 200)" "$PY" -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider \
     -p no:asyncio --junitxml="$WORK/gpu-tests.xml" 2>&1 | tee "$WORK/gpu-tests.txt"
   log "tests: exit ${PIPESTATUS[0]}"
+  pack
+fi
+
+# -- compile check for this GPU's architecture --------------------------------------------
+if want compile; then
+  ARCH=$(sed -n 's/^arch //p' "$WORK/environment.txt" 2>/dev/null)
+  ((DRY_RUN)) && ARCH=sm_90
+  if [[ -z "$ARCH" ]]; then
+    log "compile: skipped (architecture unknown)"
+  elif ! $PY -c "import cuda.bindings.nvrtc" 2>/dev/null; then
+    log "compile: skipped (NVRTC bindings not installed: pip install 'kernelstream[compile]')"
+  else
+    log "compile: kernelstream kernels check --arch $ARCH"
+    timeout "$(budget 120)" "${KS[@]}" kernels check --arch "$ARCH" \
+      --json "$WORK/kernels-check-$ARCH-$DAY.json" > "$WORK/kernels-check-$ARCH-$DAY.txt" 2>&1
+    log "compile: exit $?"
+    tail -n 1 "$WORK/kernels-check-$ARCH-$DAY.txt"
+  fi
   pack
 fi
 
@@ -148,4 +182,4 @@ if want calibrate && compgen -G "$WORK/sweep-*.json.gz" > /dev/null; then
   pack
 fi
 ls -la "$WORK"
-log "done; results in $OUT/results.tar.gz"
+log "done; results in $OUT/results.tar.gz (folder gpu-$TAG)"

@@ -249,6 +249,7 @@ class LaunchBatcher:
             bytes_moved=plan.bytes_moved,
             flops=plan.flops,
             occupancy=min(1.0, max(0.0, plan.occupancy)),
+            resources_source=plan.resources_source,
             waves=plan.waves,
             peak_gbs=spec.peak_gbs,
             peak_gflops=spec.peak_gflops_fp32,

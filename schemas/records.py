@@ -108,6 +108,9 @@ class LaunchBatch(Record):
     bytes_moved: _NonNegFloat
     flops: _NonNegFloat
     occupancy: float = Field(ge=0.0, le=1.0)
+    # Where registers and shared memory behind ``occupancy`` came from: "estimate", the
+    # compiler ("nvrtc 12.9 sm_90") or the GPU's loaded module ("cupy module").
+    resources_source: _Name | None = None
     waves: _NonNegFloat
     # 0: the GPU model's peaks are not known (kernels.devices.DeviceSpec.unknown), so the
     # launches are not placed on a roofline.
@@ -174,6 +177,7 @@ class WindowAggregate(Record):
     flops_fraction: _NonNegFloat
     arithmetic_intensity: _NonNegFloat
     occupancy: _NonNegFloat
+    resources_source: _Name | None = None
     waves: _NonNegFloat
     peak_gbs: _NonNegFloat
     peak_gflops: _NonNegFloat

@@ -205,7 +205,8 @@ class Detector:
         elif agg.waves < th.tail_max_waves and 0 < tail < th.tail_fraction:
             causes.append(f"tail effect: last of {agg.waves:.2f} waves is {tail:.0%} full")
         if agg.occupancy < th.min_occupancy:
-            causes.append(f"occupancy {agg.occupancy:.0%}")
+            src = ev["occupancy_source"]
+            causes.append(f"occupancy {agg.occupancy:.0%} (registers and shared memory: {src})")
         if (
             agg.busy_fraction < th.low_busy_fraction
             and agg.idle_gap_mean_us > th.idle_gap_ratio * agg.duration_mean_us
@@ -254,6 +255,8 @@ def _roofline_evidence(agg: WindowAggregate) -> Evidence:
         "ridge_point": ridge,
         "memory_bound": agg.arithmetic_intensity < ridge,
         "occupancy": agg.occupancy,
+        # where the registers and shared memory behind the occupancy came from
+        "occupancy_source": agg.resources_source or "estimate",
         "waves": agg.waves,
         "tail_fraction": agg.waves - math.floor(agg.waves),
         "busy_fraction": agg.busy_fraction,

@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from kernelstream.app.cli.kernels_cmd import kernels
 from kernelstream.app.settings import Settings, load_settings
 
 __all__ = ["main"]
@@ -711,6 +712,8 @@ class _LazyBenchGroup(click.Group):
 def bench() -> None:
     """Benchmarks: figures measured side by side in one run, kept under bench/results/."""
 
+
+main.add_command(kernels)
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")

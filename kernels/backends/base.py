@@ -14,7 +14,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from kernelstream.kernels.compile import arch_for
 from kernelstream.kernels.devices import DeviceSpec, theoretical_occupancy, waves
+from kernelstream.kernels.resources import compiled_resources
 from kernelstream.kernels.space import Config, ParamValue, SearchSpace, SpaceError
 from kernelstream.kernels.workloads.base import Workload
 
@@ -34,6 +36,10 @@ class LaunchPlan:
     bytes_moved: float
     flops: float
     resident_blocks_per_sm: int = 0
+    # Where registers and static shared memory came from: "estimate" (the workload's
+    # model), the compiler ("nvrtc 12.9 sm_90", kernels/cuda/resources.json.gz) or the
+    # module loaded on the GPU ("cupy module").
+    resources_source: str = "estimate"
 
     @property
     def blocks(self) -> int:
@@ -94,10 +100,21 @@ def make_plan(
     registers_per_thread: int | None = None,
     static_smem_bytes: int | None = None,
     resident_blocks_per_sm: int | None = None,
+    resources_source: str = "estimate",
 ) -> LaunchPlan:
     """A plan from the workload's own geometry and model; backends may pass measured
     register and shared-memory counts (the cupy backend reads them off the compiled kernel)
-    and the driver's count of resident blocks per SM, which then decides occupancy."""
+    and the driver's count of resident blocks per SM, which then decides occupancy.
+
+    Without measured counts, the compiler's counts for the device's architecture are used
+    where the resource table has them (:func:`kernelstream.kernels.resources.compiled_resources`),
+    the workload's estimate otherwise; ``resources_source`` of the plan says which."""
+    if registers_per_thread is None and static_smem_bytes is None and spec.peaks_known:
+        compiled = compiled_resources(workload, config, arch_for(spec.compute_capability))
+        if compiled is not None:
+            registers_per_thread = compiled.registers
+            static_smem_bytes = compiled.static_smem_bytes
+            resources_source = compiled.source
     geo = workload.geometry(config)
     regs = geo.registers_per_thread if registers_per_thread is None else registers_per_thread
     static = (
@@ -122,6 +139,7 @@ def make_plan(
         bytes_moved=float(workload.bytes_moved(config)),
         flops=float(workload.flops(config)),
         resident_blocks_per_sm=resident,
+        resources_source=resources_source,
     )
 
 

@@ -282,6 +282,7 @@ class CupyDevice:
                     resident_blocks_per_sm=self._resident_blocks(
                         fn, geo.threads_per_block, geo.dynamic_smem_bytes
                     ),
+                    resources_source="cupy module",
                 )
             except Exception:  # a compile failure shows up as a failed launch
                 plan = None

@@ -98,11 +98,14 @@ class CudaWorkload(ABC):
 
     Subclasses set ``name``, ``kernel_name``, ``DEFAULT_SIZE``, ``SMALL_SIZE`` and
     implement the model. Tunable parameters reach the kernel as ``-D`` macros
-    named by upper-casing the parameter name.
+    named by upper-casing the parameter name, except ``LAUNCH_PARAMS``: those only
+    shape the launch (e.g. the number of blocks), so configurations differing only
+    in them share one compiled module.
     """
 
     name: str = ""
     kernel_name: str = ""
+    LAUNCH_PARAMS: frozenset[str] = frozenset()
     DEFAULT_SIZE: tuple[int, ...] = ()
     SMALL_SIZE: tuple[int, ...] = ()
 
@@ -138,7 +141,7 @@ class CudaWorkload(ABC):
     def defines(self, config: Mapping[str, ParamValue]) -> dict[str, int]:
         """Compile-time macros for ``config`` (``-DNAME=value``), after a space check."""
         checked = self._space.check(config)
-        return {p.upper(): int(v) for p, v in checked.items()}
+        return {p.upper(): int(v) for p, v in checked.items() if p not in self.LAUNCH_PARAMS}
 
     def resized(self, problem_size: tuple[int, ...]) -> CudaWorkload:
         """The same workload on another problem size."""

@@ -28,6 +28,7 @@ def _elements_per_pass(c: Mapping[str, ParamValue]) -> int:
 class Reduction(CudaWorkload):
     name = "reduction"
     kernel_name = "reduce_sum_kernel"
+    LAUNCH_PARAMS = frozenset({"num_blocks"})  # the grid size, not a macro of reduction.cu
     DEFAULT_SIZE = (1 << 26,)
     SMALL_SIZE = (1 << 20,)
 

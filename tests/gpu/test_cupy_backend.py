@@ -84,6 +84,32 @@ def test_formula_occupancy_agrees_with_the_driver(dev: CupyDevice, name: str) ->
         assert formula == plan.resident_blocks_per_sm, (name, config)
 
 
+@pytest.mark.parametrize("name", WORKLOAD_NAMES)
+def test_compiler_table_matches_the_loaded_module(dev: CupyDevice, name: str) -> None:
+    """The registers and static shared memory in kernels/cuda/resources.json.gz (NVRTC,
+    no GPU) are those of the module CuPy loads on this GPU, where the table has its arch."""
+    from kernelstream.kernels.compile import arch_for
+    from kernelstream.kernels.resources import compiled_resources
+
+    w = next(x for x in dev.workloads() if x.name == name)
+    assert isinstance(w, CudaWorkload)
+    arch = arch_for(dev.spec.compute_capability)
+    if compiled_resources(w, w.default, arch) is None:
+        pytest.skip(f"the resource table has no {arch} entries")
+    for config in _configs(w):
+        table = compiled_resources(w, config, arch)
+        fn = dev.compile(w, config)
+        assert table is not None, (name, config)
+        got = (int(fn.num_regs), int(fn.shared_size_bytes))
+        nvrtc = dev.cupy.cuda.nvrtc.getVersion()  # a different NVRTC may allocate differently
+        assert got == (table.registers, table.static_smem_bytes), (
+            name,
+            config,
+            table.source,
+            nvrtc,
+        )
+
+
 def test_peaks_from_attributes_are_near_the_datasheet(dev: CupyDevice) -> None:
     try:
         sheet = device_spec_for_name(dev.device_name)

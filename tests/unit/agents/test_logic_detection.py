@@ -155,3 +155,15 @@ def test_thresholds_validated() -> None:
         DetectorThresholds(regression_factor=0.9)
     with pytest.raises(LogicSettingsError, match="min_occupancy"):
         DetectorThresholds(min_occupancy=-0.1)
+
+
+def test_findings_say_where_the_occupancy_came_from() -> None:
+    compiled = Detector().classify(
+        agg(bw_fraction=0.1, occupancy=0.1, resources_source="nvrtc 12.9 sm_90")
+    )
+    assert compiled.classification == "under_utilization"
+    assert compiled.evidence["occupancy_source"] == "nvrtc 12.9 sm_90"
+    assert "occupancy 10% (registers and shared memory: nvrtc 12.9 sm_90)" in compiled.summary
+    # a window from a producer that does not say (older nodes): the estimate
+    older = Detector().classify(agg(bw_fraction=0.1, occupancy=0.1))
+    assert older.evidence["occupancy_source"] == "estimate"
