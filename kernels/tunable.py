@@ -132,12 +132,7 @@ class TunableKernel:
 
     def _register(self) -> None:
         with _LIVE_LOCK:
-            if self.name in _LIVE:
-                raise KernelDefinitionError(
-                    f"a kernel named {self.name!r} already exists in this process; kernel "
-                    "names key the telemetry, so each must be unique"
-                )
-            _LIVE[self.name] = self
+            _LIVE[self.name] = self  # a kernel made anew under its name replaces the old
             listeners = list(_LISTENERS)
         for listener in listeners:
             listener(self)
@@ -246,6 +241,11 @@ class KernelRunner:
             raise KernelDefinitionError(
                 f"kernel {kernel.name!r} runs on {kernel.device.spec.name}; this node runs "
                 f"{self.device.spec.name}: one node per device"
+            )
+        if kernel.name in self.kernels:
+            raise KernelDefinitionError(
+                f"this node already runs a kernel named {kernel.name!r}: kernel names key "
+                "the telemetry, so the kernels of one node need names of their own"
             )
         self.kernels[kernel.name] = _Attached(kernel, kernel._attach())
 

@@ -55,9 +55,7 @@ class _KernelsNode(_Node):
 
     def adopt(self, kernel: TunableKernel) -> None:
         """Run ``kernel`` from now on (called on the node's thread, at a safe point)."""
-        if kernel.name in self.by_kernel:
-            return
-        self.runner.add(kernel)
+        self.runner.add(kernel)  # refuses a second kernel of the same name
         self.by_kernel[kernel.name] = kernel.workload
         self.reconf.add_kernel(kernel.name, kernel.space, kernel.config)
         self.report.default_configs[kernel.name] = kernel.config

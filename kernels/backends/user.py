@@ -157,7 +157,8 @@ class TraceKernelDevice:
         allowed = frozenset(self._times) | frozenset(self._failed)
         narrowed = replace(space, allowed=allowed)
         default = workload.default
-        if space.config_id(default) not in self._times:
+        if space.config_id(default) not in self._times and not workload.explicit_default:
+            # No default was asked for: start from a measured one, as a trace space does.
             fine = [c for c in narrowed if space.config_id(c) in self._times]
             if not fine:
                 raise KernelDefinitionError(

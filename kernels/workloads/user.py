@@ -222,12 +222,13 @@ class UserWorkload:
         self.problem_size = _problem_size(name, problem_size)
         params = _check_tune_params(name, tune_params)
         names = list(block_size_names or _DEFAULT_BLOCK_NAMES)
-        self.block_size_names = tuple((names + list(_DEFAULT_BLOCK_NAMES))[:3])
+        self.block_size_names = tuple((names + list(_DEFAULT_BLOCK_NAMES[len(names) :]))[:3])
         divs = (grid_div_x, grid_div_y, grid_div_z)
         self._grid_div = [
             self._divisor(d, self.block_size_names[i], params, f"grid_div_{'xyz'[i]}")
             for i, d in enumerate(divs)
         ]
+        self.explicit_default = default is not None
         start = {p: v[0] for p, v in params.items()} | dict(default or {})
         space = SearchSpace(name, params, start, _restrictions(restrictions, params))
         try:
