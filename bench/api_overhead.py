@@ -136,7 +136,7 @@ def _cupy_case(calls: int, rounds: int, device_index: int) -> dict[str, Any]:
         "api": lambda: free(*args),
         "api+node": lambda: attached(*args),
     }
-    out = _rounds(modes, calls, rounds, drain)  # type: ignore[arg-type]
+    out = _rounds(modes, calls, rounds, drain)
     out["device"] = dev.spec.name
     return out
 

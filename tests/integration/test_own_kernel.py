@@ -74,7 +74,7 @@ async def _scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None
         doc["tune_params"],
         restrictions=[
             "block_size_x * block_size_y >= 32",
-            lambda p: p["tile_size_x"] * p["tile_size_y"] <= 64,
+            lambda p: int(p["tile_size_x"]) * int(p["tile_size_y"]) <= 64,
         ],
         grid_div_x=["block_size_x", "tile_size_x"],
         grid_div_y=["block_size_y", "tile_size_y"],
