@@ -182,10 +182,8 @@ class Node:
         self._stop = asyncio.Event()
         self._ready.set()
         assert settings.bootstrap is not None
-        try:
+        if self._local is not None:  # our own broker starts empty; a cluster has its topics
             await ensure_topics(settings, settings.bootstrap)
-        except Exception as ex:  # the broker may be down now and up later: run anyway
-            log.warning("node %s: could not check the topics: %s", settings.node_id, ex)
 
         def make(s: Settings, b: str, store: NodeStore, report: NodeReport | None) -> _Node:
             device = KernelNodeDevice(runner)
