@@ -27,7 +27,7 @@ def test_a_node_whose_broker_is_down_never_blocks_a_launch(tmp_path: Path) -> No
     settings = Settings(
         bootstrap=down, node_id="n-down", node_state_dir=tmp_path / "nodes", outbox_drain_s=0.5
     )
-    seen = []
+    seen: list[kernelstream.Recommendation] = []
     with kernelstream.Node(settings=settings, kernels=[kernel]) as node:
         node.on_recommendation(seen.append)
         deadline = time.monotonic() + 30
