@@ -207,6 +207,13 @@ class TunableKernel:
             raise KernelCompileError(f"kernel {self.name!r}: {state.config_id}: {state.failure}")
         self._state = self._good = state
 
+    def write_space(self, directory: str | Path) -> Path:
+        """Write this kernel's declared space where workers find it (their
+        ``tuning_spaces_dir``): their tuner then proposes only configurations of it."""
+        from kernelstream.kernels.declared import write_space
+
+        return write_space(self.workload, directory)
+
     # -- the node's side --------------------------------------------------------------
     def _attach(self) -> deque[LaunchRecord]:
         if self._log is not None:

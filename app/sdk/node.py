@@ -74,9 +74,12 @@ class Node:
 
     ``node_id`` names the node (default: settings, i.e. the host name). ``bootstrap``
     is a Kafka cluster; without one (and no ``KAFKA_BOOTSTRAP``) the node starts the
-    embedded broker and, unless ``worker=False``, a worker. ``auto_apply=False`` leaves
-    recommendations to the user: read them with :meth:`recommendations` or
-    :meth:`on_recommendation` and pass the ones to apply to :meth:`apply`.
+    embedded broker and, unless ``worker=False``, a worker. The node writes each kernel's
+    declared space to ``spaces_dir`` (its own folder with the embedded broker), which
+    must be the workers' ``tuning_spaces_dir``: that is where their tuner learns it.
+    ``auto_apply=False`` leaves recommendations to the user: read them with
+    :meth:`recommendations` or :meth:`on_recommendation` and pass the ones to apply to
+    :meth:`apply`.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class Node:
         auto_apply: bool = True,
         worker: bool | None = None,
         state_dir: str | Path | None = None,
+        spaces_dir: str | Path | None = None,
     ) -> None:
         s = settings if settings is not None else Settings()
         updates: dict[str, Any] = {}
@@ -101,6 +105,7 @@ class Node:
         self._worker = worker
         self._kernels = list(kernels) if kernels is not None else None
         self._state_dir = Path(state_dir) if state_dir else None
+        self._spaces_dir = Path(spaces_dir) if spaces_dir else None
         self.report = NodeReport(self.settings.node_id)
         self.error: BaseException | None = None
         self._new: queue.SimpleQueue[TunableKernel] = queue.SimpleQueue()
@@ -142,16 +147,18 @@ class Node:
     def _prepare_local(self, kernels: Sequence[TunableKernel]) -> Settings:
         s = self.settings
         if s.bootstrap:
+            if self._spaces_dir is not None:
+                for k in kernels:
+                    k.write_space(self._spaces_dir)
             return s
         self._tmp = tempfile.TemporaryDirectory(prefix="kernelstream-node-")
         run_dir = self._state_dir or Path(self._tmp.name)
         self._local = LocalStack(run_dir)
-        spaces = run_dir / "spaces"
+        spaces = self._spaces_dir or run_dir / "spaces"
         spaces.mkdir(parents=True, exist_ok=True)
+        self._spaces_dir = spaces
         for k in kernels:
-            path = getattr(k.device, "path", None)
-            if path is not None and not (spaces / Path(path).name).exists():
-                (spaces / Path(path).name).symlink_to(Path(path).resolve())
+            k.write_space(spaces)
         s = s.model_copy(
             update={
                 "bootstrap": self._local.start_broker(),
@@ -255,7 +262,9 @@ class Node:
             kernel = self._new.get()
             try:
                 node.adopt(kernel)
-            except KernelDefinitionError as ex:
+                if self._spaces_dir is not None:
+                    kernel.write_space(self._spaces_dir)
+            except (KernelDefinitionError, OSError) as ex:
                 log.error("node %s cannot run kernel %s: %s", node.s.node_id, kernel.name, ex)
         for rec, offset in node.inbox.drain():
             self._hand_out(rec)

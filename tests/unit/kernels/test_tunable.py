@@ -208,3 +208,28 @@ def test_the_rtx_3090_gemm_cache_declares_as_a_kernel() -> None:
     measured = sum(1 for r in doc["cache"].values() if not isinstance(r["time"], str))
     assert k.space.size() >= measured
     assert k.device.prepare(k.workload, k.config).failure is None
+
+
+def test_a_declared_space_reaches_the_worker_resolver_over_a_cache(
+    tmp_path: Path, cache: Path
+) -> None:
+    from kernelstream.kernels.resolve import SpaceResolver
+
+    spaces = tmp_path / "spaces"
+    spaces.mkdir()
+    (spaces / cache.name).symlink_to(cache)  # the cache alone: all 12 points
+    resolver = SpaceResolver(spaces)
+    assert resolver.space_for("toy", (1024,)).size() == 12
+    k = toy(cache, restrictions=["block_size_x * tile_size_x <= 128"])
+    path = k.write_space(spaces)
+    # A fresh resolver (a worker started later) and the running one (its folder changed)
+    # both take the kernel's declared space: measured, and within its restrictions.
+    for r in (SpaceResolver(spaces), resolver):
+        space = r.space_for("toy", (1024,))
+        assert {space.config_id(c) for c in space} == {k.space.config_id(c) for c in k.space}
+        assert space.size() == 6
+    path.write_text("{not json")
+    broken = SpaceResolver(spaces)
+    assert broken.space_for("toy", (1024,)).size() == 12  # skipped with its reason
+    with pytest.raises(LookupError, match=r"toy\.space\.json: not a readable declared-space"):
+        broken.space_for("nope", (1,))
