@@ -51,9 +51,9 @@ class SpaceResolver:
         from kernelstream.kernels import WORKLOAD_NAMES, default_tuning_spaces_dir, get_workload
 
         if workload in WORKLOAD_NAMES:
-            space = get_workload(workload, problem_size).space
-            self._cache[(workload, problem_size)] = space
-            return space
+            builtin = get_workload(workload, problem_size).space
+            self._cache[(workload, problem_size)] = builtin
+            return builtin
         d = Path(self._dir or default_tuning_spaces_dir())
         self._scan(d)
         space = self._index.get((workload, problem_size))
