@@ -270,18 +270,20 @@ class KernelRunner:
     def tick(self, now: float) -> list[LaunchChunk]:
         chunks: list[LaunchChunk] = []
         for name, a in self.kernels.items():
-            records = list(a.log)  # a snapshot; later appends stay for the next tick
+            popleft = a.log.popleft  # what is appended meanwhile stays for the next tick
+            records = [popleft() for _ in range(len(a.log))]
             if not records:
                 continue
             done, t_end, dur, ok = self.device.resolve(records)
-            for _ in range(done):
-                a.log.popleft()
-            start = 0
-            while start < done:
-                state = records[start][0]
-                stop = start + 1
-                while stop < done and records[stop][0] is state:
-                    stop += 1
+            if done < len(records):  # not finished on the GPU yet: back to the front
+                a.log.extendleft(reversed(records[done:]))
+            if not done:
+                continue
+            states = [r[0] for r in records[:done]]
+            # A chunk per run of launches of one configuration (a switch starts a new run).
+            cuts = [i for i in range(1, done) if states[i] is not states[i - 1]]
+            for start, stop in zip([0, *cuts], [*cuts, done], strict=True):
+                state = states[start]
                 chunks.append(
                     LaunchChunk(
                         name,
@@ -295,7 +297,6 @@ class KernelRunner:
                     )
                 )
                 a.seq += stop - start
-                start = stop
         return chunks
 
     @property

@@ -48,6 +48,7 @@ __all__ = [
 log = logging.getLogger("kernelstream.kernels.user")
 
 _DRAW = 4096  # durations a trace state draws at a time (one RNG call per 4096 launches)
+_now = time.time
 
 
 @dataclass(eq=False)
@@ -64,16 +65,15 @@ class ConfigState:
     rng: np.random.Generator | None = None
     _drawn: list[float] = field(default_factory=list)
 
-    def next_duration_us(self) -> float:
-        drawn = self._drawn
-        if not drawn:
-            assert self.rng is not None and self.times_us is not None
-            drawn.extend(self.rng.choice(self.times_us, size=_DRAW).tolist())
-        return drawn.pop()
+    def draw(self) -> float:
+        """Draw the next :data:`_DRAW` durations; returns one of them."""
+        assert self.rng is not None and self.times_us is not None
+        self._drawn.extend(self.rng.choice(self.times_us, size=_DRAW).tolist())
+        return self._drawn.pop()
 
 
-# (state, host time of the call, device payload): trace (end time, duration in us),
-# cupy (start event, end event); a failed launch carries None.
+# (state, time, device payload): trace (end time, duration in us), cupy (host time of
+# the call, (start event, end event)); a failed launch (host time, None).
 LaunchRecord = tuple[ConfigState, float, Any]
 
 
@@ -179,8 +179,9 @@ class TraceKernelDevice:
         return st
 
     def launch(self, state: ConfigState, args: tuple[Any, ...], timed: bool) -> LaunchRecord:
-        d = state.next_duration_us()
-        now = time.time()
+        drawn = state._drawn
+        d = drawn.pop() if drawn else state.draw()
+        now = _now()
         end = (self._clock if self._clock > now else now) + d * 1e-6
         self._clock = end
         if self.pace and end - now > self.queue_s:
@@ -192,12 +193,12 @@ class TraceKernelDevice:
     ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
         """(records done, end times, durations in us, ok) of the leading finished records."""
         n = len(records)
-        t_end, dur, ok = np.empty(n), np.zeros(n), np.ones(n, dtype=bool)
-        for i, (_, t, payload) in enumerate(records):
-            if payload is None:
-                t_end[i], ok[i] = t, False
-            else:
-                t_end[i], dur[i] = payload if isinstance(payload, tuple) else (t, payload)
+        t_end = np.fromiter((r[1] for r in records), dtype=np.float64, count=n)
+        payload = [r[2] for r in records]
+        if None not in payload:  # no failed launch: the common case, one pass in C
+            return n, t_end, np.asarray(payload, dtype=np.float64), np.ones(n, dtype=bool)
+        ok = np.fromiter((d is not None for d in payload), dtype=bool, count=n)
+        dur = np.fromiter((d or 0.0 for d in payload), dtype=np.float64, count=n)
         return n, t_end, dur, ok
 
     def plan(self, workload: UserWorkload, config: Mapping[str, ParamValue]) -> LaunchPlan:
@@ -262,7 +263,7 @@ class CupyKernelDevice:
         start.record()
         state.function(state.grid, state.block, args)
         end.record()
-        return (state, time.time(), (start, end))
+        return (state, _now(), (start, end))
 
     def resolve(
         self, records: Sequence[LaunchRecord]
