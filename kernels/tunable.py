@@ -326,5 +326,14 @@ class KernelNodeDevice:
     def sample(self) -> dict[str, float] | None:
         return self.runner.device.sample()
 
+    def failure_reason(
+        self, workload: UserWorkload, config: Mapping[str, ParamValue]
+    ) -> str | None:
+        """Why ``config`` of ``workload`` could not run (its compiler's log), if it failed."""
+        attached = self.runner.kernels.get(workload.name)
+        if attached is None:
+            return None
+        return attached.kernel.failures.get(workload.space.config_id(config))
+
     def close(self) -> None:
         self.runner.detach_all()

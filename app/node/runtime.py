@@ -334,15 +334,30 @@ class _Node:
     def _config_id(self, kernel: str, config: dict[str, Any]) -> str:
         return str(self.by_kernel[kernel].space.config_id(config))
 
+    def _failure_reason(self, kernel: str, config: dict[str, Any]) -> str | None:
+        """Why ``config`` could not run, where the device knows (a compile error)."""
+        ask = getattr(self.device, "failure_reason", None)
+        w = self.by_kernel.get(kernel)
+        if ask is None or w is None:
+            return None
+        try:
+            return ask(w, config)
+        except Exception:  # a config outside the space: nothing more to say
+            return None
+
     def evaluate(self, now: float) -> None:
         for ev in self.reconf.evaluate(now):
+            reason = ev.reason
             if ev.status == "rolled_back":
                 self.runner.set_config(ev.kernel, ev.before_config)
+                why = self._failure_reason(ev.kernel, ev.after_config)
+                if why and ev.after_mean_us is None:
+                    reason = f"{reason}: {why}"[:2000]  # the compiler's log can be long
             self.publish_outcome(
                 outcome_record(
                     ev.recommendation,
                     ev.status,
-                    ev.reason,
+                    reason,
                     ev.before_config,
                     ev.after_config,
                     self.device,

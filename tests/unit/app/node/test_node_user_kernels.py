@@ -73,3 +73,40 @@ def test_launches_of_the_config_left_are_not_evidence_for_the_trial(tmp_path: Pa
     finally:
         node.audit.close()
         store.close()
+
+
+def test_a_config_that_cannot_run_is_rolled_back_with_its_reason(tmp_path: Path) -> None:
+    import orjson
+
+    cache = tmp_path / "toy.json.gz"
+    write_toy_cache(cache)  # (256, 4) failed to compile when measured
+    kernel = kernelstream.TunableKernel(
+        "toy",
+        SRC,
+        1024,
+        {"block_size_x": [32, 64, 128, 256], "tile_size_x": [1, 2, 4]},
+        device=kernelstream.trace_device(cache, pace=False),
+        default={"block_size_x": 128, "tile_size_x": 4},
+    )
+    runner = KernelRunner(kernel.device)
+    runner.add(kernel)
+    device = KernelNodeDevice(runner)
+    settings = Settings(bootstrap="127.0.0.1:9", node_id="n1", node_state_dir=tmp_path / "n")
+    store = NodeStore(settings.node_dir())
+    node = _Node(settings, "127.0.0.1:9", store, None, parts=(device, device.workloads(), runner))
+    try:
+        good = kernel.config_id
+        now = time.time()
+        node.consider(_rec({"block_size_x": 256, "tile_size_x": 4}, now), 0, now)
+        for _ in range(5):
+            kernel(0, 0, 0)  # never raises: the good config runs
+        node.launches(runner.tick(now), now)
+        node.evaluate(now + 1)
+        assert kernel.config_id == good
+        lines = (settings.node_dir() / "audit.jsonl").read_bytes().splitlines()
+        last = orjson.loads(lines[-1])
+        assert last["status"] == "rolled_back"
+        assert "5 launches failed: CompilationFailedConfig" in last["reason"]
+    finally:
+        node.audit.close()
+        store.close()
