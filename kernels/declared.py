@@ -48,6 +48,7 @@ def write_space(workload: UserWorkload, directory: str | Path) -> Path:
         "default": workload.default,
         "configs": [[c[p] for p in names] for c in space],
     }
+    Path(directory).mkdir(parents=True, exist_ok=True)
     path = Path(directory) / f"{workload.name}{SPACE_SUFFIX}"
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, separators=(",", ":")), encoding="utf-8")

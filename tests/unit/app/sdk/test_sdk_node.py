@@ -45,3 +45,53 @@ def test_a_node_whose_broker_is_down_never_blocks_a_launch(tmp_path: Path) -> No
     # The node let go of the kernel: it runs on without one.
     kernel(0, 0, 0)
     kernel.use({"block_size_x": 64, "tile_size_x": 2})
+
+
+def test_a_kernel_made_while_the_node_runs_joins_it(tmp_path: Path) -> None:
+    import gc
+    import itertools
+    import threading
+
+    from tests.toy_cache import write_kt_cache
+
+    gc.collect()  # kernels of earlier tests, no longer referenced, leave the registry
+    params = {"block_size_x": [32, 64], "tile_size_x": [1, 2]}
+    for name in ("first", "second"):
+        cache: dict[str, object] = {
+            f"{b},{t}": {"block_size_x": b, "tile_size_x": t, "time": 1.0, "times": [1.0]}
+            for b, t in itertools.product(*params.values())
+        }
+        write_kt_cache(tmp_path / f"{name}.json.gz", params, cache, name, [1024])  # type: ignore[arg-type]
+
+    def make(name: str) -> kernelstream.TunableKernel:
+        src = SRC.replace("toy", name)
+        dev = kernelstream.trace_device(tmp_path / f"{name}.json.gz", pace=False)
+        return kernelstream.TunableKernel(name, src, 1024, params, device=dev)
+
+    first = make("first")
+    settings = Settings(
+        bootstrap=f"127.0.0.1:{free_port()}",
+        node_id="n-adopt",
+        node_state_dir=tmp_path / "nodes",
+        outbox_drain_s=0.2,
+    )
+    node = kernelstream.Node(settings=settings, spaces_dir=tmp_path / "spaces").start()
+    try:
+        got: list[object] = []
+        reader = threading.Thread(target=lambda: got.extend(node.recommendations()))
+        reader.start()
+        second = make("second")
+        deadline = time.monotonic() + 20
+        while len(node.report.next_seq) < 2 and time.monotonic() < deadline:
+            first(0, 0, 0)
+            second(0, 0, 0)
+            time.sleep(0.001)
+        assert set(node.report.next_seq) == {"n-adopt:0/first", "n-adopt:0/second"}
+        assert {p.name for p in (tmp_path / "spaces").iterdir()} == {
+            "first.space.json",
+            "second.space.json",
+        }
+    finally:
+        node.stop()
+    reader.join(5)
+    assert not reader.is_alive() and got == []  # the iterator ends when the node stops
