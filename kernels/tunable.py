@@ -308,6 +308,10 @@ class _Attached:
     def __init__(self, kernel: TunableKernel, log: deque[LaunchRecord]) -> None:
         self.kernel, self.log, self.seq = kernel, log, 0
 
+    @property
+    def config_id(self) -> str:
+        return self.kernel.config_id
+
 
 class KernelNodeDevice:
     """The device of a node of user kernels, as the node's batcher and agent see it."""

@@ -61,6 +61,8 @@ class _KernelsNode(_Node):
         self.report.default_configs[kernel.name] = kernel.config
         state = self.runner.kernels[kernel.name]
         state.seq = self.store.next_seqs().get(self._stream(kernel.name), 0)
+        if self.metrics is not None and self.metrics.speed is not None:
+            self.metrics.speed.default_config[kernel.name] = kernel.config_id
 
     def consider_recommendations(self, now: float) -> None:
         self.owner._safe_point(self, now)
@@ -79,7 +81,9 @@ class Node:
     must be the workers' ``tuning_spaces_dir``: that is where their tuner learns it.
     ``auto_apply=False`` leaves recommendations to the user: read them with
     :meth:`recommendations` or :meth:`on_recommendation` and pass the ones to apply to
-    :meth:`apply`.
+    :meth:`apply`. ``metrics_port`` serves the node's ``/metrics``, ``/healthz`` and
+    ``/readyz`` on that port, as ``kernelstream node`` does; without it the library opens
+    no port.
     """
 
     def __init__(
@@ -93,6 +97,7 @@ class Node:
         worker: bool | None = None,
         state_dir: str | Path | None = None,
         spaces_dir: str | Path | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         s = settings if settings is not None else Settings()
         updates: dict[str, Any] = {}
@@ -106,6 +111,7 @@ class Node:
         self._kernels = list(kernels) if kernels is not None else None
         self._state_dir = Path(state_dir) if state_dir else None
         self._spaces_dir = Path(spaces_dir) if spaces_dir else None
+        self._metrics_port = metrics_port
         self.report = NodeReport(self.settings.node_id)
         self.error: BaseException | None = None
         self._new: queue.SimpleQueue[TunableKernel] = queue.SimpleQueue()
@@ -184,6 +190,8 @@ class Node:
 
     async def _main(self, settings: Settings, runner: KernelRunner) -> None:
         from kernelstream.app.kafka.topics import ensure_topics
+        from kernelstream.app.observability.health import serve_node_endpoints
+        from kernelstream.app.observability.metrics import NodeMetrics
 
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
@@ -197,9 +205,18 @@ class Node:
             parts = (device, device.workloads(), runner)
             return _KernelsNode(self, s, b, store, report, parts=parts)
 
-        await run_node(
-            settings, settings.bootstrap, stop=self._stop, report=self.report, make_node=make
-        )
+        metrics = NodeMetrics()
+        # Loopback for a node on its own broker; all interfaces for one in a cluster.
+        host = "127.0.0.1" if self._local is not None else "0.0.0.0"
+        async with serve_node_endpoints(metrics, host, self._metrics_port or 0) as port:
+            await run_node(
+                settings,
+                settings.bootstrap,
+                stop=self._stop,
+                report=self.report,
+                make_node=make,
+                metrics=metrics if port else None,
+            )
 
     def stop(self, timeout_s: float = 30.0) -> NodeReport:
         """Flush what the kernels launched, stop the node; the kernels keep running."""

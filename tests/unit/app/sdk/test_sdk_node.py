@@ -95,3 +95,39 @@ def test_a_kernel_made_while_the_node_runs_joins_it(tmp_path: Path) -> None:
         node.stop()
     reader.join(5)
     assert not reader.is_alive() and got == []  # the iterator ends when the node stops
+
+
+def test_the_node_serves_its_metrics_when_asked(tmp_path: Path) -> None:
+    import urllib.request
+
+    cache = tmp_path / "toy.json.gz"
+    write_toy_cache(cache)
+    kernel = kernelstream.TunableKernel(
+        "toy",
+        SRC,
+        1024,
+        {"block_size_x": [32, 64, 128, 256], "tile_size_x": [1, 2, 4]},
+        device=kernelstream.trace_device(cache, pace=False),
+    )
+    port = free_port()
+    settings = Settings(
+        bootstrap=f"127.0.0.1:{free_port()}",
+        node_id="n-metrics",
+        node_state_dir=tmp_path / "nodes",
+        outbox_drain_s=0.2,
+    )
+    with kernelstream.Node(settings=settings, kernels=[kernel], metrics_port=port) as node:
+        deadline = time.monotonic() + 20
+        body = ""
+        while time.monotonic() < deadline and 'kernel="toy"' not in body:
+            for _ in range(1000):
+                kernel(0, 0, 0)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    body = r.read().decode()
+            except OSError:
+                time.sleep(0.05)  # not serving yet
+    assert node.error is None
+    assert "kernelstream_node_launches_total" in body
+    assert "kernelstream_node_kernel_duration_seconds{" in body and 'kernel="toy"' in body
+    assert 'kernelstream_node_ready{node="n-metrics"} 0.0' in body  # the broker is down
