@@ -112,6 +112,10 @@ async def _scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None
     # Recommendations reached the user's callback, each inside the kernel's space, and
     # the node applied and kept some.
     assert seen and all(kernel.space.is_valid(rec.config) for rec in seen)
+    # A configuration that failed (when measured: it fails when launched) is rolled back
+    # and never proposed again.
+    failing = [rec.config_id for rec in seen if rec.config_id not in times]
+    assert len(failing) == len(set(failing)), failing
     assert node.report.outcomes.get("applied", 0) and node.report.outcomes.get("kept", 0)
 
 

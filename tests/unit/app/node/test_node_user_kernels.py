@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import kernelstream
+from kernelstream.agents.logic.tuning import Tuner, group_of
 from kernelstream.app.node.outbox import NodeStore
 from kernelstream.app.node.runtime import _Node
 from kernelstream.app.settings import Settings
 from kernelstream.kernels.tunable import KernelNodeDevice, KernelRunner
-from kernelstream.schemas import Recommendation
+from kernelstream.schemas import Recommendation, ReconfigOutcome
 from tests.toy_cache import write_toy_cache
 
 SRC = 'extern "C" __global__ void toy(float *out, const float *in, int n) { }'
@@ -94,6 +96,14 @@ def test_a_config_that_cannot_run_is_rolled_back_with_its_reason(tmp_path: Path)
     settings = Settings(bootstrap="127.0.0.1:9", node_id="n1", node_state_dir=tmp_path / "n")
     store = NodeStore(settings.node_dir())
     node = _Node(settings, "127.0.0.1:9", store, None, parts=(device, device.workloads(), runner))
+    published: list[ReconfigOutcome] = []
+    publish = node.publish_outcome
+
+    def capture(outcome: ReconfigOutcome, **audit: Any) -> None:
+        published.append(outcome)
+        publish(outcome, **audit)
+
+    node.publish_outcome = capture  # type: ignore[method-assign]
     try:
         good = kernel.config_id
         now = time.time()
@@ -107,6 +117,12 @@ def test_a_config_that_cannot_run_is_rolled_back_with_its_reason(tmp_path: Path)
         last = orjson.loads(lines[-1])
         assert last["status"] == "rolled_back"
         assert "5 launches failed: CompilationFailedConfig" in last["reason"]
+        # The worker's tuner reads that outcome as a failed configuration, which it never
+        # proposes again.
+        tuner = Tuner()
+        tuner.observe_outcome(published[-1])
+        stats = tuner.group(group_of(published[-1]))
+        assert stats is not None and "block_size_x=256,tile_size_x=4" in stats.failed
     finally:
         node.audit.close()
         store.close()
