@@ -124,6 +124,9 @@ class TunableKernel:
             )
         self._state: ConfigState = first
         self._good: ConfigState = first
+        # Every configuration prepared, by id: launch records name their configuration by
+        # id. Bounded by the configurations tried, like a backend's compiled-function cache.
+        self._states: dict[str, ConfigState] = {first.config_id: first}
         self._arity = self.workload.arity
         self._log: deque[LaunchRecord] | None = None
         self.failures: dict[str, str] = {}
@@ -188,7 +191,7 @@ class TunableKernel:
                 state.failure,
             )
         if out is not None:
-            out.append((state, time.time(), None))
+            out.append((state.config_id, time.time(), None))
         return self._good
 
     def use(self, config: Mapping[str, ParamValue]) -> None:
@@ -205,6 +208,7 @@ class TunableKernel:
         state = self.device.prepare(self.workload, config)
         if state.failure is not None:
             raise KernelCompileError(f"kernel {self.name!r}: {state.config_id}: {state.failure}")
+        self._states[state.config_id] = state
         self._state = self._good = state
 
     def write_space(self, directory: str | Path) -> Path:
@@ -227,6 +231,7 @@ class TunableKernel:
     def _switch(self, config: Mapping[str, ParamValue]) -> None:
         """Prepare ``config`` (compile it) and swap it in: the next call runs it."""
         state = self.device.prepare(self.workload, config)
+        self._states[state.config_id] = state
         if self._state.failure is None:
             self._good = self._state
         self._state = state
@@ -279,11 +284,11 @@ class KernelRunner:
                 a.log.extendleft(reversed(records[done:]))
             if not done:
                 continue
-            states = [r[0] for r in records[:done]]
+            ids = [r[0] for r in records[:done]]
             # A chunk per run of launches of one configuration (a switch starts a new run).
-            cuts = [i for i in range(1, done) if states[i] is not states[i - 1]]
+            cuts = [i for i in range(1, done) if ids[i] != ids[i - 1]]
             for start, stop in zip([0, *cuts], [*cuts, done], strict=True):
-                state = states[start]
+                state = a.kernel._states[ids[start]]
                 chunks.append(
                     LaunchChunk(
                         name,

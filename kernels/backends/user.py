@@ -72,9 +72,11 @@ class ConfigState:
         return self._drawn.pop()
 
 
-# (state, time, device payload): trace (end time, duration in us), cupy (host time of
-# the call, (start event, end event)); a failed launch (host time, None).
-LaunchRecord = tuple[ConfigState, float, Any]
+# (config id, time, device payload): trace (end time, duration in us), cupy (host time
+# of the call, (start event, end event)); a failed launch (host time, None). The config
+# id, not the state: a tuple of a str and floats leaves the garbage collector's lists
+# after its first collection, so the records waiting for the node cost no GC walks.
+LaunchRecord = tuple[str, float, Any]
 
 
 class KernelDevice(Protocol):
@@ -186,7 +188,7 @@ class TraceKernelDevice:
         self._clock = end
         if self.pace and end - now > self.queue_s:
             time.sleep(end - now - self.queue_s)
-        return (state, end, d)
+        return (state.config_id, end, d)
 
     def resolve(
         self, records: Sequence[LaunchRecord]
@@ -256,14 +258,14 @@ class CupyKernelDevice:
     def launch(self, state: ConfigState, args: tuple[Any, ...], timed: bool) -> LaunchRecord:
         if not timed:
             state.function(state.grid, state.block, args)
-            return (state, 0.0, None)
+            return (state.config_id, 0.0, None)
         events = self._events
         start = events.pop() if events else self._cp.cuda.Event()
         end = events.pop() if events else self._cp.cuda.Event()
         start.record()
         state.function(state.grid, state.block, args)
         end.record()
-        return (state, _now(), (start, end))
+        return (state.config_id, _now(), (start, end))
 
     def resolve(
         self, records: Sequence[LaunchRecord]
