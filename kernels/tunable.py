@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -179,8 +180,6 @@ class TunableKernel:
 
     def _fall_back(self, state: ConfigState, out: deque[LaunchRecord] | None) -> ConfigState:
         """Record a failed launch of ``state`` and run the last configuration that worked."""
-        import time
-
         if state.config_id not in self.failures:
             self.failures[state.config_id] = state.failure or ""
             log.warning(

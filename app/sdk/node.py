@@ -157,8 +157,11 @@ class Node:
                 for k in kernels:
                     k.write_space(self._spaces_dir)
             return s
-        self._tmp = tempfile.TemporaryDirectory(prefix="kernelstream-node-")
-        run_dir = self._state_dir or Path(self._tmp.name)
+        if self._state_dir is not None:
+            run_dir = self._state_dir
+        else:
+            self._tmp = tempfile.TemporaryDirectory(prefix="kernelstream-node-")
+            run_dir = Path(self._tmp.name)
         self._local = LocalStack(run_dir)
         spaces = self._spaces_dir or run_dir / "spaces"
         spaces.mkdir(parents=True, exist_ok=True)

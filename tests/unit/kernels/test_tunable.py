@@ -113,7 +113,6 @@ def test_wrong_number_of_arguments(cache: Path) -> None:
     k = toy(cache)
     with pytest.raises(KernelArgumentError) as info:
         k(1, 2)
-    assert "takes 3 arguments (const float *in" not in str(info.value)
     assert "takes 3 arguments (float *out, const float *in, int n), got 2" in str(info.value)
 
 
