@@ -172,9 +172,10 @@ class WorkerContext:
                 self._resolver = SpaceResolver(self.settings.tuning_spaces_dir)
             try:
                 self._resolver.space_for(workload, key[1])
-                self._known[key] = True
             except Exception:  # LookupError, or ValueError for a size the workload refuses
-                self._known[key] = False
+                # Not remembered: a user kernel's declared space may arrive later.
+                return False
+            self._known[key] = True
         return self._known[key]
 
     def dead_letter_counts(self) -> dict[str, int]:

@@ -10,6 +10,9 @@ from kernelstream.schemas.errors import KernelstreamError
 __all__ = [
     "BackendUnavailableError",
     "CalibrationError",
+    "KernelArgumentError",
+    "KernelCompileError",
+    "KernelDefinitionError",
     "KernelsError",
     "TraceFileError",
     "UnknownDeviceError",
@@ -40,3 +43,18 @@ class TraceFileError(KernelsError, ValueError):
 class CalibrationError(KernelsError, ValueError):
     """A sweep file cannot be compared with the ``sim`` model (unknown workload or device,
     nothing measured); the message names the file and what is missing."""
+
+
+class KernelDefinitionError(KernelsError, ValueError):
+    """A user kernel is defined wrongly (``tune_params``, ``restrictions``, ``grid_div``,
+    source, or a cache file of another kernel); the message names the argument at fault."""
+
+
+class KernelCompileError(KernelsError, RuntimeError):
+    """A configuration of a user kernel did not compile (or could not be launched); the
+    message names the kernel, the configuration and the compiler's log."""
+
+
+class KernelArgumentError(KernelsError, TypeError):
+    """A user kernel was called with the wrong number of arguments; the message gives the
+    kernel's signature."""

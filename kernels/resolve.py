@@ -1,8 +1,10 @@
 """Find the declared search space of a workload by name, for workers and replay.
 
 Built-in workloads come from :mod:`kernels.workloads`; any other name is looked
-up among the Kernel Tuner cache files of the tuning-spaces directory (a trace
-workload is named by its cache's ``kernel_name``).
+up among the declared-space files (a user's own kernel, :mod:`kernels.declared`) and the
+Kernel Tuner cache files of the tuning-spaces directory (a trace workload is named by its
+cache's ``kernel_name``); a declared space wins over a cache of the same kernel, since it
+carries the user's restrictions.
 """
 
 from __future__ import annotations
@@ -38,16 +40,20 @@ class SpaceResolver:
         self._skipped: dict[str, str] = {}
 
     def space_for(self, workload: str, problem_size: tuple[int, ...]) -> SearchSpace:
+        """A built-in's space (cached), else the folder's, as the folder is now: a file
+        added later (a user kernel's declared space) is found, one rewritten is read anew
+        (the listing's sizes and times are compared, the files read only on a change)."""
         key = (workload, tuple(problem_size))
-        if key not in self._cache:
-            self._cache[key] = self._find(workload, key[1])
-        return self._cache[key]
+        space = self._cache.get(key)
+        return space if space is not None else self._find(workload, key[1])
 
     def _find(self, workload: str, problem_size: tuple[int, ...]) -> SearchSpace:
         from kernelstream.kernels import WORKLOAD_NAMES, default_tuning_spaces_dir, get_workload
 
         if workload in WORKLOAD_NAMES:
-            return get_workload(workload, problem_size).space
+            builtin = get_workload(workload, problem_size).space
+            self._cache[(workload, problem_size)] = builtin
+            return builtin
         d = Path(self._dir or default_tuning_spaces_dir())
         self._scan(d)
         space = self._index.get((workload, problem_size))
@@ -56,15 +62,17 @@ class SpaceResolver:
         skipped = "".join(f"; skipped {name}: {why}" for name, why in self._skipped.items())
         raise LookupError(
             f"unknown workload {workload!r} with problem size {problem_size}: not built in "
-            f"({', '.join(WORKLOAD_NAMES)}) and no cache file for it in {d}{skipped}"
+            f"({', '.join(WORKLOAD_NAMES)}) and no cache or declared-space file for it in "
+            f"{d}{skipped}"
         )
 
     def _scan(self, d: Path) -> None:
         """(Re)build the index if the directory's cache files changed since last time."""
         from kernelstream.kernels.backends.trace import cache_files_in, load_caches_in
+        from kernelstream.kernels.declared import space_files_in
 
         sigs = []
-        for path in cache_files_in(d):
+        for path in [*cache_files_in(d), *space_files_in(d)]:
             try:
                 st = path.stat()
             except OSError:
@@ -98,4 +106,21 @@ class SpaceResolver:
                     trace.name,
                     trace.problem_size,
                 )
+        self._add_declared(d, index, skipped)
         self._listing, self._index, self._skipped = listing, index, skipped
+
+    @staticmethod
+    def _add_declared(
+        d: Path, index: dict[tuple[str, tuple[int, ...]], SearchSpace], skipped: dict[str, str]
+    ) -> None:
+        from kernelstream.kernels.declared import read_space, space_files_in
+        from kernelstream.kernels.errors import KernelDefinitionError
+
+        for path in space_files_in(d):
+            try:
+                name, size, space = read_space(path)
+            except KernelDefinitionError as ex:
+                skipped[path.name] = str(ex)
+                log.warning("tuning spaces: skipped %s", ex)
+                continue
+            index[(name, size)] = space

@@ -231,6 +231,9 @@ class LaunchBatcher:
         c = p.chunk_meta
         plan = self.device.plan(c.workload, c.config)
         spec = self.device.spec
+        # A kernel without a cost model (a user kernel given no flops/bytes) has no place
+        # on the roofline: its batches carry peaks of 0, as for a GPU of unknown peaks.
+        placed = getattr(c.workload, "cost_model_known", True)
         samples, self._samples = self._samples, []
         return LaunchBatch(
             node=self.node,
@@ -251,8 +254,8 @@ class LaunchBatcher:
             occupancy=min(1.0, max(0.0, plan.occupancy)),
             resources_source=plan.resources_source,
             waves=plan.waves,
-            peak_gbs=spec.peak_gbs,
-            peak_gflops=spec.peak_gflops_fp32,
+            peak_gbs=spec.peak_gbs if placed else 0.0,
+            peak_gflops=spec.peak_gflops_fp32 if placed else 0.0,
             launch_overhead_us=spec.launch_overhead_us,
             seq_start=p.seq_start,
             t_end=np.round(np.concatenate(p.t_end), _T_END_DECIMALS).tolist(),

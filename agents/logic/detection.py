@@ -166,9 +166,10 @@ class Detector:
             )
         if not ev["roofline_known"]:
             return "roofline_unknown", (
-                f"{what} runs {agg.duration_mean_us:.1f} us per launch; {agg.device_model} has "
-                "no datasheet peaks in kernels/devices.py, so the window is not placed on a "
-                "roofline (its duration still guides the tuner)."
+                f"{what} runs {agg.duration_mean_us:.1f} us per launch; the roofline is "
+                f"unknown (no datasheet peaks of {agg.device_model} in kernels/devices.py, or "
+                "a kernel declared without flops and bytes), so the window is not placed on "
+                "it (its duration still guides the tuner)."
             )
         memory_side = bool(ev["memory_bound"])
         if memory_side and agg.bw_fraction >= th.efficient_bw_fraction:

@@ -137,6 +137,13 @@ class Reconfigurator:
         self.verify = verify
         self._seen: SeenIds = seen if seen is not None else MemorySeenIds(self.policy.seen_capacity)
 
+    def add_kernel(self, kernel: str, space: SearchSpace, config: Config) -> None:
+        """Take on a kernel that joined the node while it runs (a user's new kernel)."""
+        self.spaces[kernel] = space
+        self.current[kernel] = dict(config)
+        self._recent[kernel] = deque()
+        self._recent_n[kernel] = 0
+
     # -- recommendations --------------------------------------------------------
     def consider(self, rec: Recommendation, now: float, offset: int | None = None) -> Decision:
         """Decide whether ``rec`` may be applied.

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -46,7 +47,9 @@ from kernelstream.schemas import DeviceSample, LaunchBatch, Recommendation, Reco
 from kernelstream.schemas.keys import group_key, stream_key
 from kernelstream.schemas.signing import verifier_from_settings
 
-__all__ = ["NodeReport", "run_node"]
+__all__ = ["NodeParts", "NodeReport", "run_node"]
+
+NodeParts = tuple[Any, list[Any], Any]
 
 log = logging.getLogger("kernelstream.node")
 
@@ -134,14 +137,24 @@ class _Node:
     """The node's parts and the steps of one tick; ``run_node`` drives it."""
 
     def __init__(
-        self, settings: Settings, bootstrap: str, store: NodeStore, report: NodeReport | None
+        self,
+        settings: Settings,
+        bootstrap: str,
+        store: NodeStore,
+        report: NodeReport | None,
+        parts: NodeParts | None = None,
     ) -> None:
+        """``parts`` (device, workloads, runner) replaces the device the settings name
+        and its workload runner: the library's node runs the user's own kernels."""
         self.s = settings
-        self.device, workloads = _open(settings)
+        if parts is None:
+            self.device, workloads = _open(settings)
+            self.runner: Any = WorkloadRunner(
+                self.device, workloads, max_launches_per_s=settings.max_launches_per_s
+            )
+        else:
+            self.device, workloads, self.runner = parts
         self.by_kernel = {w.name: w for w in workloads}
-        self.runner = WorkloadRunner(
-            self.device, workloads, max_launches_per_s=settings.max_launches_per_s
-        )
         self.batcher = LaunchBatcher(
             self.device,
             settings.node_id,
@@ -272,15 +285,19 @@ class _Node:
     def consider_recommendations(self, now: float) -> None:
         """Safe point: between ticks no launch of any kernel is in flight."""
         for rec, offset in self.inbox.drain():
-            decision = self.reconf.consider(rec, now, offset)
-            audit = {"offset": offset, "key_id": rec.key_id, "signed": bool(rec.signature)}
-            before = dict(self.reconf.current.get(rec.kernel, {}))
-            if decision.action == "reject":
-                self._outcome(rec, "rejected", decision.reason, before, rec.config, **audit)
-                continue
-            self.runner.set_config(rec.kernel, self.reconf.apply(rec, now))
-            self.recommendation_latency.observe(time.time() - rec.issued_at)
-            self._outcome(rec, "applied", "applied at a safe point", before, rec.config, **audit)
+            self.consider(rec, offset, now)
+
+    def consider(self, rec: Recommendation, offset: int | None, now: float) -> None:
+        """Apply ``rec`` or reject it, publishing the outcome (call at a safe point)."""
+        decision = self.reconf.consider(rec, now, offset)
+        audit = {"offset": offset, "key_id": rec.key_id, "signed": bool(rec.signature)}
+        before = dict(self.reconf.current.get(rec.kernel, {}))
+        if decision.action == "reject":
+            self._outcome(rec, "rejected", decision.reason, before, rec.config, **audit)
+            return
+        self.runner.set_config(rec.kernel, self.reconf.apply(rec, now))
+        self.recommendation_latency.observe(time.time() - rec.issued_at)
+        self._outcome(rec, "applied", "applied at a safe point", before, rec.config, **audit)
 
     def _outcome(
         self,
@@ -298,7 +315,11 @@ class _Node:
         batches: list[LaunchBatch] = []
         newest = None
         for chunk in chunks:
-            self.reconf.observe(chunk.kernel, chunk.duration_us, chunk.ok)
+            current = self.reconf.current.get(chunk.kernel)
+            if current is not None and self._config_id(chunk.kernel, current) == chunk.config_id:
+                # Launches of a configuration the kernel has left (made before a switch,
+                # drained after it) are telemetry, not evidence about the one in trial.
+                self.reconf.observe(chunk.kernel, chunk.duration_us, chunk.ok)
             batches += self.batcher.add(chunk, now)
             if len(chunk.t_end):
                 t = float(np.max(chunk.t_end))
@@ -310,15 +331,33 @@ class _Node:
         if self.metrics is not None:
             self.metrics.observe(chunks)
 
+    def _config_id(self, kernel: str, config: dict[str, Any]) -> str:
+        return str(self.by_kernel[kernel].space.config_id(config))
+
+    def _failure_reason(self, kernel: str, config: dict[str, Any]) -> str | None:
+        """Why ``config`` could not run, where the device knows (a compile error)."""
+        ask = getattr(self.device, "failure_reason", None)
+        w = self.by_kernel.get(kernel)
+        if ask is None or w is None:
+            return None
+        try:
+            return ask(w, config)
+        except Exception:  # a config outside the space: nothing more to say
+            return None
+
     def evaluate(self, now: float) -> None:
         for ev in self.reconf.evaluate(now):
+            reason = ev.reason
             if ev.status == "rolled_back":
                 self.runner.set_config(ev.kernel, ev.before_config)
+                why = self._failure_reason(ev.kernel, ev.after_config)
+                if why and ev.after_mean_us is None:
+                    reason = f"{reason}: {why}"[:2000]  # the compiler's log can be long
             self.publish_outcome(
                 outcome_record(
                     ev.recommendation,
                     ev.status,
-                    ev.reason,
+                    reason,
                     ev.before_config,
                     ev.after_config,
                     self.device,
@@ -339,18 +378,20 @@ async def run_node(
     stop: asyncio.Event | None = None,
     report: NodeReport | None = None,
     metrics: Any = None,
+    make_node: Callable[[Settings, str, NodeStore, NodeReport | None], _Node] | None = None,
 ) -> NodeReport:
     """Run until ``duration_s`` passes or ``stop`` is set; flush and close cleanly.
 
     Pass a ``report`` to watch the node while it runs (it is updated every tick),
-    and an :class:`app.metrics.NodeMetrics` to serve its metrics.
+    and an :class:`app.metrics.NodeMetrics` to serve its metrics. ``make_node`` builds
+    the node's parts (the library's node passes its own, over the user's kernels).
 
     On the way out the node gives its outbox ``outbox_drain_s`` to empty; what is
     left stays on disk and is sent by the next run of the same node id.
     """
     store = NodeStore(settings.node_dir())
     try:
-        node = _Node(settings, bootstrap, store, report)
+        node = (make_node or _Node)(settings, bootstrap, store, report)
         if metrics is not None:
             metrics.attach(node)
             node.metrics = metrics

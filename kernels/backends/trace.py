@@ -98,13 +98,15 @@ def default_tuning_spaces_dir() -> Path:
 
 def cache_files_in(directory: str | Path | None) -> list[Path]:
     """The Kernel Tuner cache files of a folder (``*.json``, ``*.json.gz``), by name;
-    T1 files (``*.T1.json``, descriptions of a space, not measurements) are not."""
+    T1 files (``*.T1.json``) and declared-space files (``*.space.json``), descriptions of
+    a space, not measurements, are not."""
     if directory is None or not Path(directory).is_dir():
         return []
     return sorted(
         p
         for p in Path(directory).iterdir()
-        if p.name.endswith((".json", ".json.gz")) and not p.name.endswith(".T1.json")
+        if p.name.endswith((".json", ".json.gz"))
+        and not p.name.endswith((".T1.json", ".space.json"))
     )
 
 

@@ -132,7 +132,7 @@ def test_gpu_without_known_peaks_is_not_placed_on_a_roofline() -> None:
     f = d.classify(agg(**unknown))
     assert f.classification == "roofline_unknown"
     assert f.evidence["roofline_known"] is False and f.evidence["ridge_point"] == 0.0
-    assert "AMD Instinct MI250X has no datasheet peaks" in f.summary
+    assert "no datasheet peaks of AMD Instinct MI250X" in f.summary
     # Launch-bound and regression verdicts need no roofline and still come.
     assert d.classify(agg(**unknown, duration_mean_us=2.0)).classification == "launch_bound"
     slow = d.classify(agg(**unknown, window_start=12.0, duration_mean_us=150.0))

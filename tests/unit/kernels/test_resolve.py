@@ -55,7 +55,7 @@ def test_a_broken_file_does_not_hide_the_others(tmp_path: Path) -> None:
     (tmp_path / "scale.T1.json").write_text("{}")  # T1 files describe, they are not caches
     resolver = SpaceResolver(tmp_path)
     assert resolver.space_for("scale", (1024,)).size() == 4
-    with pytest.raises(LookupError, match=r"no cache file for it .*skipped a-broken.json"):
+    with pytest.raises(LookupError, match=r"declared-space file for it .*skipped a-broken.json"):
         resolver.space_for("scale", (2048,))
 
 

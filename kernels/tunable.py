@@ -1,0 +1,347 @@
+"""``TunableKernel``: a user's CUDA kernel that runs the configuration in force for it.
+
+Calling a :class:`TunableKernel` launches the kernel once with its current configuration
+(prepared beforehand: compiled, or its measured durations found). A node
+(:class:`kernelstream.Node`) attaches to every kernel of the process through
+:class:`KernelRunner`: each call then appends one record to the kernel's launch log (a
+deque: thread-safe, never blocks), which the node drains, times and publishes on its own
+thread. The node switches a kernel's configuration by swapping one reference between two
+calls (the safe point), so a call never sees half a change.
+
+A configuration that fails to compile (or, on a trace device, failed when measured) is
+never launched: the call records a failed launch for it and runs the last configuration
+that worked, so the node rolls the change back and the tuner marks it failed. Only the
+kernel's first configuration has nothing to fall back on; that raises
+:class:`KernelCompileError` with the compiler's log.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kernelstream.kernels.backends.base import LaunchPlan
+from kernelstream.kernels.backends.user import ConfigState, KernelDevice, LaunchRecord
+from kernelstream.kernels.errors import (
+    KernelArgumentError,
+    KernelCompileError,
+    KernelDefinitionError,
+)
+from kernelstream.kernels.runner import LaunchChunk
+from kernelstream.kernels.space import Config, ParamValue, SearchSpace
+from kernelstream.kernels.workloads.user import CostModel, GridDiv, Restriction, UserWorkload
+
+__all__ = ["KernelRunner", "TunableKernel", "live_kernels", "on_new_kernel"]
+
+log = logging.getLogger("kernelstream.kernels.user")
+
+#: Launch records a kernel keeps for a node that does not drain them (a stalled node):
+#: past this, launches still run but are counted in ``dropped`` instead of logged.
+MAX_PENDING = 1_000_000
+
+_LIVE: weakref.WeakValueDictionary[str, TunableKernel] = weakref.WeakValueDictionary()
+_LISTENERS: list[Callable[[TunableKernel], None]] = []
+_LIVE_LOCK = threading.Lock()
+
+
+def live_kernels() -> list[TunableKernel]:
+    """Every :class:`TunableKernel` of this process that is still referenced."""
+    with _LIVE_LOCK:
+        return list(_LIVE.values())
+
+
+def on_new_kernel(listener: Callable[[TunableKernel], None]) -> Callable[[], None]:
+    """Call ``listener`` with each kernel made from now on; returns the unsubscribe."""
+    with _LIVE_LOCK:
+        _LISTENERS.append(listener)
+    return lambda: _LISTENERS.remove(listener) if listener in _LISTENERS else None
+
+
+def _default_device() -> KernelDevice:
+    from kernelstream.kernels.backends.user import cupy_device
+
+    return cupy_device(0)
+
+
+class TunableKernel:
+    """A CUDA kernel under the loop, declared as for ``kernel_tuner.tune_kernel``.
+
+    ``tune_params`` maps each parameter to its list of values; ``restrictions`` are
+    Python expressions over parameter names or callables of a config dict;
+    ``grid_div_x/y/z`` and ``block_size_names`` set the launch geometry as in Kernel
+    Tuner; ``flops``/``bytes`` (callables of the config and the problem size) put the
+    launches on the roofline. ``device`` is :func:`trace_device` or a cupy device
+    (default: GPU 0). ``default`` is the configuration to start from (default: the first
+    value of each parameter, or the valid configuration closest to it).
+
+    Call it with the kernel's arguments, as a CuPy ``RawKernel`` without grid and block
+    (those come from the configuration in force).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        source: str | Path,
+        problem_size: int | Sequence[int],
+        tune_params: Mapping[str, Sequence[ParamValue]],
+        *,
+        restrictions: Restriction | Sequence[Restriction] | None = None,
+        grid_div_x: GridDiv | None = None,
+        grid_div_y: GridDiv | None = None,
+        grid_div_z: GridDiv | None = None,
+        block_size_names: Sequence[str] | None = None,
+        flops: CostModel | None = None,
+        bytes: CostModel | None = None,
+        device: KernelDevice | None = None,
+        default: Mapping[str, ParamValue] | None = None,
+    ) -> None:
+        self.workload = UserWorkload(
+            name,
+            source,
+            problem_size,
+            tune_params,
+            restrictions=restrictions,
+            grid_div_x=grid_div_x,
+            grid_div_y=grid_div_y,
+            grid_div_z=grid_div_z,
+            block_size_names=block_size_names,
+            flops=flops,
+            bytes=bytes,
+            default=default,
+        )
+        self.device = device if device is not None else _default_device()
+        self.device.bind(self.workload)
+        first = self.device.prepare(self.workload, self.workload.default)
+        if first.failure is not None:
+            raise KernelCompileError(
+                f"kernel {name!r}: its first configuration {first.config_id} cannot run: "
+                f"{first.failure}"
+            )
+        self._state: ConfigState = first
+        self._good: ConfigState = first
+        # Every configuration prepared, by id: launch records name their configuration by
+        # id. Bounded by the configurations tried, like a backend's compiled-function cache.
+        self._states: dict[str, ConfigState] = {first.config_id: first}
+        self._arity = self.workload.arity
+        self._log: deque[LaunchRecord] | None = None
+        self.failures: dict[str, str] = {}
+        self.dropped = 0
+        self._register()
+
+    def _register(self) -> None:
+        with _LIVE_LOCK:
+            _LIVE[self.name] = self  # a kernel made anew under its name replaces the old
+            listeners = list(_LISTENERS)
+        for listener in listeners:
+            listener(self)
+
+    def __repr__(self) -> str:
+        return f"TunableKernel({self.name!r}, {self.config_id!r}, device={self.device!r})"
+
+    @property
+    def name(self) -> str:
+        return self.workload.name
+
+    @property
+    def space(self) -> SearchSpace:
+        return self.workload.space
+
+    @property
+    def config(self) -> Config:
+        """The configuration the next call runs."""
+        return dict(self._state.config)
+
+    @property
+    def config_id(self) -> str:
+        return self._state.config_id
+
+    def __call__(self, *args: Any) -> None:
+        if len(args) != self._arity:
+            raise KernelArgumentError(
+                f"kernel {self.name!r} takes {self._arity} arguments ({self.workload.signature}), "
+                f"got {len(args)}"
+            )
+        state = self._state
+        out = self._log
+        if state.failure is not None:
+            state = self._fall_back(state, out)
+        record = self.device.launch(state, args, out is not None)
+        if out is not None:
+            if len(out) < MAX_PENDING:
+                out.append(record)
+            else:
+                self.dropped += 1
+
+    def _fall_back(self, state: ConfigState, out: deque[LaunchRecord] | None) -> ConfigState:
+        """Record a failed launch of ``state`` and run the last configuration that worked."""
+        if state.config_id not in self.failures:
+            self.failures[state.config_id] = state.failure or ""
+            log.warning(
+                "kernel %s: configuration %s cannot run, running %s instead: %s",
+                self.name,
+                state.config_id,
+                self._good.config_id,
+                state.failure,
+            )
+        if out is not None:
+            out.append((state.config_id, time.time(), None))
+        return self._good
+
+    def use(self, config: Mapping[str, ParamValue]) -> None:
+        """Run ``config`` from the next call on (without a node; with one, ``node.apply``).
+
+        Raises :class:`SpaceError` for a config outside the space and
+        :class:`KernelCompileError` when it cannot run.
+        """
+        if self._log is not None:
+            raise KernelDefinitionError(
+                f"kernel {self.name!r} is run by a node: apply a recommendation with "
+                "node.apply(rec), so the node measures it and can roll it back"
+            )
+        state = self.device.prepare(self.workload, config)
+        if state.failure is not None:
+            raise KernelCompileError(f"kernel {self.name!r}: {state.config_id}: {state.failure}")
+        self._states[state.config_id] = state
+        self._state = self._good = state
+
+    def write_space(self, directory: str | Path) -> Path:
+        """Write this kernel's declared space where workers find it (their
+        ``tuning_spaces_dir``): their tuner then proposes only configurations of it."""
+        from kernelstream.kernels.declared import write_space
+
+        return write_space(self.workload, directory)
+
+    # -- the node's side --------------------------------------------------------------
+    def _attach(self) -> deque[LaunchRecord]:
+        if self._log is not None:
+            raise KernelDefinitionError(f"kernel {self.name!r} is already run by a node")
+        self._log = deque()
+        return self._log
+
+    def _detach(self) -> None:
+        self._log = None
+
+    def _switch(self, config: Mapping[str, ParamValue]) -> None:
+        """Prepare ``config`` (compile it) and swap it in: the next call runs it."""
+        state = self.device.prepare(self.workload, config)
+        self._states[state.config_id] = state
+        if self._state.failure is None:
+            self._good = self._state
+        self._state = state
+
+
+class KernelRunner:
+    """The node's view of its kernels, with the interface of :class:`WorkloadRunner`.
+
+    :meth:`tick` drains each kernel's launch log into :class:`LaunchChunk` s (one per run of
+    launches with one configuration) with the kernel's sequence numbers.
+    """
+
+    def __init__(self, device: KernelDevice) -> None:
+        self.device = device
+        self.kernels: dict[str, _Attached] = {}
+
+    def add(self, kernel: TunableKernel) -> None:
+        if kernel.device.spec.name != self.device.spec.name:
+            raise KernelDefinitionError(
+                f"kernel {kernel.name!r} runs on {kernel.device.spec.name}; this node runs "
+                f"{self.device.spec.name}: one node per device"
+            )
+        if kernel.name in self.kernels:
+            raise KernelDefinitionError(
+                f"this node already runs a kernel named {kernel.name!r}: kernel names key "
+                "the telemetry, so the kernels of one node need names of their own"
+            )
+        self.kernels[kernel.name] = _Attached(kernel, kernel._attach())
+
+    def detach_all(self) -> None:
+        for a in self.kernels.values():
+            a.kernel._detach()
+
+    def config_of(self, kernel: str) -> Config:
+        return self.kernels[kernel].kernel.config
+
+    def set_config(self, kernel: str, config: Config) -> None:
+        """Switch ``kernel`` to ``config`` from its next call (compiles it first)."""
+        self.kernels[kernel].kernel._switch(config)
+
+    def tick(self, now: float) -> list[LaunchChunk]:
+        chunks: list[LaunchChunk] = []
+        for name, a in self.kernels.items():
+            popleft = a.log.popleft  # what is appended meanwhile stays for the next tick
+            records = [popleft() for _ in range(len(a.log))]
+            if not records:
+                continue
+            done, t_end, dur, ok = self.device.resolve(records)
+            if done < len(records):  # not finished on the GPU yet: back to the front
+                a.log.extendleft(reversed(records[done:]))
+            if not done:
+                continue
+            ids = [r[0] for r in records[:done]]
+            # A chunk per run of launches of one configuration (a switch starts a new run).
+            cuts = [i for i in range(1, done) if ids[i] != ids[i - 1]]
+            for start, stop in zip([0, *cuts], [*cuts, done], strict=True):
+                state = a.kernel._states[ids[start]]
+                chunks.append(
+                    LaunchChunk(
+                        name,
+                        a.kernel.workload,
+                        dict(state.config),
+                        state.config_id,
+                        a.seq,
+                        t_end[start:stop],
+                        dur[start:stop],
+                        ok[start:stop],
+                    )
+                )
+                a.seq += stop - start
+        return chunks
+
+    @property
+    def clock(self) -> float | None:
+        return None
+
+
+class _Attached:
+    def __init__(self, kernel: TunableKernel, log: deque[LaunchRecord]) -> None:
+        self.kernel, self.log, self.seq = kernel, log, 0
+
+    @property
+    def config_id(self) -> str:
+        return self.kernel.config_id
+
+
+class KernelNodeDevice:
+    """The device of a node of user kernels, as the node's batcher and agent see it."""
+
+    def __init__(self, runner: KernelRunner) -> None:
+        self.runner = runner
+        dev = runner.device
+        self.backend, self.spec, self.device_index = dev.backend, dev.spec, dev.device_index
+
+    def workloads(self) -> list[UserWorkload]:
+        return [a.kernel.workload for a in self.runner.kernels.values()]
+
+    def plan(self, workload: UserWorkload, config: Mapping[str, ParamValue]) -> LaunchPlan:
+        return self.runner.device.plan(workload, config)
+
+    def sample(self) -> dict[str, float] | None:
+        return self.runner.device.sample()
+
+    def failure_reason(
+        self, workload: UserWorkload, config: Mapping[str, ParamValue]
+    ) -> str | None:
+        """Why ``config`` of ``workload`` could not run (its compiler's log), if it failed."""
+        attached = self.runner.kernels.get(workload.name)
+        if attached is None:
+            return None
+        return attached.kernel.failures.get(workload.space.config_id(config))
+
+    def close(self) -> None:
+        self.runner.detach_all()
