@@ -702,7 +702,7 @@ class _LazyBenchGroup(click.Group):
             return None
         import importlib
 
-        module = importlib.import_module(f"bench.{cmd_name.replace('-', '_')}")
+        module = importlib.import_module(f"kernelstream.bench.{cmd_name.replace('-', '_')}")
         command = module.command
         assert isinstance(command, click.Command)
         return command
