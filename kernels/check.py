@@ -1,32 +1,46 @@
 """Compile workloads' configurations for GPU architectures and report their resources.
 
-The logic behind ``kernelstream kernels check``: for each workload and architecture, the
-default configuration and a spread sample of the space (or every configuration) are
-compiled with NVRTC (:func:`kernelstream.kernels.compile.compile_config`); each row carries
-the compile status and log, registers, shared memory, spills and the theoretical occupancy
-on a device of that architecture.
+The logic behind ``kernelstream kernels check`` and :meth:`TunableKernel.check
+<kernelstream.kernels.tunable.TunableKernel.check>`: for each workload (a built-in one or a
+user's kernel) and architecture, the default configuration and a spread sample of the space
+(or every configuration) are compiled with NVRTC
+(:func:`kernelstream.kernels.compile.compile_config`); each row carries the compile status
+and log, registers, shared memory, spills and the theoretical occupancy on a device of that
+architecture.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kernelstream.kernels.compile import CompileResult, compile_config
 from kernelstream.kernels.devices import DEVICE_SPECS, DeviceSpec, theoretical_occupancy
-from kernelstream.kernels.space import Config
+from kernelstream.kernels.space import Config, ParamValue
 from kernelstream.kernels.workloads.base import CudaWorkload
+from kernelstream.kernels.workloads.user import UserWorkload
 
-__all__ = ["CheckRow", "check_workloads", "device_for_arch", "report_document", "sample_configs"]
+__all__ = [
+    "CheckRow",
+    "Checkable",
+    "check_workloads",
+    "compile_workload",
+    "device_for_arch",
+    "report_document",
+    "sample_configs",
+]
+
+#: What can be compile-checked: a built-in workload or a user's kernel.
+Checkable = CudaWorkload | UserWorkload
 
 
 @dataclass(frozen=True)
 class CheckRow:
     """One configuration compiled for one architecture."""
 
-    workload: CudaWorkload
+    workload: Checkable
     arch: str
     config: Config
     result: CompileResult
@@ -58,7 +72,7 @@ def device_for_arch(arch: str) -> DeviceSpec | None:
     return None
 
 
-def sample_configs(workload: CudaWorkload, n: int) -> list[Config]:
+def sample_configs(workload: Checkable, n: int) -> list[Config]:
     """The default and ``n - 1`` configurations spread evenly over the space's order.
 
     >>> from kernelstream.kernels import get_workload
@@ -77,8 +91,25 @@ def sample_configs(workload: CudaWorkload, n: int) -> list[Config]:
     return out
 
 
+def compile_workload(
+    workload: Checkable,
+    config: Mapping[str, ParamValue],
+    arch: str,
+    *,
+    cache_dir: Path | None = None,
+) -> CompileResult:
+    """Compile one configuration of ``workload`` for ``arch`` with its ``-D`` defines.
+
+    A user's kernel is compiled from the code it was made with (what its device compiles,
+    even if its file changed since), a built-in one from its ``.cu`` file.
+    """
+    source = workload.code if isinstance(workload, UserWorkload) else workload.source
+    defines = workload.defines(config)
+    return compile_config(source, workload.kernel_name, defines, arch, cache_dir=cache_dir)
+
+
 def _occupancy(
-    spec: DeviceSpec | None, w: CudaWorkload, config: Config, r: CompileResult
+    spec: DeviceSpec | None, w: Checkable, config: Config, r: CompileResult
 ) -> float | None:
     if spec is None or not r.ok or r.registers is None:
         return None
@@ -88,7 +119,7 @@ def _occupancy(
 
 
 def check_workloads(
-    workloads: Iterable[CudaWorkload],
+    workloads: Iterable[Checkable],
     archs: Sequence[str],
     *,
     sample: int = 8,
@@ -107,9 +138,7 @@ def check_workloads(
         for arch in archs:
             spec = device_for_arch(arch)
             for config in configs:
-                r = compile_config(
-                    w.source, w.kernel_name, w.defines(config), arch, cache_dir=cache_dir
-                )
+                r = compile_workload(w, config, arch, cache_dir=cache_dir)
                 row = CheckRow(
                     w, arch, config, r, spec.name if spec else "", _occupancy(spec, w, config, r)
                 )

@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_OPTIONS",
     "CompileResult",
     "arch_for",
+    "check_arch",
     "compile_config",
     "compiler_version",
     "default_cache_dir",
@@ -111,6 +112,13 @@ def arch_for(compute_capability: tuple[int, int]) -> str:
     """
     major, minor = compute_capability
     return f"sm_{major}{minor}"
+
+
+def check_arch(arch: str) -> str:
+    """``arch`` when it names an NVRTC architecture (``sm_80``...), else ``ValueError``."""
+    if not isinstance(arch, str) or not _ARCH.match(arch):
+        raise ValueError(f"architecture {arch!r} is not of the form sm_XY (e.g. sm_80, sm_90)")
+    return arch
 
 
 def default_cache_dir() -> Path:
@@ -281,8 +289,7 @@ def compile_config(
     or define name, ``OSError`` when ``source`` is a path that cannot be read.
     Results are cached under ``cache_dir`` (:func:`default_cache_dir` when None).
     """
-    if not _ARCH.match(arch):
-        raise ValueError(f"architecture {arch!r} is not of the form sm_XY (e.g. sm_80, sm_90)")
+    check_arch(arch)
     bad = [k for k in defines if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
     if bad:
         raise ValueError(f"define names {bad} are not C identifiers")

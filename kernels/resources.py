@@ -10,12 +10,19 @@ the table is written again; a unit test fails meanwhile.
 
 Reading the table needs no compiler, so the ``sim`` device and the occupancy model use
 the compiler's numbers on every machine, deterministically.
+
+A user's kernel (:class:`kernelstream.TunableKernel`) has no table: its configurations are
+compiled with NVRTC when first planned (on the node's thread, from the on-disk compile
+cache after the first time) wherever NVRTC is installed; without it, or for a
+configuration that does not compile, its estimate is used.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import threading
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -24,9 +31,12 @@ from typing import Any
 
 import orjson
 
+from kernelstream.kernels.check import compile_workload
 from kernelstream.kernels.compile import CompileResult
+from kernelstream.kernels.errors import BackendUnavailableError
 from kernelstream.kernels.space import ParamValue
 from kernelstream.kernels.workloads.base import Workload
+from kernelstream.kernels.workloads.user import UserWorkload
 
 __all__ = [
     "TABLE_PATH",
@@ -125,7 +135,7 @@ def compiled_resources(
 ) -> Resources | None:
     """The compiler's resources of ``config`` for ``arch`` from the table; None when the
     table has no entry, the entry is of an older source, or the configuration failed to
-    compile there.
+    compile there. A user's kernel is compiled instead (None without NVRTC).
 
     >>> from kernelstream.kernels import get_workload
     >>> w = get_workload("transpose")
@@ -133,6 +143,8 @@ def compiled_resources(
     >>> r.source.startswith("nvrtc"), r.registers > 0
     (True, True)
     """
+    if isinstance(workload, UserWorkload):
+        return _user_resources(workload, config, arch)
     if workload.source is None:
         return None
     entry = load_table(table).get("workloads", {}).get(workload.name, {}).get(arch)
@@ -143,3 +155,28 @@ def compiled_resources(
         return None
     regs, smem, local, stores, loads = (int(v) for v in values)
     return Resources(regs, smem, local, stores, loads, source=f"{entry['compiler']} {arch}")
+
+
+# A user kernel's compiled resources, per (config id, arch), for as long as the kernel lives:
+# a node plans every batch it sends, and a compile (even from the disk cache) is not free.
+_USER: weakref.WeakKeyDictionary[UserWorkload, dict[tuple[str, str], Resources | None]] = (
+    weakref.WeakKeyDictionary()
+)
+_USER_LOCK = threading.Lock()
+
+
+def _user_resources(
+    workload: UserWorkload, config: Mapping[str, ParamValue], arch: str
+) -> Resources | None:
+    key = (workload.space.config_id(config), arch)
+    with _USER_LOCK:
+        known = _USER.setdefault(workload, {})
+        if key in known:
+            return known[key]
+    try:
+        found = Resources.from_compile(compile_workload(workload, config, arch))
+    except BackendUnavailableError:
+        found = None  # no NVRTC here: the estimate, as for a built-in missing from the table
+    with _USER_LOCK:
+        known[key] = found
+    return found

@@ -22,9 +22,10 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelstream.kernels.backends.base import LaunchPlan
 from kernelstream.kernels.backends.user import ConfigState, KernelDevice, LaunchRecord
@@ -37,7 +38,10 @@ from kernelstream.kernels.runner import LaunchChunk
 from kernelstream.kernels.space import Config, ParamValue, SearchSpace
 from kernelstream.kernels.workloads.user import CostModel, GridDiv, Restriction, UserWorkload
 
-__all__ = ["KernelRunner", "TunableKernel", "live_kernels", "on_new_kernel"]
+if TYPE_CHECKING:
+    from kernelstream.kernels.check import CheckRow
+
+__all__ = ["KernelRunner", "TunableKernel", "default_device", "live_kernels", "on_new_kernel"]
 
 log = logging.getLogger("kernelstream.kernels.user")
 
@@ -63,7 +67,30 @@ def on_new_kernel(listener: Callable[[TunableKernel], None]) -> Callable[[], Non
     return lambda: _LISTENERS.remove(listener) if listener in _LISTENERS else None
 
 
+_DEFAULT_DEVICES: list[KernelDevice] = []
+
+
+@contextmanager
+def default_device(device: KernelDevice) -> Iterator[KernelDevice]:
+    """Within the block, a kernel made without ``device=`` gets ``device`` instead of GPU 0.
+
+    ``kernelstream kernels check --kernel`` imports a user's module under
+    ``default_device(compile_device(...))``, so kernels written for a GPU can be made, and
+    checked, on a machine without one.
+    """
+    with _LIVE_LOCK:
+        _DEFAULT_DEVICES.append(device)
+    try:
+        yield device
+    finally:
+        with _LIVE_LOCK:
+            _DEFAULT_DEVICES.remove(device)
+
+
 def _default_device() -> KernelDevice:
+    with _LIVE_LOCK:
+        if _DEFAULT_DEVICES:
+            return _DEFAULT_DEVICES[-1]
     from kernelstream.kernels.backends.user import cupy_device
 
     return cupy_device(0)
@@ -209,6 +236,41 @@ class TunableKernel:
             raise KernelCompileError(f"kernel {self.name!r}: {state.config_id}: {state.failure}")
         self._states[state.config_id] = state
         self._state = self._good = state
+
+    def check(
+        self,
+        arch: str | Sequence[str] = ("sm_80", "sm_90"),
+        *,
+        sample: int = 8,
+        every: bool = False,
+        cache_dir: str | Path | None = None,
+    ) -> list[CheckRow]:
+        """Compile this kernel for each ``arch`` with NVRTC, no GPU needed: its default
+        configuration and ``sample - 1`` more spread over its space (or ``every`` one).
+
+        Returns one :class:`~kernelstream.kernels.check.CheckRow` per (arch, configuration):
+        ``row.result.ok`` and ``row.result.log`` (the compiler's log, the error of a
+        configuration that does not compile), ``registers``, ``static_smem_bytes``,
+        ``spills`` and ``local_bytes`` of ``row.result``, and ``row.occupancy`` on a GPU of
+        that architecture. Compiles are cached on disk (``cache_dir``, default
+        ``~/.cache/kernelstream/compile``). Raises ``BackendUnavailableError`` (with the
+        install command) without NVRTC, ``ValueError`` for a malformed ``arch`` or
+        ``sample`` < 1.
+
+        >>> rows = kernel.check("sm_90", sample=4)               # doctest: +SKIP
+        >>> [r.config_id for r in rows if not r.result.ok]       # doctest: +SKIP
+        []
+        """
+        from kernelstream.kernels.check import check_workloads
+        from kernelstream.kernels.compile import check_arch
+
+        archs = [arch] if isinstance(arch, str) else list(arch)
+        for a in archs:
+            check_arch(a)
+        if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
+            raise ValueError(f"sample must be an int >= 1 (the default counts), got {sample!r}")
+        where = Path(cache_dir) if cache_dir is not None else None
+        return check_workloads([self.workload], archs, sample=sample, every=every, cache_dir=where)
 
     def write_space(self, directory: str | Path) -> Path:
         """Write this kernel's declared space where workers find it (their

@@ -7,8 +7,9 @@ symlinks to them, so they import as ``kernelstream.app``, ``kernelstream.agents`
 (from a checkout, an editable install or a wheel alike), and nothing of ours lands beside a
 user's own ``app`` or ``kernels`` package.
 
-The library API (``TunableKernel``, ``trace_device``, ``cupy_device``, ``Node``, ...) is
-imported on first use: the CLI and the worker import this package first and need none of it.
+The library API (``TunableKernel``, ``trace_device``, ``cupy_device``, ``compile_device``,
+``Node``, ...) is imported on first use: the CLI and the worker import this package first
+and need none of it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kernelstream.app.sdk.node import Node
-    from kernelstream.kernels.backends.user import cupy_device, trace_device
+    from kernelstream.kernels.backends.user import compile_device, cupy_device, trace_device
     from kernelstream.kernels.errors import (
         KernelArgumentError,
         KernelCompileError,
@@ -37,6 +38,7 @@ __all__ = [
     "SpaceError",
     "TunableKernel",
     "__version__",
+    "compile_device",
     "cupy_device",
     "trace_device",
 ]
@@ -47,6 +49,7 @@ _LAZY = {
     "Node": "kernelstream.app.sdk.node",
     "TunableKernel": "kernelstream.kernels.tunable",
     "trace_device": "kernelstream.kernels.backends.user",
+    "compile_device": "kernelstream.kernels.backends.user",
     "cupy_device": "kernelstream.kernels.backends.user",
     "KernelArgumentError": "kernelstream.kernels.errors",
     "KernelCompileError": "kernelstream.kernels.errors",

@@ -1,4 +1,5 @@
-"""Devices that run a user's own kernel one call at a time: ``trace`` and ``cupy``.
+"""Devices that run a user's own kernel one call at a time: ``trace`` and ``cupy``, and
+``compile``, which compiles each configuration for an architecture and runs none.
 
 A built-in device runs ``n`` launches of a workload when the runner asks; a user kernel
 is launched by the user's code, one call at a time, so these devices split the work:
@@ -13,6 +14,10 @@ The trace device keeps a device clock: each launch ends its measured duration af
 later of the previous launch's end and the call, as on a GPU's stream, and a call that
 runs ``queue_s`` ahead of the wall clock waits (a full launch queue), so event times are
 real and a trace kernel runs at the speed of the GPU it was measured on.
+
+The compile device is for machines without a GPU (CI): a kernel made on it is compiled
+with NVRTC from PyPI, configuration by configuration, exactly as a GPU node would compile
+it, so its declaration and its compile errors can be checked anywhere.
 """
 
 from __future__ import annotations
@@ -30,17 +35,21 @@ import numpy as np
 
 from kernelstream.kernels.backends.base import LaunchPlan, make_plan, well_formed
 from kernelstream.kernels.backends.trace import TraceSpace, load_cache
+from kernelstream.kernels.check import compile_workload, device_for_arch
+from kernelstream.kernels.compile import check_arch
 from kernelstream.kernels.devices import DeviceSpec, device_spec_for_name
 from kernelstream.kernels.errors import KernelDefinitionError, UnknownDeviceError
 from kernelstream.kernels.space import Config, ParamValue
 from kernelstream.kernels.workloads.user import UserWorkload
 
 __all__ = [
+    "CompileKernelDevice",
     "ConfigState",
     "CupyKernelDevice",
     "KernelDevice",
     "LaunchRecord",
     "TraceKernelDevice",
+    "compile_device",
     "cupy_device",
     "trace_device",
 ]
@@ -236,6 +245,10 @@ class CupyKernelDevice:
         self.device_index = device_index
         self._events: list[Any] = []
         self._lock = threading.Lock()  # NVRTC compiles of one device, one at a time
+        # (kernel code, config id) -> compiled function / plan: the plan reads the loaded
+        # module's registers and shared memory, as the built-in cupy backend does.
+        self._functions: dict[tuple[str, str], Any] = {}
+        self._plans: dict[tuple[str, str], LaunchPlan] = {}
 
     def __repr__(self) -> str:
         return f"cupy_device({self.device_index})"
@@ -253,6 +266,8 @@ class CupyKernelDevice:
                 _ = st.function.num_regs  # compile and load now, not at the first launch
         except Exception as ex:  # NVRTC's log is in the message
             st.failure = f"{type(ex).__name__}: {ex}".strip()
+        else:
+            self._functions[(workload.code, st.config_id)] = st.function
         return st
 
     def launch(self, state: ConfigState, args: tuple[Any, ...], timed: bool) -> LaunchRecord:
@@ -287,7 +302,28 @@ class CupyKernelDevice:
         return n, t_end, dur, ok
 
     def plan(self, workload: UserWorkload, config: Mapping[str, ParamValue]) -> LaunchPlan:
-        return make_plan(self.spec, workload, well_formed(workload.space, config))
+        """The plan of ``config``: once it is compiled, with the module's registers and
+        static shared memory and the driver's resident blocks per SM ("cupy module")."""
+        cfg = well_formed(workload.space, config)
+        key = (workload.code, workload.space.config_id(cfg))
+        if (cached := self._plans.get(key)) is not None:
+            return cached
+        fn = self._functions.get(key)
+        if fn is None:  # not compiled (yet), or it failed: the compiler's table or estimate
+            return make_plan(self.spec, workload, cfg)
+        geo = workload.geometry(cfg)
+        plan = self._plans[key] = make_plan(
+            self.spec,
+            workload,
+            cfg,
+            registers_per_thread=int(fn.num_regs),
+            static_smem_bytes=int(fn.shared_size_bytes),
+            resident_blocks_per_sm=self._gpu._resident_blocks(
+                fn, geo.threads_per_block, geo.dynamic_smem_bytes
+            ),
+            resources_source="cupy module",
+        )
+        return plan
 
     def sample(self) -> dict[str, float] | None:
         return self._gpu.sample()
@@ -301,3 +337,59 @@ def cupy_device(index: int = 0) -> CupyKernelDevice:
     if index not in _CUPY:
         _CUPY[index] = CupyKernelDevice(index)
     return _CUPY[index]
+
+
+class CompileKernelDevice:
+    """No GPU: NVRTC compiles each configuration for ``arch`` when it is prepared; no
+    configuration is launched.
+
+    The device's model is the first known GPU of ``arch`` (sm_80: an A100, sm_90: an
+    H100), whose limits the occupancy of each configuration is computed against.
+    """
+
+    backend = "compile"
+    realtime = False
+
+    def __init__(self, arch: str = "sm_90") -> None:
+        self.arch = check_arch(arch)
+        self.spec = device_for_arch(arch) or DeviceSpec.unknown(f"a GPU of {arch}")
+        self.device_index = 0
+
+    def __repr__(self) -> str:
+        return f"compile_device({self.arch!r})"
+
+    def bind(self, workload: UserWorkload) -> None:
+        return None  # every declared configuration is a candidate
+
+    def prepare(self, workload: UserWorkload, config: Mapping[str, ParamValue]) -> ConfigState:
+        st = _state(workload, config)
+        result = compile_workload(workload, st.config, self.arch)
+        if not result.ok:
+            st.failure = f"NVRTC ({self.arch}): {result.log}"
+        return st
+
+    def launch(self, state: ConfigState, args: tuple[Any, ...], timed: bool) -> LaunchRecord:
+        raise KernelDefinitionError(
+            f"{self!r} compiles kernels and runs none ({state.config_id} compiled): "
+            "make the kernel with device=cupy_device() or trace_device(path) to call it"
+        )
+
+    def resolve(
+        self, records: Sequence[LaunchRecord]
+    ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+        return 0, np.empty(0), np.empty(0), np.empty(0, dtype=bool)  # it launches nothing
+
+    def plan(self, workload: UserWorkload, config: Mapping[str, ParamValue]) -> LaunchPlan:
+        return make_plan(self.spec, workload, well_formed(workload.space, config))
+
+    def sample(self) -> dict[str, float] | None:
+        return None
+
+
+def compile_device(arch: str = "sm_90") -> CompileKernelDevice:
+    """A device without a GPU that compiles each configuration of a kernel with NVRTC for
+    ``arch`` and runs none: a kernel made on it can be checked (``kernel.check()``, its
+    space, its first configuration compiled) on any machine, e.g. in CI. Calling the
+    kernel raises :class:`KernelDefinitionError`.
+    """
+    return CompileKernelDevice(arch)

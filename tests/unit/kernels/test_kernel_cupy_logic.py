@@ -180,3 +180,22 @@ def test_runner_anchors_a_real_devices_event_times_to_the_clock() -> None:
     (chunk,) = runner.tick(start + 0.05)
     assert chunk.t_end[-1] >= start + 29.0  # shifted to when the launches really ended
     assert (chunk.t_end[1:] >= chunk.t_end[:-1]).all()
+
+
+def test_a_user_kernels_plan_reads_its_loaded_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As for a built-in workload: once a user kernel's configuration is compiled on the GPU,
+    its plan takes the module's registers and shared memory and the driver's occupancy."""
+    from kernelstream.kernels.backends.user import CupyKernelDevice
+    from kernelstream.kernels.tunable import TunableKernel
+
+    log = _Log()
+    monkeypatch.setattr(cupy_backend, "import_cupy", lambda: _fake_cupy(log))
+    dev = CupyKernelDevice(0)
+    src = 'extern "C" __global__ void k(float *y, int n) { }'
+    k = TunableKernel("k", src, 1 << 20, {"block_size_x": [64, 128]}, device=dev)
+    plan = dev.plan(k.workload, k.config)  # 64 threads = 2 warps; the driver says 3 blocks/SM
+    assert plan.resources_source == "cupy module" and plan.registers_per_thread == 40
+    assert plan.resident_blocks_per_sm == 3 and plan.occupancy == pytest.approx(6 / 64)
+    assert dev.plan(k.workload, k.config) is plan  # planned once per configuration
+    other = dev.plan(k.workload, {"block_size_x": 128})  # not compiled on the GPU yet
+    assert other.resources_source != "cupy module"
