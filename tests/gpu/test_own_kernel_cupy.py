@@ -89,3 +89,29 @@ def test_own_kernel_on_cupy(cp: Any) -> None:
     assert "tile 3 is not supported" in k.failures["block_size_x=128,tile=3"]
     np.testing.assert_allclose(cp.asnumpy(y), 60.0 * np.arange(n) + 1.0)
     runner.detach_all()
+
+
+def test_own_kernel_plan_reads_the_loaded_module_as_nvrtc_compiled_it(cp: Any) -> None:
+    """A user kernel's plan on the GPU takes the loaded module's registers and shared
+    memory, and they are those ``kernel.check()`` reads from NVRTC without a GPU."""
+    pytest.importorskip("cuda.bindings", reason="the compile extra: pip install '.[compile]'")
+    from kernelstream.kernels.backends.user import cupy_device
+    from kernelstream.kernels.check import compile_workload
+    from kernelstream.kernels.compile import arch_for
+
+    k = TunableKernel(
+        "saxpy_tiled",
+        SOURCE,
+        1 << 20,
+        {"block_size_x": [64, 128, 256], "tile": [1, 2, 4]},
+        grid_div_x=["block_size_x", "tile"],
+        device=cupy_device(0),
+    )
+    arch = arch_for(k.device.spec.compute_capability)
+    for config in ({"block_size_x": 64, "tile": 1}, {"block_size_x": 256, "tile": 4}):
+        k.use(config)
+        plan = k.device.plan(k.workload, config)
+        compiled = compile_workload(k.workload, config, arch)  # what check() compiles
+        assert plan.resources_source == "cupy module" and plan.resident_blocks_per_sm > 0
+        nvrtc = cp.cuda.nvrtc.getVersion()  # a different NVRTC may allocate differently
+        assert compiled.ok and plan.registers_per_thread == compiled.registers, (config, nvrtc)
