@@ -39,9 +39,9 @@ def _line(row: object, width: int) -> str:
 def _user_workloads(specs: Sequence[str], arch: str) -> list[Checkable]:
     """The workloads of the user's kernels ``specs`` name, imported so that a kernel made
     without a device is made on a compile device (no GPU needed)."""
-    from kernelstream.app.cli.user_kernels import load_kernels
+    from kernelstream.app.cli.user_kernels import KernelSpecError, load_kernels
     from kernelstream.kernels.backends.user import compile_device
-    from kernelstream.kernels.errors import KernelsError
+    from kernelstream.kernels.errors import BackendUnavailableError
     from kernelstream.kernels.tunable import default_device
 
     found: list[Checkable] = []
@@ -49,11 +49,17 @@ def _user_workloads(specs: Sequence[str], arch: str) -> list[Checkable]:
         for spec in specs:
             try:
                 found += [k.workload for k in load_kernels(spec)]
-            except KernelsError:
+            except KernelSpecError:
                 raise
             except Exception as ex:  # the user's module failed: say where, never a traceback
+                hint = (
+                    " (a kernel made with device=cupy_device() needs a GPU: made without "
+                    "device=, it is checked on any machine)"
+                    if isinstance(ex, BackendUnavailableError) and "CuPy" in str(ex)
+                    else ""
+                )
                 raise click.ClickException(
-                    f"--kernel {spec}: importing it raised {type(ex).__name__}: {ex}"
+                    f"--kernel {spec}: importing it raised {type(ex).__name__}: {ex}{hint}"
                 ) from ex
     return found
 

@@ -4,6 +4,7 @@ configuration that does not compile fails the command with its compiler log."""
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import sys
 from collections.abc import Iterator
@@ -183,10 +184,14 @@ def test_a_module_on_the_path_and_its_every_kernel(
         ("{mod}:nope", "has no attribute 'nope'"),
         ("{empty}", "defines no kernelstream.TunableKernel"),
         ("{raising}", "importing it raised ZeroDivisionError: division by zero"),
+        ("{first_fails}", "raised KernelCompileError: kernel 'saxpy_tiled': its first"),
         ("{first_fails}", "a tile of 3 is not supported"),
+        ("{on_gpu}", "made without device=, it is checked on any machine"),
     ],
 )
 def test_bad_kernel_specs_are_one_line_errors(tmp_path: Path, spec: str, message: str) -> None:
+    if spec == "{on_gpu}" and importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here, so a kernel on cupy_device(0) can be made")
     (tmp_path / "mod.py").write_text(USER_MODULE)
     (tmp_path / "empty.py").write_text("x = 1\n")
     (tmp_path / "raising.py").write_text("x = 1 / 0\n")
@@ -194,7 +199,12 @@ def test_bad_kernel_specs_are_one_line_errors(tmp_path: Path, spec: str, message
         USER_MODULE.replace("    grid_div_x=", '    default={"block_size_x": 64, "tile": 3},\n'
                             "    grid_div_x=")
     )  # fmt: skip
+    (tmp_path / "gpu.py").write_text(  # no CuPy here: the GPU's device cannot be made
+        USER_MODULE.replace("    grid_div_x=", "    device=kernelstream.cupy_device(0),\n"
+                            "    grid_div_x=")
+    )  # fmt: skip
     spec = spec.format(
+        on_gpu=tmp_path / "gpu.py",
         mod=tmp_path / "mod.py",
         empty=tmp_path / "empty.py",
         raising=tmp_path / "raising.py",
