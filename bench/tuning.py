@@ -402,6 +402,7 @@ def run_benchmark(
             meta[str(p)] = {
                 "file": p.name,
                 "kernel": ts.kernel_name,
+                "params": sorted(ts.space.params),
                 "device": ts.device_name,
                 "configs": ts.space.size(),
                 "valid": len(truth),
@@ -430,7 +431,10 @@ def run_benchmark(
                     str(q)
                     for q in files
                     if q != p
+                    # The same kernel on another GPU, over the same parameters: a kernel
+                    # of the same name tuned over other parameters teaches nothing here.
                     and meta[str(q)]["kernel"] == meta[sp]["kernel"]
+                    and meta[str(q)]["params"] == meta[sp]["params"]
                     and meta[str(q)]["device"] != meta[sp]["device"]
                 ]
                 if siblings:
@@ -632,6 +636,10 @@ def format_table(report: dict[str, Any]) -> str:
                 f"{_n(warm['median'], b)} ({warm['reached']}/{len(warm['per_seed'])}) vs cold "
                 f"{_n(float(np.median(same)), b)} on the same seeds "
                 f"({_n(cold['median'], b)} on all {len(cold['per_seed'])})"
+            )
+        elif report.get("warm_seeds"):
+            lines.append(
+                "warm start: no other GPU of this kernel over the same parameters in the folder"
             )
     lines.extend(
         f"\nskipped {name} (not a Kernel Tuner cache): {why}"

@@ -252,3 +252,27 @@ def test_the_command_prints_a_verdict_per_space_and_fails_on_failed_runs(
     bad = invoke("no_such_strategy")
     assert bad.exit_code == 1
     assert "incomplete run: toy.json.gz: 1 no_such_strategy runs failed" in bad.output
+
+
+def test_warm_start_comes_from_the_same_kernel_over_the_same_parameters(
+    tmp_path: Path,
+) -> None:
+    from tests.toy_cache import write_kt_cache
+
+    # Kernel Tuner's own convolution example and the hub's convolution share a kernel
+    # name but not their parameters: such a file was taken as the warm start's source.
+    write_toy_cache(tmp_path / "toy_a100.json.gz")
+    params = {"block_size_x": [32, 64], "unroll": [1, 2]}
+    cache = {
+        f"{b},{u}": {"block_size_x": b, "unroll": u, "time": 1.0 + b / 64 + u, "times": [1.0]}
+        for b in (32, 64)
+        for u in (1, 2)
+    }
+    write_kt_cache(tmp_path / "toy_a0.json.gz", params, cache, "toy", [1024], "NVIDIA RTX A4000")
+    report = _bench(tmp_path, warm_seeds=1)
+    assert "warm_from" not in report["spaces"]["toy_a100.json.gz"]
+    assert "no other GPU of this kernel" in format_table(report)
+    write_toy_cache(tmp_path / "toy_a4000.json.gz", device_name="NVIDIA RTX A4000")
+    report = _bench(tmp_path, warm_seeds=1)
+    assert report["spaces"]["toy_a100.json.gz"]["warm_from"] == "toy_a4000.json.gz"
+    assert report["spaces"]["toy_a100.json.gz"]["methods"]["warm"]["seeds"] == 1
