@@ -171,14 +171,17 @@ class SpaceIndex:
         """Each config's arm (its switches' values as one number), or None.
 
         A space with no two-valued parameter takes its parameters with 2 to
-        ``few_values`` values instead (a three-way method selector is a switch too).
+        ``few_values`` values instead (a three-way method selector is a switch too),
+        where it has a parameter with more values to vary inside each arm.
         None where no parameter qualifies or more than ``max_arms`` combinations occur.
         """
         if few_values not in self._arms:
             positions = self.positions_matrix()
             sizes = [len(v) for v in self.space.params.values()]
             flags = [k for k, n in enumerate(sizes) if n == 2]
-            if not flags:
+            if not flags and max(sizes, default=0) > few_values:
+                # Only where something else varies inside each arm: with every parameter
+                # few-valued, every config would be an arm of its own.
                 flags = [k for k, n in enumerate(sizes) if 2 <= n <= few_values]
             if flags:
                 _, arm = np.unique(positions[:, flags], axis=0, return_inverse=True)

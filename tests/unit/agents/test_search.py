@@ -171,6 +171,9 @@ def test_a_space_without_switches_takes_its_few_valued_parameters_as_arms() -> N
     # where the space has switches they are the arms, whatever else it has
     assert ModelGuidedSearch().index(SPACE).arms(max_arms=8, few_values=4) is not None
     assert ModelGuidedSearch(switchless_arms=True)._arms_of(idx) is not None
+    # every parameter few-valued: no parameter would vary inside an arm, so no arms
+    small = SearchSpace("small", {"a": (1, 2, 3), "b": (1, 2, 4, 8)}, default={"a": 1, "b": 1})
+    assert ModelGuidedSearch().index(small).arms(max_arms=32, few_values=4) is None
     assert ModelGuidedSearch(switchless_arms=False)._arms_of(idx) is None
 
 
