@@ -17,7 +17,10 @@ true mean of the best configuration evaluated so far, the optimum is the file's 
 
 Reported per space and method: evaluations until the best-so-far is within 10% and 5%
 of the optimum (median, 90th percentile, how many seeds got there within the budget),
-and the gap left after 50 and 100 evaluations. Also the fleet effect (windows until
+the gap left after 50 and 100 evaluations, and the online cost (cumulative regret after
+50, 100 and 200 windows, beside never tuning; :mod:`bench.tuning_score`). A last line
+per space says whether kernelstream beats, ties or loses against the best peer; the
+command exits 1 when a file was skipped or a run failed. Also the fleet effect (windows until
 within 5% with 1 node vs 4 nodes sharing measurements) and a warm start (the same
 kernel measured on another GPU model first) vs a cold one.
 """
