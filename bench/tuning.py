@@ -17,7 +17,10 @@ true mean of the best configuration evaluated so far, the optimum is the file's 
 
 Reported per space and method: evaluations until the best-so-far is within 10% and 5%
 of the optimum (median, 90th percentile, how many seeds got there within the budget),
-and the gap left after 50 and 100 evaluations. Also the fleet effect (windows until
+the gap left after 50 and 100 evaluations, and the online cost (cumulative regret after
+50, 100 and 200 windows, beside never tuning; :mod:`bench.tuning_score`). A last line
+per space says whether kernelstream beats, ties or loses against the best peer; the
+command exits 1 when a file was skipped or a run failed. Also the fleet effect (windows until
 within 5% with 1 node vs 4 nodes sharing measurements) and a warm start (the same
 kernel measured on another GPU model first) vs a cold one.
 """
@@ -47,6 +50,7 @@ import click
 import numpy as np
 
 from kernelstream.bench.results import dated_stem
+from kernelstream.bench.tuning_score import never_tune, regret_summary, verdict
 
 __all__ = ["command", "run_benchmark"]
 
@@ -156,7 +160,17 @@ def _run_kernelstream(
     rounds = tr.rounds_to(opt * 1.05)
     if windows is not None and rounds is not None and rounds > windows:
         rounds = None  # the evaluation budget ran past the window budget
-    return {"curve": tr.best_true[:budget], "rounds_to_5": rounds, "outcomes": tr.outcomes}
+    return {
+        "curve": tr.best_true[:budget],
+        "times": _times(loop.truth, [cid for cid, _ in tr.evaluated][:budget]),
+        "rounds_to_5": rounds,
+        "outcomes": tr.outcomes,
+    }
+
+
+def _times(truth: dict[str, float], ids: Sequence[str]) -> list[float]:
+    """True mean time of each config evaluated, in order (inf for one that failed)."""
+    return [truth.get(cid, math.inf) for cid in ids]
 
 
 def _run_fleet(path: str, seed: int, nodes: int, windows: int) -> dict[str, Any]:
@@ -178,7 +192,8 @@ def _run_warm(path: str, sibling: str, seed: int, budget: int) -> dict[str, Any]
     tuner = Tuner(strategy=ModelGuidedSearch(seed=seed, warm_start=True))
     first = _loop([sibling], seed, 1, budget=100, tuner=tuner)
     loop = _loop([path], seed, 1, budget, tuner=first.tuner)
-    return {"curve": loop.trace.best_true[:budget]}
+    ids = [cid for cid, _ in loop.trace.evaluated][:budget]
+    return {"curve": loop.trace.best_true[:budget], "times": _times(loop.truth, ids)}
 
 
 def _run_random(path: str, seed: int, budget: int) -> dict[str, Any]:
@@ -188,11 +203,8 @@ def _run_random(path: str, seed: int, budget: int) -> dict[str, Any]:
     ids = sorted(ts.times_us) + sorted(ts.failed)
     start = ts.space.config_id(ts.default)
     order = [start] + [ids[i] for i in rng.permutation(len(ids)) if ids[i] != start]
-    best, curve = math.inf, []
-    for cid in order[:budget]:
-        best = min(best, truth.get(cid, math.inf))
-        curve.append(best)
-    return {"curve": curve}
+    times = _times(truth, order[:budget])
+    return {"curve": [float(b) for b in np.minimum.accumulate(times)], "times": times}
 
 
 def _run_kt(json_path: str, strategy: str, seed: int, budget: int) -> dict[str, Any]:
@@ -216,17 +228,18 @@ def _run_kt(json_path: str, strategy: str, seed: int, budget: int) -> dict[str, 
         )
     doc_keys = _kt_keys(json_path)
     seen: set[tuple[Any, ...]] = set()
-    best, curve = math.inf, []
+    best, curve, times = math.inf, [], []
     for r in results:
         key = tuple(r[k] for k in doc_keys)
         if key in seen:
             continue
         seen.add(key)
         t = r.get("time")
-        if is_measured_time(t):
-            best = min(best, float(t) * 1000.0)  # ms -> us, as the trace device reports
+        # ms -> us, as the trace device reports
+        times.append(float(t) * 1000.0 if is_measured_time(t) else math.inf)
+        best = min(best, times[-1])
         curve.append(best)
-    return {"curve": curve[:budget]}
+    return {"curve": curve[:budget], "times": times[:budget]}
 
 
 @contextlib.contextmanager
@@ -392,12 +405,14 @@ def run_benchmark(
             meta[str(p)] = {
                 "file": p.name,
                 "kernel": ts.kernel_name,
+                "params": sorted(ts.space.params),
                 "device": ts.device_name,
                 "configs": ts.space.size(),
                 "valid": len(truth),
                 "optimum_us": opt,
                 "start": ts.space.config_id(ts.default),
                 "start_note": ts.start_note,
+                "start_us": truth[ts.space.config_id(ts.default)],
                 "start_vs_optimum": truth[ts.space.config_id(ts.default)] / opt,
                 "share_within_5pct": sum(v <= opt * 1.05 for v in truth.values()) / len(truth),
             }
@@ -419,7 +434,10 @@ def run_benchmark(
                     str(q)
                     for q in files
                     if q != p
+                    # The same kernel on another GPU, over the same parameters: a kernel
+                    # of the same name tuned over other parameters teaches nothing here.
                     and meta[str(q)]["kernel"] == meta[sp]["kernel"]
+                    and meta[str(q)]["params"] == meta[sp]["params"]
                     and meta[str(q)]["device"] != meta[sp]["device"]
                 ]
                 if siblings:
@@ -478,6 +496,9 @@ def run_benchmark(
             name = kind.removeprefix("kt:")
             methods[name] = _summary([r["curve"] for r in runs], opt, budget)
             methods[name]["seconds_per_run"] = float(np.mean([r["seconds"] for r in runs]))
+            methods[name]["regret"] = regret_summary(
+                [r["times"] for r in runs], meta[sp]["start_us"], opt, budget
+            )
             curves[name] = _median_gap_curve([r["curve"] for r in runs], opt, budget)
         kt = [s for s in strategies if s in methods]
         best_kt = min(
@@ -513,6 +534,9 @@ def run_benchmark(
             **meta[sp],
             "methods": methods,
             "best_kernel_tuner": best_kt,
+            "never_tune_regret": never_tune(meta[sp]["start_us"], opt, budget),
+            # kernelstream against the best peer, random search included.
+            "verdict": verdict(methods, ["random", *strategies]),
             "fleet": fleet,
             "median_gap_curve": curves,
             # Runs that raised (method -> "seed N: error"): left out of every figure above.
@@ -583,6 +607,7 @@ def format_table(report: dict[str, Any]) -> str:
                 f"{_n(w5['p90'], b):>6}{w5['reached']:>4}/{r['seeds']:<2}"
                 f"{_pct(g50):>9}{_pct(g100):>9}"
             )
+        lines.extend(_regret_lines(sp))
         f1, f4, w = sp["fleet"]["1_node"], sp["fleet"]["4_node"], report["fleet_windows"]
         speedup = sp["fleet"].get("speedup")
         lines.append(
@@ -615,6 +640,10 @@ def format_table(report: dict[str, Any]) -> str:
                 f"{_n(float(np.median(same)), b)} on the same seeds "
                 f"({_n(cold['median'], b)} on all {len(cold['per_seed'])})"
             )
+        elif report.get("warm_seeds"):
+            lines.append(
+                "warm start: no other GPU of this kernel over the same parameters in the folder"
+            )
     lines.extend(
         f"\nskipped {name} (not a Kernel Tuner cache): {why}"
         for name, why in report.get("skipped_files", {}).items()
@@ -622,13 +651,64 @@ def format_table(report: dict[str, Any]) -> str:
     lines.append(
         "\n* = best Kernel Tuner strategy on that space; '>B' = not reached within budget B"
     )
+    lines.extend(verdict_lines(report))
     return "\n".join(lines)
+
+
+def _regret_lines(sp: dict[str, Any]) -> list[str]:
+    """The online cost table of one space (bench/tuning_score.py says how it is counted)."""
+    rows = {m: r.get("regret", {}) for m, r in sp["methods"].items()}
+    rows["never tune"] = sp.get("never_tune_regret", {})
+    cols = [k for k in ("after_50", "after_100", "after_200") if k in rows["never tune"]]
+    if not cols:
+        return []
+    lines = [
+        "online cost: cumulative regret, time run / the same windows at the optimum "
+        "(median over seeds)",
+        f"{'method':<22}" + "".join(f"{'after ' + c.removeprefix('after_'):>11}" for c in cols),
+    ]
+    for m, r in rows.items():
+        lines.append(f"{m:<22}" + "".join(f"{_x(r.get(c)):>11}" for c in cols))
+    return lines
+
+
+def verdict_lines(report: dict[str, Any]) -> list[str]:
+    """One line per space: kernelstream beats / ties / loses against the best peer."""
+    lines = ["", "kernelstream against the best peer (evaluations to 5%: seeds reached, median):"]
+    for name, sp in report["spaces"].items():
+        v = sp.get("verdict")
+        if v is None:
+            lines.append(f"{name}: no verdict (no kernelstream or no peer runs)")
+            continue
+        b = report["budget"]
+        lines.append(
+            f"{name}: {v['result']} {v['peer']} (reached {v['reached'][0]} vs "
+            f"{v['reached'][1]} of {sp['methods']['kernelstream']['seeds']}, median "
+            f"{_n(v['median'][0], b)} vs {_n(v['median'][1], b)})"
+        )
+    return lines
+
+
+def problems(report: dict[str, Any]) -> list[str]:
+    """What makes the run incomplete: files skipped and runs that failed or are missing."""
+    out = [f"skipped {name}" for name in report.get("skipped_files", {})]
+    for name, sp in report["spaces"].items():
+        out.extend(
+            f"{name}: {len(errs)} {m} runs failed" for m, errs in sp.get("failed_runs", {}).items()
+        )
+        if sp.get("verdict") is None:
+            out.append(f"{name}: no verdict")
+    return out
 
 
 def _n(x: float | None, budget: int) -> str:
     if x is None:
         return "-"
     return f">{budget}" if x > budget else f"{x:g}"
+
+
+def _x(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
 
 
 def _pct(x: float | None) -> str:
@@ -757,6 +837,11 @@ def command(
     dated.with_suffix(".txt").write_text(table + "\n")
     for p in plot(report, dated):
         click.echo(f"plot: {p}", err=True)
+    if trouble := problems(report):
+        # Figures with runs missing are not the figures asked for: a script or CI job
+        # running the benchmark must see it, not only a reader of the table.
+        click.echo(f"incomplete run: {'; '.join(trouble)}", err=True)
+        raise click.exceptions.Exit(1)
 
 
 def _dated(results_dir: Path, date: str, json_out: Path) -> Path:

@@ -26,7 +26,8 @@ try comes from a rotating *acquisition*:
 When the search stalls (the group's best is older than ``stall`` evaluations), the
 ``plane`` slot becomes an **arm** step instead: an *arm* is one combination of the
 values of the space's switches (two-valued parameters, which usually select code paths:
-shared memory or not, a read-only cache or not). A bandit on the measurements alone
+shared memory or not, a read-only cache or not; in a space with none, its few-valued
+parameters, such as a three-way method selector). A bandit on the measurements alone
 (UCB on each arm's best log duration, arms never measured first) picks an arm, and the
 best-predicted config near that arm's best is tried. Trees extrapolate flat, so a
 code path whose first samples were poor looks certain to be poor; the bandit does
@@ -143,7 +144,7 @@ class SpaceIndex:
     position: dict[str, int]
     features: np.ndarray
     positions: np.ndarray | None = None
-    _arms: np.ndarray | None = None
+    _arms: dict[int, np.ndarray] = field(default_factory=dict)
     _planes: dict[int, list[np.ndarray] | None] = field(default_factory=dict)
     _alignments: np.ndarray | None = None
 
@@ -166,21 +167,28 @@ class SpaceIndex:
             ).reshape(len(self.configs), len(self.space.params))
         return self.positions
 
-    def arms(self, max_arms: int) -> np.ndarray | None:
+    def arms(self, max_arms: int, few_values: int = 2) -> np.ndarray | None:
         """Each config's arm (its switches' values as one number), or None.
 
-        None where the space has no two-valued parameter or more than ``max_arms``
-        combinations of them occur.
+        A space with no two-valued parameter takes its parameters with 2 to
+        ``few_values`` values instead (a three-way method selector is a switch too),
+        where it has a parameter with more values to vary inside each arm.
+        None where no parameter qualifies or more than ``max_arms`` combinations occur.
         """
-        if self._arms is None:
+        if few_values not in self._arms:
             positions = self.positions_matrix()
-            flags = [k for k, v in enumerate(self.space.params.values()) if len(v) == 2]
+            sizes = [len(v) for v in self.space.params.values()]
+            flags = [k for k, n in enumerate(sizes) if n == 2]
+            if not flags and max(sizes, default=0) > few_values:
+                # Only where something else varies inside each arm: with every parameter
+                # few-valued, every config would be an arm of its own.
+                flags = [k for k, n in enumerate(sizes) if 2 <= n <= few_values]
             if flags:
                 _, arm = np.unique(positions[:, flags], axis=0, return_inverse=True)
-                self._arms = arm.reshape(-1)
+                self._arms[few_values] = arm.reshape(-1)
             else:
-                self._arms = np.zeros(len(self.configs), dtype=np.int64)
-        arms = self._arms
+                self._arms[few_values] = np.zeros(len(self.configs), dtype=np.int64)
+        arms = self._arms[few_values]
         n = int(arms.max()) + 1 if len(arms) else 0
         return arms if 1 < n <= max_arms else None
 
@@ -309,6 +317,18 @@ class ModelGuidedSearch:
             everything else) or ``"same"`` (the main model's mean, as before). On fresh
             A100 convolution seeds it reaches 5% within 200 evaluations on 146 of 160
             seeds instead of 135 (docs/tuning-log.md, session 17).
+        switchless_arms: in a space with no two-valued parameter, the arms are the
+            combinations of its parameters with at most ``plane_max_values`` values (a
+            three-way method selector), so a stalled search still restarts on another
+            code path. On by default: on a point-in-polygon space without switches,
+            fresh seeds reached 5% within 200 evaluations on 20 of 20 instead of 17
+            (the other three took 221-303); spaces with switches are
+            unchanged (docs/tuning-log.md, "Spaces it was not shaped on").
+        random_every: an exploration floor: every this many evaluations past the initial
+            design, a uniform random unmeasured config (0: never).
+        stall_random: while stalled, the ``local`` slot draws a uniform random
+            unmeasured config instead of polishing the plateau (off: it cost the A100
+            convolution space a third more evaluations, same log).
     """
 
     n_trees: int = 30
@@ -334,6 +354,9 @@ class ModelGuidedSearch:
     pairwise_alignment: bool = False
     warm_start: bool = False
     arm_model: str = "pairwise"
+    switchless_arms: bool = True
+    random_every: int = 0
+    stall_random: bool = False
     _index: dict[int, SpaceIndex] = field(default_factory=dict, repr=False)
     _model: tuple[Any, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = field(
         default=None, repr=False
@@ -357,6 +380,8 @@ class ModelGuidedSearch:
             raise ValueError(f"model must be 'trees' or 'pairwise', got {self.model!r}")
         if self.arm_model not in ("pairwise", "same"):
             raise ValueError(f"arm_model must be 'pairwise' or 'same', got {self.arm_model!r}")
+        if self.random_every < 0:
+            raise ValueError(f"random_every must be 0 (never) or more, got {self.random_every}")
         if self.local_score not in ("mu", "lcb"):
             raise ValueError(f"local_score must be 'mu' or 'lcb', got {self.local_score!r}")
 
@@ -441,16 +466,21 @@ class ModelGuidedSearch:
         # model mixes acquisitions rather than taking the top few of one score.
         mode = self.acquisitions[(step + pending) % len(self.acquisitions)]
         assert best_i is not None  # len(measured) >= 2 past the initial design
-        if self.stall and mode == self.stall_mode:
+        since = len(measured) - 1 - next(k for k, (i, _) in enumerate(measured) if i == best_i)
+        stalled = bool(self.stall) and since >= self.stall
+        if stalled and mode == self.stall_mode:
             # Stalled: the group's best is older than ``stall`` evaluations. Local
             # steps and the model have settled on one basin; try the other arms.
-            since = len(measured) - 1 - next(k for k, (i, _) in enumerate(measured) if i == best_i)
-            if since >= self.stall:
-                mode = "arm"
+            mode = "arm"
+        elif stalled and self.stall_random and mode == "local":
+            # Polishing a plateau the model is sure of: a uniform draw instead.
+            mode = "random"
+        if self.random_every and (step + pending) % self.random_every == 0:
+            mode = "random"  # the exploration floor: never below random search's rate
         choice = None
         if mode == "local":
             near = idx.near(best_i, self.local_distance)
-            arms = idx.arms(self.max_arms) if self.local_arm else None
+            arms = self._arms_of(idx) if self.local_arm else None
             if arms is not None:
                 # Polish the best's own code path: a switch flipped next to the best
                 # is the model's guess about another path, which arm steps handle.
@@ -496,11 +526,16 @@ class ModelGuidedSearch:
             base_us / predicted - 1.0,
         )
 
+    def _arms_of(self, idx: SpaceIndex) -> np.ndarray | None:
+        """The space's arms (``SpaceIndex.arms``), few-valued parameters standing in for
+        switches where it has none and ``switchless_arms`` is on."""
+        return idx.arms(self.max_arms, self.plane_max_values if self.switchless_arms else 2)
+
     def _untouched_arms(
         self, idx: SpaceIndex, group: GroupStats, rng: np.random.Generator
     ) -> np.ndarray:
         """Configs, in random order, of the arms nobody measured, saw fail or is trying."""
-        arms = idx.arms(self.max_arms)
+        arms = self._arms_of(idx)
         if arms is None:
             return np.array([], dtype=np.int64)
         touched = [
@@ -527,7 +562,7 @@ class ModelGuidedSearch:
         scores the candidates near the arm's best (lowest first): the pairwise model's
         mean by default (``arm_model``).
         """
-        arms = idx.arms(self.max_arms)
+        arms = self._arms_of(idx)
         if arms is None:
             return None
         n_arms = int(arms.max()) + 1

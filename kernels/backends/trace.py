@@ -235,6 +235,17 @@ def _what_else(doc: Mapping[str, Any], ex: Exception) -> str:
     return f"missing or malformed {ex!r}"
 
 
+def _device_name(raw: Any, path: Path) -> str:
+    """The cache's ``device_name``, or a name made from the file's when it has none.
+
+    Some real caches store an empty ``device_name`` (or null). Every launch record
+    names its device model, so an empty one would fail each record's validation; the
+    file name keeps two unnamed GPUs apart instead of pooling their measurements.
+    """
+    name = str(raw).strip() if isinstance(raw, (str, int, float)) else ""
+    return name[:200] if name else f"unknown GPU ({path.name})"[:200]
+
+
 class TraceSpace:
     """A measured search space, usable wherever a :class:`Workload` is.
 
@@ -247,7 +258,7 @@ class TraceSpace:
     def __init__(self, path: Path, doc: Mapping[str, Any]) -> None:
         try:
             self.kernel_name: str = str(doc["kernel_name"])
-            self.device_name: str = str(doc["device_name"])
+            self.device_name: str = _device_name(doc["device_name"], path)
             self.problem_size: tuple[int, ...] = _problem_size(doc["problem_size"], path)
             keys: list[str] = list(doc["tune_params_keys"])
             tune_params: dict[str, list[ParamValue]] = {

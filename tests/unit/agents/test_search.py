@@ -151,6 +151,60 @@ def test_arms_are_the_switch_combinations() -> None:
     assert ModelGuidedSearch().index(no_switch).arms(max_arms=8) is None
 
 
+def test_a_space_without_switches_takes_its_few_valued_parameters_as_arms() -> None:
+    # A point-in-polygon kernel selects its method with a three-valued parameter and has
+    # no two-valued one: without this, it had no arms and a stalled search no restart.
+    space = SearchSpace(
+        "methods",
+        {"method": (0, 1, 2), "block_size_x": tuple(range(32, 544, 32)), "tile": (1, 2, 4, 8, 16)},
+        default={"method": 0, "block_size_x": 32, "tile": 1},
+    )
+    idx = ModelGuidedSearch().index(space)
+    assert idx.arms(max_arms=32) is None  # switches only: none
+    arms = idx.arms(max_arms=32, few_values=4)
+    assert arms is not None
+    by_arm = {
+        a: {c["method"] for c, b in zip(idx.configs, arms, strict=True) if b == a}
+        for a in set(arms.tolist())
+    }
+    assert sorted(by_arm.values(), key=min) == [{0}, {1}, {2}]
+    # where the space has switches they are the arms, whatever else it has
+    assert ModelGuidedSearch().index(SPACE).arms(max_arms=8, few_values=4) is not None
+    assert ModelGuidedSearch(switchless_arms=True)._arms_of(idx) is not None
+    # every parameter few-valued: no parameter would vary inside an arm, so no arms
+    small = SearchSpace("small", {"a": (1, 2, 3), "b": (1, 2, 4, 8)}, default={"a": 1, "b": 1})
+    assert ModelGuidedSearch().index(small).arms(max_arms=32, few_values=4) is None
+    assert ModelGuidedSearch(switchless_arms=False)._arms_of(idx) is None
+
+
+def test_a_stalled_search_draws_at_random_instead_of_polishing_its_plateau() -> None:
+    off = [c for c in SPACE if c["use_smem"] == 0][:12]
+    f = SimpleNamespace(classification="x")
+    for stall_random, mode in ((True, "(random)"), (False, "(local)")):
+        s = ModelGuidedSearch(
+            seed=0, n_init=1, acquisitions=("local",), stall=5, stall_random=stall_random
+        )
+        p = s.propose(f, SPACE, _measured(off), off[0], lambda c: True)  # type: ignore[arg-type]
+        assert p is not None and mode in p.reason
+        # not stalled (the best was measured last): the local step either way
+        group = _measured(off, best=len(off) - 1)
+        p = s.propose(f, SPACE, group, off[-1], lambda c: True)  # type: ignore[arg-type]
+        assert p is not None and "(local)" in p.reason
+
+
+def test_every_kth_step_is_random_with_an_exploration_floor() -> None:
+    configs = list(SPACE)[:12]
+    f = SimpleNamespace(classification="x")
+    s = ModelGuidedSearch(seed=0, n_init=1, acquisitions=("local",), random_every=4, stall=0)
+    reasons = []
+    for n in range(8, 12):
+        group = _measured(configs[:n], best=n - 1)
+        p = s.propose(f, SPACE, group, configs[n - 1], lambda c: True)  # type: ignore[arg-type]
+        assert p is not None
+        reasons.append("(random)" in p.reason)
+    assert reasons == [True, False, False, False]  # steps 8, 9, 10, 11
+
+
 def test_a_stalled_search_tries_the_switch_combination_it_never_measured() -> None:
     # The best is the first of many measured configs, all with the switch off: the
     # search has stalled, so the stall acquisition becomes an arm step, and the arm

@@ -160,3 +160,119 @@ def test_fleet_speedup_interval_brackets_the_ratio_and_pairs_seeds() -> None:
     # Nothing to resample: identical seeds, or too few.
     assert _speedup_interval([2] * 5, [2] * 5, windows=400) is None
     assert _speedup_interval([5], [2], windows=400) is None
+
+
+def test_an_empty_device_name_is_tuned_like_any_other(tmp_path: Path) -> None:
+    # Some real Kernel Tuner caches store "device_name": "". Every launch record names its
+    # device model, so each kernelstream run failed validation and left no row at all.
+    truth = write_toy_cache(tmp_path / "toy_a.json.gz", device_name="")
+    write_toy_cache(tmp_path / "toy_b.json.gz", device_name="  ")
+    report = _bench(tmp_path)
+    for name in ("toy_a.json.gz", "toy_b.json.gz"):
+        space = report["spaces"][name]
+        assert space["failed_runs"] == {}
+        assert space["methods"]["kernelstream"]["seeds"] == 1
+        # named after its file: two unnamed GPUs are not pooled as one model
+        assert space["device"] == f"unknown GPU ({name})"
+    out = _run_kernelstream(str(tmp_path / "toy_a.json.gz"), seed=0, budget=12)
+    assert out["curve"][-1] == pytest.approx(min(truth.values()))
+
+
+def test_cumulative_regret_counts_windows_at_the_optimum() -> None:
+    from kernelstream.bench.tuning_score import cumulative_regret, never_tune
+
+    inf = math.inf
+    # each evaluation one window; a failed one runs the best so far; after the end the
+    # best so far runs on
+    assert cumulative_regret([4.0, 2.0, inf], start_us=4.0, opt_us=1.0, n=4) == 2.5
+    # a failure before anything ran costs the start configuration's window
+    assert cumulative_regret([inf, 1.0], start_us=3.0, opt_us=1.0, n=2) == 2.0
+    assert cumulative_regret([], start_us=3.0, opt_us=1.5, n=10) == 2.0  # never tuned
+    assert cumulative_regret([1.0] * 5, start_us=3.0, opt_us=1.0, n=3) == 1.0
+    assert never_tune(3.0, 1.5, budget=120) == {"after_50": 2.0, "after_100": 2.0}
+
+
+def test_the_report_has_each_methods_regret_and_the_never_tune_row(tmp_path: Path) -> None:
+    truth = write_toy_cache(tmp_path / "toy.json.gz")
+    report = _bench(tmp_path, seeds=2, budget=60)
+    space = report["spaces"]["toy.json.gz"]
+    start = space["start_vs_optimum"]
+    assert space["never_tune_regret"] == {"after_50": pytest.approx(start)}
+    for method in ("kernelstream", "random"):
+        regret = space["methods"][method]["regret"]["after_50"]
+        # every config of the toy is at most 2.25x the optimum
+        assert 1.0 <= regret <= max(truth.values()) / min(truth.values())
+    table = format_table(report)
+    assert "online cost: cumulative regret" in table
+    assert "never tune" in table
+
+
+def test_verdict_against_the_best_peer() -> None:
+    from kernelstream.bench.tuning_score import verdict
+
+    def m(reached: int, median: float) -> dict[str, Any]:
+        return {"within_5pct": {"reached": reached, "median": median}}
+
+    peers = ["random", "pso"]
+    # the best peer is the lowest median: pso, not random
+    assert verdict({"kernelstream": m(10, 50), "random": m(10, 90), "pso": m(9, 60)}, peers) == {
+        "result": "beats",
+        "peer": "pso",
+        "reached": [10, 9],
+        "median": [50, 60],
+    }
+    got = verdict({"kernelstream": m(10, 50), "random": m(10, 50)}, peers)
+    assert got is not None and got["result"] == "ties"
+    # more seeds but a higher median, or a lower median but fewer seeds: both lose
+    for ours in (m(10, 70), m(8, 40)):
+        got = verdict({"kernelstream": ours, "pso": m(9, 60)}, peers)
+        assert got is not None and got["result"] == "loses"
+    assert verdict({"random": m(10, 50)}, peers) is None
+
+
+def test_the_command_prints_a_verdict_per_space_and_fails_on_failed_runs(
+    tmp_path: Path,
+) -> None:
+    from click.testing import CliRunner
+
+    from kernelstream.bench.tuning import command
+
+    write_toy_cache(tmp_path / "toy.json.gz")
+
+    def invoke(strategies: str) -> Any:
+        args = ["--spaces", str(tmp_path), "--json", str(tmp_path / "out" / "t.json")]
+        args += ["--seeds", "1", "--budget", "12", "--fleet-seeds", "1", "--no-warm"]
+        args += ["--jobs", "1", "--results-dir", str(tmp_path / "out")]
+        return CliRunner().invoke(command, [*args, "--strategies", strategies])
+
+    ok = invoke("")
+    assert ok.exit_code == 0, ok.output
+    assert "kernelstream against the best peer" in ok.output
+    assert any(line.startswith("toy.json.gz: ") for line in ok.output.splitlines())
+    bad = invoke("no_such_strategy")
+    assert bad.exit_code == 1
+    assert "incomplete run: toy.json.gz: 1 no_such_strategy runs failed" in bad.output
+
+
+def test_warm_start_comes_from_the_same_kernel_over_the_same_parameters(
+    tmp_path: Path,
+) -> None:
+    from tests.toy_cache import write_kt_cache
+
+    # Kernel Tuner's own convolution example and the hub's convolution share a kernel
+    # name but not their parameters: such a file was taken as the warm start's source.
+    write_toy_cache(tmp_path / "toy_a100.json.gz")
+    params = {"block_size_x": [32, 64], "unroll": [1, 2]}
+    cache = {
+        f"{b},{u}": {"block_size_x": b, "unroll": u, "time": 1.0 + b / 64 + u, "times": [1.0]}
+        for b in (32, 64)
+        for u in (1, 2)
+    }
+    write_kt_cache(tmp_path / "toy_a0.json.gz", params, cache, "toy", [1024], "NVIDIA RTX A4000")
+    report = _bench(tmp_path, warm_seeds=1)
+    assert "warm_from" not in report["spaces"]["toy_a100.json.gz"]
+    assert "no other GPU of this kernel" in format_table(report)
+    write_toy_cache(tmp_path / "toy_a4000.json.gz", device_name="NVIDIA RTX A4000")
+    report = _bench(tmp_path, warm_seeds=1)
+    assert report["spaces"]["toy_a100.json.gz"]["warm_from"] == "toy_a4000.json.gz"
+    assert report["spaces"]["toy_a100.json.gz"]["methods"]["warm"]["seeds"] == 1
