@@ -13,6 +13,8 @@ and is counted in ``counters`` under ``deadletter.<stage>`` and
 from __future__ import annotations
 
 import base64
+import hashlib
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -20,15 +22,40 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kernelstream.agents.latency import WINDOW_BUCKETS_S, LatencyHistogram
+from kernelstream.agents.logic.sequencing import SeqLimits
 from kernelstream.schemas import DeadLetter, LaunchBatch, Record, SchemaError, decode, encode
 from kernelstream.schemas.codec import check_key
 
 if TYPE_CHECKING:
     from kernelstream.schemas.columnar import LaunchColumns
 
-__all__ = ["LaunchLimits", "WorkerContext", "dead_letter_record", "launch_batch_problem"]
+__all__ = [
+    "DEAD_LETTER_INLINE_BYTES",
+    "LaunchLimits",
+    "WorkerContext",
+    "dead_letter_key",
+    "dead_letter_record",
+    "launch_batch_problem",
+]
+
+log = logging.getLogger("kernelstream.deadletter")
 
 R = TypeVar("R", bound=Record)
+
+
+#: Originals up to this size travel whole in a dead letter (base64, 4/3 of it), which
+#: keeps every dead letter below the producer's default ``max_request_size`` (1,000,000
+#: bytes) and Kafka's default ``message.max.bytes`` (1 MiB). A larger original is kept
+#: by reference: its first ``DEAD_LETTER_HEAD_BYTES``, size and SHA-256, and where it is.
+DEAD_LETTER_INLINE_BYTES = 512 * 1024
+DEAD_LETTER_HEAD_BYTES = 4096
+#: Keys longer than this are cut to it in the dead letter and in its Kafka key.
+DEAD_LETTER_KEY_BYTES = 1024
+
+
+def dead_letter_key(key: bytes | None) -> bytes | None:
+    """The Kafka key a dead letter of a message keyed ``key`` is published under."""
+    return None if key is None else key[:DEAD_LETTER_KEY_BYTES]
 
 
 def dead_letter_record(
@@ -42,17 +69,35 @@ def dead_letter_record(
     offset: int | None = None,
     reason_code: str | None = None,
 ) -> DeadLetter:
-    """The dead letter for input ``stage`` could not accept: original bytes and the reason."""
+    """The dead letter for input ``stage`` could not accept: original bytes and the reason.
+
+    Its encoding is bounded (about 700 kB at most) whatever the size of the original,
+    so publishing it cannot fail for size: an original over
+    :data:`DEAD_LETTER_INLINE_BYTES` is stored by reference (its head, size, SHA-256,
+    topic, partition and offset), a key over :data:`DEAD_LETTER_KEY_BYTES` is cut.
+
+    >>> dl = dead_letter_record("s", "t", b"x" * 600_000, "too big", offset=7)
+    >>> dl.value_truncated, dl.value_bytes, len(dl.value_b64)
+    (True, 600000, 5464)
+    """
+    value = value or b""
+    whole = len(value) <= DEAD_LETTER_INLINE_BYTES
+    kept = value if whole else value[:DEAD_LETTER_HEAD_BYTES]
+    short_key = dead_letter_key(key)
     return DeadLetter(
         stage=stage,
         topic=topic,
         partition=partition,
         offset=offset,
-        key_b64=base64.b64encode(key).decode() if key is not None else None,
-        value_b64=base64.b64encode(value or b"").decode(),
+        key_b64=base64.b64encode(short_key).decode() if short_key is not None else None,
+        value_b64=base64.b64encode(kept).decode(),
         reason=reason[:2000],
         reason_code=reason_code,
         at=time.time(),
+        value_truncated=not whole,
+        key_truncated=key is not None and len(key) > DEAD_LETTER_KEY_BYTES,
+        value_bytes=len(value),
+        value_sha256=hashlib.sha256(value).hexdigest(),
     )
 
 
@@ -62,6 +107,44 @@ class LaunchLimits:
 
     max_future_s: float = 300.0
     max_age_s: float = 7 * 24 * 3600.0
+    # One device's launches complete in order but for the few ms by which two CUDA
+    # streams may finish out of order; a batch going back further is not a device's.
+    max_disorder_s: float = 1.0
+
+
+class ConfigCheck:
+    """Why a batch's configuration is not in its workload's declared space, or None.
+
+    ``space_for(workload, problem_size)`` gives the space; a workload it does not know
+    is left to the ``unknown_kernel`` check. Verdicts are cached per configuration.
+    """
+
+    def __init__(self, space_for: Callable[[str, tuple[int, ...]], Any]) -> None:
+        self._space_for = space_for
+        self._verdicts: dict[tuple[Any, ...], str | None] = {}
+
+    def __call__(self, batch: LaunchBatch) -> str | None:
+        items = tuple(sorted((k, type(v).__name__, v) for k, v in batch.config.items()))
+        key = (batch.workload, tuple(batch.problem_size), items)
+        if key not in self._verdicts:
+            try:
+                space = self._space_for(batch.workload, tuple(batch.problem_size))
+            except Exception:  # unknown workload or size: the unknown_kernel check says so
+                return None  # not remembered: a user kernel's space may arrive later
+            if len(self._verdicts) >= 65536:
+                self._verdicts.clear()
+            self._verdicts[key] = self._judge(batch, space)
+        return self._verdicts[key]
+
+    @staticmethod
+    def _judge(batch: LaunchBatch, space: Any) -> str | None:
+        problems = space.violations(batch.config)
+        if not problems:
+            return None
+        return (
+            f"configuration {batch.config_id!r} is not in the declared space of workload "
+            f"{batch.workload!r}: {'; '.join(problems)[:500]}"
+        )
 
 
 def launch_batch_problem(
@@ -71,6 +154,9 @@ def launch_batch_problem(
     limits: LaunchLimits,
     known_workload: Any = None,
     t_range: tuple[float, float] | None = None,
+    *,
+    config_problem: Callable[[LaunchBatch], str | None] | None = None,
+    backstep_s: float = 0.0,
 ) -> SchemaError | None:
     """Why a well-formed launch batch must still be refused, or None.
 
@@ -79,6 +165,9 @@ def launch_batch_problem(
     a search space is misconfigured, not a source of windows to tune).
     ``t_range`` is the batch's (earliest, latest) event time when the caller has
     the columns elsewhere (columnar decoding), else taken from ``batch.t_end``.
+    ``config_problem`` (a :class:`ConfigCheck`) refuses a configuration outside the
+    workload's space; ``backstep_s`` is how far the batch's end times go back
+    (:meth:`LaunchColumns.max_backstep`).
     """
     if key != batch.stream_key:
         return SchemaError(
@@ -99,6 +188,12 @@ def launch_batch_problem(
             f"(limit {limits.max_age_s:.0f} s): check the node's clock",
             "bad_timestamp",
         )
+    if backstep_s > limits.max_disorder_s:
+        return SchemaError(
+            f"end times go back by {backstep_s:.3f} s within the batch (limit "
+            f"{limits.max_disorder_s:.3f} s): one device's launches complete in order",
+            "unordered",
+        )
     if known_workload is not None and not known_workload(batch.workload, batch.problem_size):
         return SchemaError(
             f"unknown kernel: workload {batch.workload!r} with problem size "
@@ -106,6 +201,10 @@ def launch_batch_problem(
             "tuning-space file on this worker",
             "unknown_kernel",
         )
+    if config_problem is not None:
+        why = config_problem(batch)
+        if why:
+            return SchemaError(why, "bad_config")
     return None
 
 
@@ -127,6 +226,7 @@ class WorkerContext:
     # the topic objects themselves.
     app: Any = None
     _known: dict[tuple[str, tuple[int, ...]], bool] = field(default_factory=dict, repr=False)
+    _config_check: ConfigCheck | None = field(default=None, repr=False)
     _resolver: Any = field(default=None, repr=False)
     _producer_ready: bool = field(default=False, repr=False)
 
@@ -160,18 +260,33 @@ class WorkerContext:
         return LaunchLimits(
             max_future_s=s.max_event_future_s,
             max_age_s=s.max_event_age_s,
+            max_disorder_s=s.max_event_disorder_s,
         )
+
+    @property
+    def seq_limits(self) -> SeqLimits:
+        s = self.settings
+        return SeqLimits(s.max_stream_launches_per_s, s.seq_slack_launches)
+
+    def _space_for(self, workload: str, problem_size: tuple[int, ...]) -> Any:
+        if self._resolver is None:
+            from kernelstream.kernels.resolve import SpaceResolver
+
+            self._resolver = SpaceResolver(self.settings.tuning_spaces_dir)
+        return self._resolver.space_for(workload, problem_size)
+
+    def config_problem(self, batch: LaunchBatch) -> str | None:
+        """Why the batch's configuration is outside its workload's space, or None."""
+        if self._config_check is None:
+            self._config_check = ConfigCheck(self._space_for)
+        return self._config_check(batch)
 
     def known_workload(self, workload: str, problem_size: Any) -> bool:
         """Whether this worker can place ``workload`` in a search space (cached)."""
         key = (workload, tuple(problem_size))
         if key not in self._known:
-            if self._resolver is None:
-                from kernelstream.kernels.resolve import SpaceResolver
-
-                self._resolver = SpaceResolver(self.settings.tuning_spaces_dir)
             try:
-                self._resolver.space_for(workload, key[1])
+                self._space_for(workload, key[1])
             except Exception:  # LookupError, or ValueError for a size the workload refuses
                 # Not remembered: a user kernel's declared space may arrive later.
                 return False
@@ -190,21 +305,40 @@ class WorkerContext:
     async def dead_letter(
         self, stage: str, event: Any, reason: str, code: str | None = None
     ) -> None:
-        """Publish the event's original bytes with the reason to the dead-letter topic."""
+        """Publish the event's original bytes with the reason to the dead-letter topic.
+
+        Never raises: the record is bounded in size (:func:`dead_letter_record`), and
+        should publishing still fail (the broker refuses it, the producer is closing)
+        the failure is logged and counted as ``deadletter.<stage>.unpublished``; the
+        caller goes on and the input's offset is committed like any other's, so one
+        message can never stop a stream.
+        """
         self.counters[f"deadletter.{stage}"] += 1
         self.counters[f"deadletter.{stage}.{code or 'invalid'}"] += 1
         msg = event.message
-        record = dead_letter_record(
-            stage,
-            msg.topic,
-            event.value,
-            reason,
-            key=event.key,
-            partition=msg.partition,
-            offset=msg.offset,
-            reason_code=code,
-        )
-        await self.send("deadletter", event.key, encode(record))
+        try:
+            record = dead_letter_record(
+                stage,
+                msg.topic,
+                event.value,
+                reason,
+                key=event.key,
+                partition=msg.partition,
+                offset=msg.offset,
+                reason_code=code,
+            )
+            await self.send("deadletter", dead_letter_key(event.key), encode(record))
+        except Exception as ex:  # never let a dead letter take the stage down
+            self.counters[f"deadletter.{stage}.unpublished"] += 1
+            log.error(
+                "dead letter of %s[%s]@%s (%s: %s) could not be published: %r; skipped",
+                getattr(msg, "topic", "?"),
+                getattr(msg, "partition", "?"),
+                getattr(msg, "offset", "?"),
+                code,
+                reason[:200],
+                ex,
+            )
 
     async def decode_launches(self, stage: str, event: Any) -> LaunchColumns | None:
         """:meth:`decode` for launch batches, straight to columns (the worker's hot path)."""
@@ -216,7 +350,14 @@ class WorkerContext:
             key = check_key(event.key)
             cols = decode_launch_columns(value)
             problem = launch_batch_problem(
-                cols.meta, key, time.time(), self.launch_limits, self.known_workload, cols.t_range()
+                cols.meta,
+                key,
+                time.time(),
+                self.launch_limits,
+                self.known_workload,
+                cols.t_range(),
+                config_problem=self.config_problem,
+                backstep_s=cols.max_backstep(),
             )
             if problem is not None:
                 raise problem
@@ -233,8 +374,16 @@ class WorkerContext:
             key = check_key(event.key)
             record = decode(value, cls, max_bytes=max_bytes)
             if isinstance(record, LaunchBatch):
+                from kernelstream.schemas.columnar import LaunchColumns
+
                 problem = launch_batch_problem(
-                    record, key, time.time(), self.launch_limits, self.known_workload
+                    record,
+                    key,
+                    time.time(),
+                    self.launch_limits,
+                    self.known_workload,
+                    config_problem=self.config_problem,
+                    backstep_s=LaunchColumns.from_batch(record).max_backstep(),
                 )
                 if problem is not None:
                     raise problem

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from kernelstream.agents.context import dead_letter_record
+from kernelstream.agents.context import dead_letter_key, dead_letter_record
 from kernelstream.agents.logic.reconfiguration import outcome_record
 from kernelstream.agents.retry_log import RetryLog
 from kernelstream.schemas import Recommendation, SchemaError, decode, encode
@@ -132,7 +132,7 @@ class RecommendationInbox:
                 offset=msg.offset,
                 reason_code=exc.code,
             )
-            self.publish(self.settings.topic_deadletter, msg.key, encode(dl))
+            self.publish(self.settings.topic_deadletter, dead_letter_key(msg.key), encode(dl))
             return
         if self.handled is not None and self.handled(rec.id, msg.offset):
             return  # decided before this node restarted; not a replay

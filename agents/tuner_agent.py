@@ -11,6 +11,7 @@ from a forgery.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -21,6 +22,8 @@ from kernelstream.schemas import Finding, Recommendation, ReconfigOutcome, encod
 from kernelstream.schemas.signing import signer_from_settings
 
 __all__ = ["register"]
+
+log = logging.getLogger("kernelstream.tuner")
 
 # A burst of findings is handed to the tuner's thread at once: at most this many,
 # after waiting at most this long for the burst to arrive (an idle agent wakes at
@@ -44,6 +47,11 @@ def tuner_from_settings(settings: Any) -> Tuner:
 def register(app: Any, ctx: WorkerContext) -> Tuner:
     tuner = tuner_from_settings(ctx.settings)
     signer = signer_from_settings(ctx.settings)
+    if signer is None:
+        log.warning(
+            "no signing private key configured: recommendations go out unsigned and nodes "
+            "refuse them (generate keys with `kernelstream keygen`)"
+        )
     spaces = SpaceResolver(ctx.settings.tuning_spaces_dir)
     findings, reconfig = ctx.topics["findings"], ctx.topics["reconfig"]
     # Choosing a config fits a model (tens of ms); it runs on a worker thread so the

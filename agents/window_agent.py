@@ -20,6 +20,9 @@ has neither idempotent producers nor transactions):
   or below it (a node's resent copy, a replay after a crash, a group offset reset)
   is not counted again: it goes to the dead-letter topic with reason code
   ``duplicate``. A batch that only overlaps is counted from its first new launch.
+  Sequence numbers are trusted only within bounds (:mod:`agents.logic.sequencing`):
+  an implausible jump is dead-lettered (``implausible_seq``) without moving the mark,
+  and a batch newer than everything counted is never taken for a copy.
 * **State and position move together.** Every ``checkpoint_interval_s`` the agent
   snapshots the windowing state of each partition's keys together with the
   partition's next offset, flushes the producer (every window, late slice and dead
@@ -68,11 +71,12 @@ from mode import Service
 from kernelstream.agents.context import WorkerContext
 from kernelstream.agents.detector_agent import InlineDetector
 from kernelstream.agents.logic.errors import SnapshotError
+from kernelstream.agents.logic.sequencing import judge_sequence
 from kernelstream.agents.logic.snapshot_codec import pack, unpack
 from kernelstream.agents.logic.windowing import Windower, WindowSpec
 from kernelstream.agents.window_checkpoints import CheckpointStore
 from kernelstream.agents.window_consumer import EarlyConsumer
-from kernelstream.schemas import WindowAggregate, encode
+from kernelstream.schemas import LaunchBatch, WindowAggregate, encode
 
 __all__ = ["WindowAgentStats", "WindowIngest", "register", "state_topic", "window_spec"]
 
@@ -117,6 +121,29 @@ def state_messages(record: bytes, chunk_bytes: int) -> list[tuple[bytes, bytes]]
     return [
         (f"chunk:{ident}:{i}:{n}".encode(), record[i * chunk_bytes : (i + 1) * chunk_bytes])
         for i in range(n)
+    ]
+
+
+# Launches per message on the late topic: a launch takes about 25 bytes of JSON, so a
+# message stays near 500 kB, below the producer's default max_request_size (1,000,000).
+_LATE_PART_LAUNCHES = 20_000
+
+
+def late_parts(batch: LaunchBatch) -> list[LaunchBatch]:
+    """``batch`` cut into messages small enough to publish (consecutive seq ranges)."""
+    n = len(batch.t_end)
+    if n <= _LATE_PART_LAUNCHES:
+        return [batch]
+    return [
+        batch.model_copy(
+            update={
+                "seq_start": batch.seq_start + i,
+                "t_end": batch.t_end[i : i + _LATE_PART_LAUNCHES],
+                "duration_us": batch.duration_us[i : i + _LATE_PART_LAUNCHES],
+                "ok": batch.ok[i : i + _LATE_PART_LAUNCHES],
+            }
+        )
+        for i in range(0, n, _LATE_PART_LAUNCHES)
     ]
 
 
@@ -308,7 +335,7 @@ class WindowIngest(Service):
                     keys = self._keys_of[tp]
                     for msg in msgs:
                         if msg.offset >= nxt:  # below: a fetch from before a re-assignment
-                            await self._process(msg, keys)
+                            await self._process_safely(msg, keys)
                     self._next[tp] = max(nxt, msgs[-1].offset + 1)
                     self._dirty.add(tp)
                 if time.monotonic() - self._checkpointed_at >= interval:
@@ -316,6 +343,21 @@ class WindowIngest(Service):
                     await self._checkpoint()
                     if self.stats.first_batch_at is not None:
                         stage["checkpoint"] += time.perf_counter() - t0
+
+    async def _process_safely(self, msg: Any, keys: set[str]) -> None:
+        """:meth:`_process`, with any failure it did not foresee dead-lettered, not raised.
+
+        An exception escaping here would stop the agent before the message's offset is
+        committed, and every restart would fail on the same message again.
+        """
+        try:
+            await self._process(msg, keys)
+        except Exception as ex:
+            log.exception("launch message %s[%d]@%d failed", msg.topic, msg.partition, msg.offset)
+            event = SimpleNamespace(message=msg, key=msg.key, value=msg.value)
+            await self.ctx.dead_letter(
+                "window", event, f"the worker failed on this message: {ex!r}", "internal_error"
+            )
 
     async def _process(self, msg: Any, keys: set[str]) -> None:
         stats, ctx, stage = self.stats, self.ctx, self.stats.stage_s
@@ -328,22 +370,16 @@ class WindowIngest(Service):
         if cols is None:
             return
         key = cols.meta.stream_key
-        seen = self.windower.seen_through(key)
-        if cols.meta.seq_start <= seen:
-            last = cols.meta.seq_start + len(cols) - 1
-            if last <= seen:
+        verdict = judge_sequence(self.windower, cols, time.time(), ctx.seq_limits)
+        if verdict.action != "count":
+            code = "duplicate" if verdict.action == "duplicate" else "implausible_seq"
+            if code == "duplicate":
                 stats.duplicates += 1
                 ctx.counters["launches.duplicate"] += len(cols)
-                await ctx.dead_letter(
-                    "window",
-                    event,
-                    f"launches {key} seq {cols.meta.seq_start}..{last} were already counted "
-                    f"(counted through seq {seen}): a resent copy or a replay",
-                    "duplicate",
-                )
-                return
-            ctx.counters["launches.duplicate"] += seen + 1 - cols.meta.seq_start
-            cols = cols.drop_first(seen + 1 - cols.meta.seq_start)
+            await ctx.dead_letter("window", event, verdict.reason, code)
+            return
+        ctx.counters["launches.duplicate"] += verdict.skipped
+        cols = verdict.cols
         now = time.time()
         n = len(cols)
         stats.batches += 1
@@ -355,7 +391,8 @@ class WindowIngest(Service):
         t1 = time.perf_counter()
         for too_late in self.windower.add_columns(cols, now):
             ctx.counters["launches.late"] += len(too_late.t_end)
-            await self.ctx.send("late", key.encode(), encode(too_late))
+            for part in late_parts(too_late):
+                await self.ctx.send("late", key.encode(), encode(part))
         t2 = time.perf_counter()
         stage["window"] += t2 - t1
         closed = self.windower.poll_key(key)

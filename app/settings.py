@@ -25,6 +25,7 @@ from pydantic_settings import (
 )
 
 from kernelstream.agents.context import LaunchLimits
+from kernelstream.agents.logic.sequencing import SeqLimits
 from kernelstream.schemas.codec import MAX_MESSAGE_BYTES
 
 __all__ = ["Settings", "load_settings"]
@@ -166,6 +167,32 @@ class Settings(BaseSettings):
         gt=0,
         description="Launches older than this (the launches topic's retention) are refused.",
     )
+    max_event_disorder_s: float = Field(
+        default=LaunchLimits.max_disorder_s,
+        ge=0,
+        description="A batch whose end times go back by more than this is refused.",
+    )
+    max_stream_launches_per_s: float = Field(
+        default=SeqLimits.max_rate_per_s,
+        gt=0,
+        description=(
+            "Fastest one stream (node, device, kernel) can launch: its sequence numbers may "
+            "run ahead of its last counted launch by at most this per second of event time "
+            "(plus seq_slack_launches); a larger jump is dead-lettered (implausible_seq)."
+        ),
+    )
+    seq_slack_launches: int = Field(
+        default=SeqLimits.slack_launches,
+        ge=0,
+        description="Sequence-number jump always allowed on top of the rate bound.",
+    )
+    web_bind: str = Field(
+        default="127.0.0.1",
+        description=(
+            "Address the worker's web server (web_port) listens on; 0.0.0.0 for every "
+            "interface (a container that Prometheus scrapes from outside)."
+        ),
+    )
 
     # --- node -------------------------------------------------------------------
     node_id: str = Field(default_factory=lambda: os.uname().nodename)
@@ -211,6 +238,10 @@ class Settings(BaseSettings):
         le=65535,
         description="Node (`kernelstream node`): port of /metrics, /healthz, /readyz; 0: none.",
     )
+    node_metrics_bind: str = Field(
+        default="127.0.0.1",
+        description="Address the node's metrics server listens on; 0.0.0.0: every interface.",
+    )
 
     # --- control plane (recommendation signing, Ed25519) --------------------------
     signing_private_key: SecretStr | None = Field(
@@ -221,11 +252,31 @@ class Settings(BaseSettings):
     )
     signing_public_key: str | None = Field(
         default=None,
-        description="Node: PEM public key of the recommender; when set, unsigned or "
-        "badly signed recommendations are rejected.",
+        description="Node: PEM public key of the recommender; recommendations that are "
+        "unsigned or not signed by it are rejected. Without one (and without "
+        "insecure_accept_unsigned) a node rejects every recommendation.",
     )
     signing_public_key_file: Path | None = Field(
         default=None, description="Node: file holding the recommender's PEM public key."
+    )
+    insecure_accept_unsigned: bool = Field(
+        default=False,
+        description=(
+            "Node: apply recommendations without checking any signature (anyone who can "
+            "write to the recommendations topic then controls the node's kernels). Logged "
+            "as a warning at start. Only for a closed test setup."
+        ),
+    )
+    recommendation_max_age_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Node: a recommendation issued longer ago than this is rejected (stale).",
+    )
+    recommendation_max_lifetime_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Node: a recommendation whose expiry is further than this after its "
+        "issue time is rejected.",
     )
 
     @model_validator(mode="after")

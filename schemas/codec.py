@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import TypeVar
 
 import orjson
@@ -15,6 +16,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "REASON_CODES",
     "check_key",
+    "check_unique_keys",
     "decode",
     "decode_any",
     "encode",
@@ -34,6 +36,7 @@ REASON_CODES = (
     "truncated",  # cut off: JSON ends early, or a batch's columns differ in length
     "non_finite",  # NaN or infinity where a finite number is required
     "not_object",  # JSON, but not an object
+    "duplicate_key",  # an object names a key twice
     "unknown_schema",  # no or another ``schema`` (e.g. an unknown version)
     "missing_field",
     "unknown_field",
@@ -44,6 +47,10 @@ REASON_CODES = (
     "bad_timestamp",  # event time far in the future or the past
     "duplicate",  # a batch whose (node, device, kernel, seq) was already counted
     "outbox_full",  # a node dropped its oldest launch batches (the value lists them)
+    "implausible_seq",  # a sequence number past the bound or a jump the stream's rate rules out
+    "bad_config",  # a configuration outside the workload's declared search space
+    "unordered",  # end times of a batch that go back further than a device's streams can
+    "internal_error",  # the stage failed on the message (a defect): skipped, not retried
 )
 
 
@@ -63,9 +70,59 @@ def _loads(data: bytes, max_bytes: int) -> object:
             f"message of {len(data)} bytes exceeds the {max_bytes}-byte limit", "oversized"
         )
     try:
-        return orjson.loads(data)
+        obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise SchemaError(f"invalid JSON: {exc}", json_problem(data, str(exc))) from exc
+    check_unique_keys(data, obj)
+    return obj
+
+
+# A JSON string followed by a colon: an object key. In valid JSON only a key's closing
+# quote is followed by ':', so this finds every key (and, rarely, more: a string value
+# holding an escaped quote followed by ':'), never fewer.
+_KEY = re.compile(rb'"(?:[^"\\]|\\.)*"\s*:')
+
+
+def _count_keys(obj: object) -> int:
+    if isinstance(obj, dict):
+        return len(obj) + sum(_count_keys(v) for v in obj.values())
+    if isinstance(obj, list) and obj and isinstance(obj[0], (dict, list)):
+        return sum(_count_keys(v) for v in obj)
+    return 0
+
+
+def check_unique_keys(data: bytes, obj: object) -> None:
+    """Raise :class:`SchemaError` (``duplicate_key``) if an object of ``data`` repeats a key.
+
+    A JSON parser keeps the last of two equal keys, so ``{"kernel": "a", "kernel": "b"}``
+    would pass as "b" while other readers may see "a". orjson does not report them: the
+    keys in the text are counted (one regular-expression scan, C speed; launch columns
+    hold no strings) against the keys parsed, and only where they differ is the text
+    parsed again key by key to tell which.
+    """
+    if len(_KEY.findall(data)) == _count_keys(obj):
+        return
+    try:
+        json.loads(data, object_pairs_hook=_unique_pairs)
+    except _DuplicateKeyError as exc:
+        raise SchemaError(
+            f"duplicate key {exc.args[0]!r} in a JSON object", "duplicate_key"
+        ) from exc
+    except (ValueError, RecursionError):
+        pass  # orjson accepted it: differences in what the two parsers accept are not ours
+
+
+class _DuplicateKeyError(ValueError):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKeyError(k)
+        out[k] = v
+    return out
 
 
 def json_problem(data: bytes, message: str) -> str:

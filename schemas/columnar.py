@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from kernelstream.schemas.codec import MAX_MESSAGE_BYTES, decode, json_problem
+from kernelstream.schemas.codec import MAX_MESSAGE_BYTES, check_unique_keys, decode, json_problem
 from kernelstream.schemas.errors import SchemaError
 from kernelstream.schemas.records import LaunchBatch
 
@@ -65,6 +65,13 @@ class LaunchColumns:
         if self.known_t_range is not None:
             return self.known_t_range
         return float(self.t_end.min()), float(self.t_end.max())
+
+    def max_backstep(self) -> float:
+        """How far (seconds) the end times go back below an earlier one (0: in order)."""
+        t = self.t_end
+        if t.size < 2 or bool((t[1:] >= t[:-1]).all()):
+            return 0.0
+        return float((np.maximum.accumulate(t) - t).max())
 
     @classmethod
     def from_batch(cls, batch: LaunchBatch) -> LaunchColumns:
@@ -107,7 +114,8 @@ def decode_launch_columns(data: bytes) -> LaunchColumns:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise SchemaError(f"invalid JSON: {exc}", json_problem(data, str(exc))) from exc
-    cols = _fast_columns(obj) if isinstance(obj, dict) else None
+    check_unique_keys(data, obj)
+    cols = _fast_columns(obj, data) if _plain_batch(obj) else None
     if cols is None:
         return LaunchColumns.from_batch(decode(data, LaunchBatch))  # slow path, exact verdict
     try:
@@ -153,8 +161,25 @@ def _validated_meta(obj: dict[str, Any]) -> LaunchBatch:
     return meta
 
 
+def _plain_batch(obj: object) -> bool:
+    """A JSON object that names this schema (no field may be left to its default)."""
+    return isinstance(obj, dict) and obj.get("schema") == LaunchBatch.SCHEMA
+
+
+def _has_bool(data: bytes, *columns: list[Any]) -> bool:
+    """Whether a column holds ``true``/``false`` (struct and ``==`` take them as 1 and 0).
+
+    Only messages that spell a boolean somewhere (a boolean tunable parameter) pay
+    for the scan of the columns.
+    """
+    if b"true" not in data and b"false" not in data:
+        return False
+    return any(type(v) is bool for col in columns for v in col)
+
+
 def _fast_columns(
     obj: dict[str, Any],
+    data: bytes,
 ) -> (
     tuple[
         npt.NDArray[np.float64],
@@ -171,6 +196,8 @@ def _fast_columns(
         return None
     n = len(t)
     if not (1 <= n <= _MAX_LAUNCHES and len(d) == n and len(ok) == n):
+        return None
+    if _has_bool(data, t, d, ok):
         return None
     try:
         ta = _floats(t, n)

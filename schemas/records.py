@@ -89,6 +89,9 @@ class LaunchBatch(Record):
     ``t_end`` to 1 µs and ``duration_us`` to 1 ns (finer than CUDA events resolve).
     """
 
+    # Strict: numbers must be JSON numbers (``true`` is not 1, ``"5"`` is not 5).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+
     SCHEMA: ClassVar[str] = "ks.launch_batch/1"
     schema_: Literal["ks.launch_batch/1"] = Field(default="ks.launch_batch/1", alias="schema")
 
@@ -132,6 +135,14 @@ class LaunchBatch(Record):
     def stream_key(self) -> str:
         """Kafka key of launches and windows: ``device_key/kernel``."""
         return stream_key(self.node, self.device_index, self.kernel)
+
+    @field_validator("ok", mode="before")
+    @classmethod
+    def _no_booleans(cls, v: Any) -> Any:
+        # Literal[0, 1] takes True as 1 even in strict mode: the column is numbers.
+        if isinstance(v, list) and any(type(x) is bool for x in v):
+            raise ValueError("ok holds booleans; it must be the numbers 0 and 1")
+        return v
 
     @model_validator(mode="after")
     def _columns_agree(self) -> LaunchBatch:
@@ -310,6 +321,13 @@ class DeadLetter(Record):
     # Machine-readable class of the reason (invalid_json, wrong_type, ...), for counters.
     reason_code: str | None = Field(default=None, max_length=64)
     at: _FiniteFloat
+    # An original too large to carry whole is stored by reference: ``value_b64`` holds
+    # its first bytes only, and the full message stays at (topic, partition, offset),
+    # identified by its size and SHA-256.
+    value_truncated: bool = False
+    key_truncated: bool = False
+    value_bytes: int | None = Field(default=None, ge=0)
+    value_sha256: str | None = Field(default=None, max_length=64)
 
 
 RECORD_TYPES: dict[str, type[Record]] = {

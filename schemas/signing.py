@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,8 @@ from kernelstream.schemas.errors import SigningKeyError
 from kernelstream.schemas.records import Recommendation
 
 __all__ = [
+    "PRIVATE_KEY_FILE",
+    "PUBLIC_KEY_FILE",
     "Signer",
     "Verifier",
     "generate_keypair",
@@ -44,6 +47,7 @@ __all__ = [
     "signed_bytes",
     "signer_from_settings",
     "verifier_from_settings",
+    "write_keypair",
 ]
 
 
@@ -107,6 +111,35 @@ def generate_keypair() -> tuple[bytes, bytes]:
     return private, public
 
 
+#: File names :func:`write_keypair` uses in its directory.
+PRIVATE_KEY_FILE = "recommender.key"
+PUBLIC_KEY_FILE = "recommender.pub"
+
+
+def write_keypair(directory: Path, *, keep_existing: bool = False) -> tuple[Path, Path, bool]:
+    """Write a new pair as ``recommender.key`` (mode 0600) and ``recommender.pub``.
+
+    Returns (private path, public path, whether a new pair was written). With
+    ``keep_existing`` a directory that already holds both files is left as it is (a
+    deployment's key set-up step runs on every start); without it, existing files are
+    an error, so a key in use is never replaced by accident.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    priv_path, pub_path = directory / PRIVATE_KEY_FILE, directory / PUBLIC_KEY_FILE
+    if priv_path.exists() or pub_path.exists():
+        if keep_existing and priv_path.exists() and pub_path.exists():
+            load_private_key(priv_path.read_bytes())  # a broken file is an error, not kept
+            load_public_key(pub_path.read_bytes())
+            return priv_path, pub_path, False
+        raise SigningKeyError(f"{priv_path} or {pub_path} exists; not overwriting a key")
+    private, public = generate_keypair()
+    fd = os.open(priv_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(private)
+    pub_path.write_bytes(public)
+    return priv_path, pub_path, True
+
+
 class Signer:
     """Signs recommendations with the recommender's private key."""
 
@@ -154,7 +187,8 @@ def signer_from_settings(settings: Any) -> Signer | None:
 
 
 def verifier_from_settings(settings: Any) -> Verifier | None:
-    """A node's verifier, or None when signing is not configured (then nothing is checked)."""
+    """A node's verifier, or None when no public key is configured (the node then refuses
+    every recommendation, unless ``insecure_accept_unsigned`` is set)."""
     pem = settings.signing_public_key
     if settings.signing_public_key_file:
         pem = Path(settings.signing_public_key_file).read_text()

@@ -75,6 +75,11 @@ class ReconfigPolicy:
     tolerance: float = 0.02
     baseline_launches: int = 2000
     seen_capacity: int = 100_000
+    # A recommendation is a command for now: one issued long ago (a captured message
+    # replayed to a node that forgot its id) or valid for hours is refused.
+    max_age_s: float = 600.0
+    max_lifetime_s: float = 3600.0
+    max_clock_skew_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -172,6 +177,9 @@ class Reconfigurator:
             return f"replayed: recommendation {rec.id!r} was seen before"
         if rec.expires_at <= now:
             return f"expired {now - rec.expires_at:.1f} s ago"
+        stale = self._stale_reason(rec, now)
+        if stale:
+            return stale
         space = self.spaces.get(rec.kernel)
         if space is None:
             return f"unknown kernel {rec.kernel!r} on this node"
@@ -186,6 +194,22 @@ class Reconfigurator:
         step = space.steps(current, rec.config)
         if step > self.policy.max_step:
             return f"step of {step} positions exceeds the allowed {self.policy.max_step}"
+        return ""
+
+    def _stale_reason(self, rec: Recommendation, now: float) -> str:
+        p = self.policy
+        if rec.issued_at > now + p.max_clock_skew_s:
+            return (
+                f"issued {rec.issued_at - now:.0f} s in the future "
+                f"(clock skew limit {p.max_clock_skew_s:.0f} s)"
+            )
+        if now - rec.issued_at > p.max_age_s:
+            return f"stale: issued {now - rec.issued_at:.0f} s ago (limit {p.max_age_s:.0f} s)"
+        if rec.expires_at - rec.issued_at > p.max_lifetime_s:
+            return (
+                f"lifetime of {rec.expires_at - rec.issued_at:.0f} s exceeds the allowed "
+                f"{p.max_lifetime_s:.0f} s"
+            )
         return ""
 
     def apply(self, rec: Recommendation, now: float) -> Config:

@@ -391,6 +391,11 @@ class Windower:
         st = self._keys.get(key)
         return -1 if st is None else st.seq_hi
 
+    def newest_event_time(self, key: str) -> float:
+        """Largest event time of ``key`` ingested so far (-inf if none)."""
+        st = self._keys.get(key)
+        return -math.inf if st is None else st.max_t
+
     def poll(self, now: float) -> list[WindowAggregate]:
         """Windows completed by the watermark plus idle flushes, each exactly once.
 

@@ -30,6 +30,7 @@ from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.replay.series import series_summary
 from kernelstream.app.settings import Settings
 from kernelstream.schemas import Finding, ReconfigOutcome, SchemaError, WindowAggregate, decode_any
+from kernelstream.schemas.signing import write_keypair
 
 __all__ = ["DemoFailedError", "DemoOptions", "SummaryBuilder", "run_demo"]
 
@@ -339,6 +340,23 @@ def check_gpu(device_index: int) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
+def _demo_keys(settings: Settings, run_dir: Path, env: dict[str, str]) -> dict[str, str]:
+    """Recommendations are signed in the demo too: a key pair of the run's own, unless
+    the user configured keys. Nodes get the public key (in ``env``); the returned
+    environment, the private key, is the worker's alone."""
+    configured = (
+        settings.signing_private_key,
+        settings.signing_private_key_file,
+        settings.signing_public_key,
+        settings.signing_public_key_file,
+    )
+    if any(v is not None for v in configured):
+        return {}
+    private, public, _ = write_keypair(run_dir / "keys")
+    env["KERNELSTREAM_SIGNING_PUBLIC_KEY_FILE"] = str(public)
+    return {"KERNELSTREAM_SIGNING_PRIVATE_KEY_FILE": str(private)}
+
+
 def run_demo(settings: Settings, opts: DemoOptions) -> int:
     """Run the demo; return the process exit code."""
     gpu_name = check_gpu(opts.cupy_device_index) if opts.cupy else None
@@ -365,10 +383,12 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
             # Node outboxes and sequence numbers live with this run: the broker starts empty.
             "KERNELSTREAM_NODE_STATE_DIR": str(run_dir / "nodes"),
         }
+        worker_keys = _demo_keys(settings, run_dir, env)
         children = _Children(run_dir, env)
         children.spawn(
             "worker",
             ["worker"],
+            **worker_keys,
             KERNELSTREAM_DATA_DIR=str(run_dir / "worker"),
             KERNELSTREAM_WEB_PORT=str(free_port()),
             KERNELSTREAM_APP_ID=f"kernelstream-demo-{os.getpid()}",

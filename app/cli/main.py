@@ -192,6 +192,36 @@ def broker(port: int, log_dir: Path, create_topics: bool) -> None:
 
 
 @main.command()
+@click.option(
+    "--out-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("keys"),
+    show_default=True,
+    help="Directory for recommender.key (private, mode 0600) and recommender.pub.",
+)
+@click.option("--keep-existing", is_flag=True, help="Leave a pair already in --out-dir as it is.")
+def keygen(out_dir: Path, keep_existing: bool) -> None:
+    """Generate the Ed25519 key pair that signs recommendations.
+
+    The workers (tuner) get the private key (KERNELSTREAM_SIGNING_PRIVATE_KEY_FILE),
+    every node the public key (KERNELSTREAM_SIGNING_PUBLIC_KEY_FILE).
+    """
+    from kernelstream.schemas.errors import SigningKeyError
+    from kernelstream.schemas.signing import Verifier, load_public_key, write_keypair
+
+    try:
+        priv, pub, new = write_keypair(out_dir, keep_existing=keep_existing)
+    except (SigningKeyError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    key_id = Verifier(load_public_key(pub.read_bytes())).key_id
+    click.echo(
+        f"{'generated' if new else 'kept'} {key_id}\n"
+        f"  workers: KERNELSTREAM_SIGNING_PRIVATE_KEY_FILE={priv}\n"
+        f"  nodes:   KERNELSTREAM_SIGNING_PUBLIC_KEY_FILE={pub}"
+    )
+
+
+@main.command()
 @click.option("--table", is_flag=True, help="Print the topic table (Markdown); no broker needed.")
 def topics(table: bool) -> None:
     """Create kernelstream's topics on KAFKA_BOOTSTRAP (missing ones; existing ones kept)."""
@@ -285,8 +315,9 @@ def node(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         metrics = NodeMetrics()
-        host = "127.0.0.1" if settings.embedded else "0.0.0.0"  # all interfaces in a container
-        async with serve_node_endpoints(metrics, host, settings.node_metrics_port):
+        async with serve_node_endpoints(
+            metrics, settings.node_metrics_bind, settings.node_metrics_port
+        ):
             report = await run_node(
                 settings, bootstrap, duration_s=duration, stop=stop, metrics=metrics
             )

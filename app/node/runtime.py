@@ -133,6 +133,35 @@ class WindowClosePoints:
         return before is not None and closed > before
 
 
+def _refuse_unverifiable(rec: Recommendation) -> str:
+    return (
+        "refused: this node has no verifying key, so no recommendation can be trusted "
+        "(set KERNELSTREAM_SIGNING_PUBLIC_KEY_FILE; see docs/operate/security.md)"
+    )
+
+
+def _signature_check(settings: Settings) -> Any:
+    """The node's signature check: the recommender's key, refuse-all, or (opt-out) none."""
+    verifier = verifier_from_settings(settings)
+    if verifier is not None:
+        return verifier.problem
+    if settings.insecure_accept_unsigned:
+        log.warning(
+            "node %s: KERNELSTREAM_INSECURE_ACCEPT_UNSIGNED is set: recommendations are "
+            "applied WITHOUT signature checks; anyone who can write to %s controls this "
+            "node's kernel configurations",
+            settings.node_id,
+            settings.topic_recommendations,
+        )
+        return None
+    log.warning(
+        "node %s: no signing public key configured: every recommendation will be refused "
+        "(generate keys with `kernelstream keygen`, see docs/operate/security.md)",
+        settings.node_id,
+    )
+    return _refuse_unverifiable
+
+
 class _Node:
     """The node's parts and the steps of one tick; ``run_node`` drives it."""
 
@@ -166,14 +195,18 @@ class _Node:
         )
         self.store = store
         self.seen = DurableSeenIds(store)
-        self.verifier = verifier_from_settings(settings)
         self.reconf = Reconfigurator(
             settings.node_id,
             settings.device_index,
             {w.name: w.space for w in workloads},
             {k: self.runner.config_of(k) for k in self.by_kernel},
-            ReconfigPolicy(max_step=settings.max_step, min_launches=settings.rollback_min_launches),
-            verify=self.verifier.problem if self.verifier else None,
+            ReconfigPolicy(
+                max_step=settings.max_step,
+                min_launches=settings.rollback_min_launches,
+                max_age_s=settings.recommendation_max_age_s,
+                max_lifetime_s=settings.recommendation_max_lifetime_s,
+            ),
+            verify=_signature_check(settings),
             seen=self.seen,
         )
         self.report = report or NodeReport(settings.node_id)

@@ -37,8 +37,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from kernelstream.agents.context import LaunchLimits, launch_batch_problem
+from kernelstream.agents.context import ConfigCheck, LaunchLimits, launch_batch_problem
 from kernelstream.agents.logic.detection import Detector
+from kernelstream.agents.logic.sequencing import SeqLimits, judge_sequence
 from kernelstream.agents.logic.tuning import Tuner
 from kernelstream.agents.logic.windowing import Windower, WindowSpec
 from kernelstream.schemas import (
@@ -141,6 +142,7 @@ class OfflineAnalysis:
         tuner: the tuner to run, e.g. the worker's (``agents.tuner_agent.tuner_from_settings``);
             a default ``Tuner()`` when None.
         flt: which series to keep.
+        seq_limits: the sequence-number plausibility bounds the workers used.
     """
 
     def __init__(
@@ -152,6 +154,7 @@ class OfflineAnalysis:
         limits: LaunchLimits | None = None,
         flt: LaunchFilter | None = None,
         tuner: Tuner | None = None,
+        seq_limits: SeqLimits | None = None,
     ) -> None:
         self.windower = Windower(spec)
         self.detector = Detector()
@@ -159,6 +162,8 @@ class OfflineAnalysis:
         self.known_workload = known_workload
         self.space_for = space_for
         self.limits = limits or LaunchLimits()
+        self.seq_limits = seq_limits or SeqLimits()
+        self.config_problem = ConfigCheck(space_for) if space_for is not None else None
         self.flt = flt or LaunchFilter()
         self.result = AnalysisResult()
         self._findings_by_key: dict[str, list[Finding]] = defaultdict(list)
@@ -183,6 +188,8 @@ class OfflineAnalysis:
                 self.limits,
                 self.known_workload,
                 cols.t_range(),
+                config_problem=self.config_problem,
+                backstep_s=cols.max_backstep(),
             )
             if problem is not None:
                 raise problem
@@ -193,18 +200,18 @@ class OfflineAnalysis:
         if not self.flt.keeps(meta.node, meta.device_index, meta.device_model, meta.kernel):
             res.skipped_messages += 1
             return
-        # The window agent's duplicate rule (agents/window_agent.py, WindowIngest._process):
-        # a stream's launches are numbered without gaps, so anything at or below the
-        # highest number ingested was counted before (a resent copy); an overlapping
-        # batch counts from its first new launch.
-        seen = self.windower.seen_through(meta.stream_key)
-        if meta.seq_start <= seen:
-            if meta.seq_start + len(cols) - 1 <= seen:
-                res.rejected["duplicate"] += 1
+        # The window agent's sequence rules (agents/logic/sequencing.py): a resent copy
+        # is a duplicate, an implausible jump is refused, an overlap counts from its
+        # first new launch.
+        verdict = judge_sequence(self.windower, cols, msg.timestamp_ms / 1000.0, self.seq_limits)
+        if verdict.action != "count":
+            code = "duplicate" if verdict.action == "duplicate" else "implausible_seq"
+            res.rejected[code] += 1
+            if code == "duplicate":
                 res.duplicate_launches += len(cols)
-                return
-            res.duplicate_launches += seen + 1 - meta.seq_start
-            cols = cols.drop_first(seen + 1 - meta.seq_start)
+            return
+        res.duplicate_launches += verdict.skipped
+        cols = verdict.cols
         res.launch_messages += 1
         res.launches += len(cols)
         # ``now`` only drives idle flushes, which replay leaves to the end of the range.

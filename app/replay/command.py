@@ -636,6 +636,7 @@ async def run_replay(settings: Any, opts: ReplayOptions) -> dict[str, Any]:
 
 async def _to_report(settings: Any, source: Source, opts: ReplayOptions) -> dict[str, Any]:
     from kernelstream.agents.context import LaunchLimits
+    from kernelstream.agents.logic.sequencing import SeqLimits
     from kernelstream.agents.tuner_agent import tuner_from_settings
     from kernelstream.agents.window_agent import window_spec
     from kernelstream.app.replay.analysis import OfflineAnalysis
@@ -665,7 +666,10 @@ async def _to_report(settings: Any, source: Source, opts: ReplayOptions) -> dict
         window_spec(settings),
         known_workload=known_workload,
         space_for=space_for,
-        limits=LaunchLimits(settings.max_event_future_s, settings.max_event_age_s),
+        limits=LaunchLimits(
+            settings.max_event_future_s, settings.max_event_age_s, settings.max_event_disorder_s
+        ),
+        seq_limits=SeqLimits(settings.max_stream_launches_per_s, settings.seq_slack_launches),
         flt=opts.flt,
         tuner=tuner_from_settings(settings),
     )

@@ -122,7 +122,7 @@ def create_app(
         producer_partitioner=CachedKeyPartitioner(),
         web_enabled=web,
         web_port=settings.web_port,
-        web_bind="127.0.0.1" if settings.embedded else "0.0.0.0",
+        web_bind=settings.web_bind,
         stream_wait_empty=False,
         # Few events buffered per agent so memory stays flat (launch batches bypass
         # Faust's streams; see agents/window_agent.py).

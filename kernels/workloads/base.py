@@ -23,6 +23,9 @@ __all__ = ["CudaWorkload", "Geometry", "Traits", "Workload", "ceil_div", "smooth
 _CUDA_DIR = Path(__file__).resolve().parents[1] / "cuda"
 
 
+_MAX_DIM = 2**31 - 1
+
+
 class Geometry(NamedTuple):
     """Launch geometry of one configuration; unpacks as ``grid, block, smem, regs``."""
 
@@ -115,6 +118,11 @@ class CudaWorkload(ABC):
             raise ValueError(
                 f"workload {self.name!r}: problem size {size} must be "
                 f"{len(self.DEFAULT_SIZE)} positive integers"
+            )
+        if any(s > _MAX_DIM for s in size):
+            # The kernels index with 32-bit ints: a larger dimension is not one they run.
+            raise ValueError(
+                f"workload {self.name!r}: problem size {size} has a dimension over {_MAX_DIM}"
             )
         self._size = size
         self._space = self._build_space()

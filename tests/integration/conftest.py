@@ -28,8 +28,17 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
         b.stop()
 
 
+@pytest.fixture(scope="session")
+def signing_keys() -> tuple[str, str]:
+    """The recommender's key pair (private PEM, public PEM): nodes refuse unsigned ones."""
+    from kernelstream.schemas.signing import generate_keypair
+
+    private, public = generate_keypair()
+    return private.decode(), public.decode()
+
+
 @pytest.fixture
-def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
+def settings(broker: EmbeddedBroker, tmp_path: Path, signing_keys: tuple[str, str]) -> Settings:
     """Settings with topic names, app id and state directory unique to this test."""
     tag = uuid.uuid4().hex[:8]
     # Any: fields named at run time (mypy would match a str dict against
@@ -54,6 +63,8 @@ def settings(broker: EmbeddedBroker, tmp_path: Path) -> Settings:
         web_port=free_port(),
         partitions=2,
         node_id=f"node-{tag}",
+        signing_private_key=SecretStr(signing_keys[0]),
+        signing_public_key=signing_keys[1],
         **topics,
     )
 

@@ -1,34 +1,59 @@
 """Every class of bad input through a real worker: dead-lettered with its reason, counted,
-and the windows of the good records are exactly those of the good records alone."""
+and the windows of the good records are exactly those of the good records alone.
+
+At real sizes: the worker runs with its default limits (``max_message_bytes`` 8 MiB, the
+producer's default ``max_request_size`` of 1,000,000 bytes for its dead letters); the
+test's own producer sends up to 16 MiB, so a 9 MiB record reaches the broker as it
+would from any client configured for it."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
+import socket
 import subprocess
 import time
 import urllib.request
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from kernelstream.agents.logic.windowing import WindowSpec, aggregate_reference, launch_rows
 from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.settings import Settings
 from kernelstream.schemas import DeadLetter, WindowAggregate, encode
-from tests.bad_input import bad_inputs, good_batch
-from tests.integration.helpers import TopicReader, produce
+from tests.bad_input import bad_inputs, good_batch, sequence_inputs
+from tests.integration.helpers import TopicReader
 
 pytestmark = pytest.mark.integration
 
-_MAX_BYTES = 100_000
+_PRODUCER_MAX_BYTES = 16 * 1024 * 1024
 
 
-@pytest.fixture
-def settings(settings: Settings) -> Settings:
-    """The worker refuses messages over 100 kB, so the oversized case stays small."""
-    return settings.model_copy(update={"max_message_bytes": _MAX_BYTES})
+async def _produce_large(bootstrap: str, topic: str, items: list[tuple[Any, Any]]) -> None:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", max_request_size=_PRODUCER_MAX_BYTES
+    )
+    await producer.start()
+    try:
+        for key, value in items:
+            await producer.send_and_wait(topic, value, key=key)
+    finally:
+        await producer.stop()
+
+
+def _outward_address() -> str | None:
+    """This machine's non-loopback IPv4 address, if it has one (a UDP connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+        try:
+            u.connect(("198.51.100.1", 9))
+        except OSError:
+            return None
+        addr = str(u.getsockname()[0])
+    return None if addr.startswith("127.") else addr
 
 
 def _stats(port: int) -> dict[str, Any]:
@@ -45,12 +70,15 @@ async def _scenario(s: Settings, worker: subprocess.Popen[bytes]) -> None:
         for i in range(4)
         for kernel in ("matmul", "transpose")
     ]
-    bad = bad_inputs(good[0], now, oversize_bytes=_MAX_BYTES)
-    items: list[tuple[bytes | None, bytes]] = []
+    bad = bad_inputs(good[0], now)
+    items: list[tuple[bytes | None, bytes | None]] = []
     for i, b in enumerate(good):  # bad input interleaved with the good batches
         items.append((b.stream_key.encode(), encode(b)))
         items += [(k, v) for j, (_, _, k, v) in enumerate(bad) if j % len(good) == i]
-    await produce(bootstrap, s.topic_launches, items)
+        if i == 0:  # right behind the stream's first batch: a copy and forged numbers
+            items += [(k, v) for _, _, k, v in sequence_inputs(good[0], now)]
+    bad += sequence_inputs(good[0], now)
+    await _produce_large(bootstrap, s.topic_launches, items)
 
     spec = WindowSpec(s.window_s, s.out_of_orderness_s, s.allowed_lateness_s, s.idle_timeout_s)
     want = aggregate_reference(launch_rows(good), spec)
@@ -68,10 +96,17 @@ async def _scenario(s: Settings, worker: subprocess.Popen[bytes]) -> None:
     letters = [d for d in r.records[s.topic_deadletter] if isinstance(d, DeadLetter)]
     by_message = {(d.key_b64, d.value_b64): d for d in letters}
     assert len(letters) == len(bad), [d.reason for d in letters]
+    by_digest = {(d.key_b64, d.value_sha256): d for d in letters}
+    assert all(len(m.value) < 1_000_000 for m in r.raw[s.topic_deadletter])
     for name, code, key, value in bad:
         b64 = base64.b64encode
-        dl = by_message[(b64(key).decode() if key else None, b64(value).decode())]
+        key_b64 = b64(key).decode() if key is not None else None
+        digest = hashlib.sha256(value or b"").hexdigest()
+        dl = by_digest[(key_b64, digest)]
         assert dl.reason_code == code and dl.stage == "window" and dl.reason, f"{name}: {dl}"
+        assert dl.value_bytes == len(value or b"") and dl.offset is not None
+        if not dl.value_truncated:
+            assert (key_b64, b64(value or b"").decode()) in by_message
 
     got = sorted(
         (w for w in r.records[s.topic_windows] if isinstance(w, WindowAggregate)),
@@ -89,6 +124,11 @@ async def _scenario(s: Settings, worker: subprocess.Popen[bytes]) -> None:
         expected = sum(1 for _, c, _, _ in bad if c == code)
         assert counters.get(f"deadletter.window.{code}") == expected, counters
     assert worker.poll() is None, "the worker must keep running"
+    assert counters.get("deadletter.window.unpublished") is None, counters
+    outward = _outward_address()
+    if outward is not None:  # KAFKA_BOOTSTRAP is set, yet the web server is loopback only
+        with pytest.raises(OSError):
+            socket.create_connection((outward, s.web_port), timeout=2).close()
 
 
 def test_every_bad_input_class_is_dead_lettered_and_good_results_are_unchanged(

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import time
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from kernelstream.agents.context import WorkerContext
+from kernelstream.agents.context import DEAD_LETTER_INLINE_BYTES, WorkerContext
 from kernelstream.app.settings import Settings
 from kernelstream.schemas import DeadLetter, LaunchBatch, decode
 from tests.bad_input import bad_inputs, good_batch
@@ -26,24 +27,29 @@ class FakeTopic:
         self.sent.append((key, value))
 
 
-def event(key: bytes | None, value: bytes, offset: int = 0) -> Any:
+def event(key: bytes | None, value: bytes | None, offset: int = 0) -> Any:
     msg = SimpleNamespace(topic="ks.launches", partition=0, offset=offset)
     return SimpleNamespace(message=msg, key=key, value=value)
 
 
 def context() -> tuple[WorkerContext, FakeTopic]:
     dlq = FakeTopic()
-    return WorkerContext(Settings(max_message_bytes=50_000), {"deadletter": dlq}), dlq
+    return WorkerContext(Settings(), {"deadletter": dlq}), dlq  # the default limits
 
 
 NOW = time.time()
 TEMPLATE = good_batch("n1", "matmul", NOW - 1.0, 20, 0)
-CASES = bad_inputs(TEMPLATE, NOW, oversize_bytes=60_000)
+CASES = bad_inputs(TEMPLATE, NOW)
 
 
-def test_at_least_the_twelve_classes_of_the_issue_are_covered() -> None:
+def test_at_least_thirty_classes_are_covered() -> None:
     codes = {code for _, code, _, _ in CASES}
-    assert len(CASES) >= 12 and len(codes) >= 11  # + duplicates, decided by the window agent
+    assert len(CASES) >= 30 and len(codes) >= 16  # + the window agent's sequence rules
+
+
+def original(dl: DeadLetter) -> bytes:
+    """The original bytes a dead letter carries (the head of a truncated one)."""
+    return base64.b64decode(dl.value_b64)
 
 
 @pytest.mark.parametrize(("name", "code", "key", "value"), CASES, ids=[c[0] for c in CASES])
@@ -55,8 +61,15 @@ def test_bad_input_is_dead_lettered_with_original_bytes_reason_and_code(
         dlq.sent.clear()
         assert asyncio.run(decoder("window", event(key, value, offset=7))) is None
         [(dl_key, dl_value)] = dlq.sent
+        assert len(dl_value) < 1_000_000  # the producer's default max_request_size
         dl = decode(dl_value, DeadLetter)
-        assert base64.b64decode(dl.value_b64) == value and dl_key == key
+        value = value or b""
+        assert dl.value_bytes == len(value) and dl.value_sha256 == hashlib.sha256(value).hexdigest()
+        if dl.value_truncated:
+            assert len(value) > DEAD_LETTER_INLINE_BYTES and value.startswith(original(dl))
+        else:
+            assert original(dl) == value
+        assert dl_key == key
         assert dl.reason_code == code, f"{name}: {dl.reason}"
         assert dl.reason and dl.stage == "window" and dl.offset == 7
     assert ctx.counters[f"deadletter.window.{code}"] == 2

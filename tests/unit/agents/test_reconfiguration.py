@@ -205,3 +205,21 @@ def test_replay_memory_survives_a_node_restart(
     assert seen.handled("once", 5)  # re-read at its own offset: skipped quietly
     assert "replayed" in signed_node(verifier, seen).consider(good, 1.0, 9).reason
     store.close()
+
+
+@pytest.mark.parametrize(
+    ("issued_at", "expires_at", "now", "reason"),
+    [
+        (0.0, 10_000.0, 700.0, "stale: issued 700 s ago"),
+        (0.0, 30 * 86_400.0, 1.0, "lifetime of 2592000 s exceeds"),
+        (1_000.0, 1_020.0, 1.0, "in the future"),
+    ],
+)
+def test_stale_or_overlong_recommendations_are_rejected(
+    issued_at: float, expires_at: float, now: float, reason: str
+) -> None:
+    r = rec({"block": 64, "tile": 1}, expires_at=expires_at).model_copy(
+        update={"issued_at": issued_at}
+    )
+    d = make().consider(r, now)
+    assert d.action == "reject" and reason in d.reason, d.reason

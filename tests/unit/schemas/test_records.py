@@ -54,7 +54,7 @@ def launch_batch(**over: object) -> LaunchBatch:
         ok=[1, 1, 0],
     )
     base.update(over)
-    return LaunchBatch(**base)
+    return LaunchBatch.model_validate(base)
 
 
 def samples() -> list[Record]:
