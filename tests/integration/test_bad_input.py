@@ -14,8 +14,10 @@ import hashlib
 import json
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +28,7 @@ from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.settings import Settings
 from kernelstream.schemas import DeadLetter, WindowAggregate, encode
 from tests.bad_input import bad_inputs, good_batch, sequence_inputs
+from tests.integration.conftest import settings_env
 from tests.integration.helpers import TopicReader
 
 pytestmark = pytest.mark.integration
@@ -132,6 +135,28 @@ async def _scenario(s: Settings, worker: subprocess.Popen[bytes]) -> None:
 
 
 def test_every_bad_input_class_is_dead_lettered_and_good_results_are_unchanged(
-    settings: Settings, worker: subprocess.Popen[bytes]
+    settings: Settings, worker: subprocess.Popen[bytes], tmp_path: Path
 ) -> None:
     asyncio.run(_scenario(settings, worker))
+    # Replay applies the same edge checks: the report over this topic runs to the end.
+    report = tmp_path / "report"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernelstream.app.cli",
+            "replay",
+            "--no-progress",
+            "--report",
+            report,
+        ],
+        env=settings_env(settings),
+        capture_output=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert (report / "index.html").exists()
+    totals = json.loads((report / "summary.json").read_text())["totals"]
+    template = good_batch("n", "matmul", time.time(), 50, 0)
+    refused = len(bad_inputs(template, time.time()) + sequence_inputs(template, time.time()))
+    assert totals["launches"] == 8 * 50 and sum(totals["rejected"].values()) == refused, totals

@@ -101,6 +101,12 @@ async def _scenario(base: Settings, tmp_path: Path) -> None:
         "forged": (signer.sign(rec("forged")).model_copy(update={"expires_at": 1e11}), "forged"),
         "foreign key": (other.sign(rec("foreign")), "unknown key"),
         "stale": (signer.sign(rec("stale", expires_at=time.time() - 5)), "expired"),
+        "issued 30 days ago, far expiry": (
+            signer.sign(
+                rec("old", issued_at=time.time() - 30 * 86_400, expires_at=time.time() + 86_400)
+            ),
+            "stale: issued",
+        ),
         "other node": (signer.sign(rec("other-node", node="someone-else")), "addressed to node"),
         "out of bounds": (
             signer.sign(rec("oob", dict(start, block_x=12))),
@@ -195,3 +201,40 @@ def test_forged_stale_replayed_and_out_of_bounds_recommendations_are_rejected(
     settings: Settings, tmp_path: Path
 ) -> None:
     asyncio.run(_scenario(settings, tmp_path))
+
+
+async def _default_node(base: Settings) -> None:
+    """A node with default settings (no verifying key) refuses unsigned and foreign-signed
+    recommendations, and says why."""
+    s = base.model_copy(
+        update={"workloads": ("matmul",), "device_model": MODEL, "signing_public_key": None}
+    )
+    bootstrap = str(s.bootstrap)
+    await ensure_topics(s, bootstrap)
+    w, start, slower = _slowest_neighbor("matmul")
+    attacker = Signer(load_private_key(generate_keypair()[0]))
+    recs = [
+        _rec(w, s.node_id, "unsigned", slower, start),
+        attacker.sign(_rec(w, s.node_id, "attacker-signed", slower, start)),
+    ]
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_node(s, bootstrap, stop=stop))
+    topic = s.topic_reconfig
+    try:
+        async with TopicReader(bootstrap, topic, s.topic_launches) as r:
+            await r.until(lambda: len(r.records[s.topic_launches]) > 3, 60, "first launches")
+            key = s.node_id.encode()
+            await produce(bootstrap, s.topic_recommendations, [(key, encode(m)) for m in recs])
+            await r.until(lambda: all(_outcomes(r, topic, m.id) for m in recs), 60, "outcomes")
+            for m in recs:
+                [o] = _outcomes(r, topic, m.id)
+                assert o.status == "rejected" and "no verifying key" in o.reason, o.reason
+    finally:
+        stop.set()
+        await task
+
+
+def test_a_node_with_default_settings_refuses_unsigned_and_foreign_signed(
+    settings: Settings,
+) -> None:
+    asyncio.run(_default_node(settings))
