@@ -199,18 +199,49 @@ def broker(port: int, log_dir: Path, create_topics: bool) -> None:
     show_default=True,
     help="Directory for recommender.key (private, mode 0600) and recommender.pub.",
 )
+@click.option(
+    "--public-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also copy recommender.pub here (a volume the nodes mount without the private key).",
+)
 @click.option("--keep-existing", is_flag=True, help="Leave a pair already in --out-dir as it is.")
-def keygen(out_dir: Path, keep_existing: bool) -> None:
+@click.option(
+    "--k8s-secret",
+    metavar="NAME",
+    help="In a Kubernetes pod: store the pair as this Secret (kept if it exists); no files.",
+)
+def keygen(
+    out_dir: Path, public_dir: Path | None, keep_existing: bool, k8s_secret: str | None
+) -> None:
     """Generate the Ed25519 key pair that signs recommendations.
 
     The workers (tuner) get the private key (KERNELSTREAM_SIGNING_PRIVATE_KEY_FILE),
     every node the public key (KERNELSTREAM_SIGNING_PUBLIC_KEY_FILE).
     """
     from kernelstream.schemas.errors import SigningKeyError
-    from kernelstream.schemas.signing import Verifier, load_public_key, write_keypair
+    from kernelstream.schemas.signing import (
+        PUBLIC_KEY_FILE,
+        Verifier,
+        generate_keypair,
+        load_public_key,
+        write_keypair,
+    )
 
+    if k8s_secret:
+        from kernelstream.app.cli.keys import ensure_k8s_secret
+
+        private, public = generate_keypair()
+        try:
+            created = ensure_k8s_secret(k8s_secret, private, public)
+        except OSError as exc:
+            raise click.ClickException(str(exc)) from exc
+        click.echo(f"Secret {k8s_secret}: {'created' if created else 'exists, kept'}")
+        return
     try:
         priv, pub, new = write_keypair(out_dir, keep_existing=keep_existing)
+        if public_dir is not None:
+            public_dir.mkdir(parents=True, exist_ok=True)
+            (public_dir / PUBLIC_KEY_FILE).write_bytes(pub.read_bytes())
     except (SigningKeyError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     key_id = Verifier(load_public_key(pub.read_bytes())).key_id

@@ -142,3 +142,27 @@ def test_keygen_writes_a_private_key_only_its_owner_reads(tmp_path: Path) -> Non
     kept = CliRunner().invoke(main, ["keygen", "--out-dir", str(out), "--keep-existing"])
     assert kept.exit_code == 0 and priv.read_bytes() == priv.read_bytes()
     assert Signer(load_private_key(priv.read_bytes())).key_id == signer.key_id
+
+
+def test_keygen_copies_only_the_public_key_to_the_nodes_volume(tmp_path: Path) -> None:
+    args = ["keygen", "--out-dir", str(tmp_path / "priv"), "--public-dir", str(tmp_path / "pub")]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    assert sorted(p.name for p in (tmp_path / "pub").iterdir()) == ["recommender.pub"]
+    again = CliRunner().invoke(main, [*args, "--keep-existing"])
+    assert again.exit_code == 0 and "kept" in again.output
+
+
+def test_the_kubernetes_secret_holds_both_keys_base64() -> None:
+    import base64
+
+    from kernelstream.app.cli.keys import k8s_secret
+
+    private, public = generate_keypair()
+    secret = k8s_secret("kernelstream-signing", "kernelstream", private, public)
+    assert secret["metadata"] == {
+        "name": "kernelstream-signing",
+        "namespace": "kernelstream",
+        "labels": {"app.kubernetes.io/name": "kernelstream"},
+    }
+    assert load_private_key(base64.b64decode(secret["data"]["private.pem"]))
+    assert load_public_key(base64.b64decode(secret["data"]["public.pem"]))

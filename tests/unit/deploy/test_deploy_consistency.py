@@ -144,10 +144,38 @@ def test_credentials_only_in_secrets() -> None:
 def test_topics_created_by_the_code() -> None:
     services = compose()["services"]
     assert services["topics"]["command"] == ["topics"]
-    job = next(d for d in manifests() if d["kind"] == "Job")
+    job = next(d for d in manifests() if d["kind"] == "Job" and "topics" in d["metadata"]["name"])
     assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["topics"]
 
 
 def test_docs_topic_table_is_the_codes() -> None:
     concepts = (ROOT / "docs" / "concepts.md").read_text()
     assert topics_markdown(DEFAULTS) in concepts, "run `kernelstream topics --table`"
+
+
+def test_signing_keys_are_set_up_by_the_deployments_themselves() -> None:
+    """Compose and Kubernetes make the pair with ``kernelstream keygen``; workers get the
+    private key, nodes only the public one."""
+    services = compose()["services"]
+    assert services["keys"]["command"][0] == "keygen"
+    for name, svc in services.items():
+        env = svc.get("environment", {})
+        env = env if isinstance(env, dict) else {}
+        if svc.get("command") == ["worker"]:
+            assert "KERNELSTREAM_SIGNING_PRIVATE_KEY_FILE" in env, name
+            assert any("signing-private" in v for v in svc["volumes"]), name
+        if "KERNELSTREAM_NODE_ID" in env:
+            assert "KERNELSTREAM_SIGNING_PUBLIC_KEY_FILE" in env, name
+            assert not any("signing-private" in v for v in svc["volumes"]), name
+    job = next(d for d in manifests() if d["kind"] == "Job" and "signing" in d["metadata"]["name"])
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args == ["keygen", "--k8s-secret", "kernelstream-signing"]
+    assert not any(d["kind"] == "Secret" and d["metadata"]["name"] == args[2] for d in manifests())
+
+
+def test_endpoints_bind_every_interface_only_where_the_deployment_says_so() -> None:
+    services = compose()["services"]
+    assert services["worker"]["environment"]["KERNELSTREAM_WEB_BIND"] == "0.0.0.0"
+    config = next(d for d in manifests() if d["metadata"]["name"] == "kernelstream-config")
+    assert config["data"]["KERNELSTREAM_WEB_BIND"] == "0.0.0.0"
+    assert config["data"]["KERNELSTREAM_NODE_METRICS_BIND"] == "0.0.0.0"
