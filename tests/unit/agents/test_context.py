@@ -83,3 +83,32 @@ def test_good_batch_passes_both_decoders() -> None:
     assert cols is not None and len(cols) == 20
     assert asyncio.run(ctx.decode("window", ev, LaunchBatch)) == TEMPLATE
     assert not dlq.sent and not ctx.dead_letter_counts()
+
+
+class RefusingTopic(FakeTopic):
+    async def send(
+        self, key: bytes | None = None, value: bytes = b"", partition: int | None = None
+    ) -> None:
+        raise RuntimeError("MessageSizeTooLargeError: the broker refused it")
+
+
+def test_a_dead_letter_that_cannot_be_published_is_counted_and_skipped() -> None:
+    """The stage goes on (and commits the offset) instead of failing on the message."""
+    ctx = WorkerContext(Settings(), {"deadletter": RefusingTopic()})
+    cols = asyncio.run(ctx.decode_launches("window", event(b"k", b"{not json")))
+    assert cols is None
+    assert ctx.counters["deadletter.window.invalid_json"] == 1
+    assert ctx.counters["deadletter.window.unpublished"] == 1
+
+
+def test_an_oversize_original_is_kept_by_reference_within_the_producer_limit() -> None:
+    ctx, dlq = context()
+    value = b"\x00" * (9 * 1024 * 1024)
+    key = b"k" * 5000
+    asyncio.run(ctx.decode_launches("window", event(key, value, offset=42)))
+    [(dl_key, dl_value)] = dlq.sent
+    dl = decode(dl_value, DeadLetter)
+    assert len(dl_value) < 10_000 and dl_key == key[:1024]
+    assert dl.value_truncated and dl.key_truncated and dl.value_bytes == len(value)
+    assert dl.value_sha256 == hashlib.sha256(value).hexdigest() and dl.offset == 42
+    assert dl.reason_code == "oversized"
