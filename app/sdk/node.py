@@ -38,6 +38,7 @@ from kernelstream.kernels.tunable import (
     on_new_kernel,
 )
 from kernelstream.schemas import Recommendation
+from kernelstream.schemas.signing import write_keypair
 
 __all__ = ["Node"]
 
@@ -66,6 +67,23 @@ class _KernelsNode(_Node):
 
     def consider_recommendations(self, now: float) -> None:
         self.owner._safe_point(self, now)
+
+
+def _local_keys(s: Settings, run_dir: Path) -> tuple[Settings, Settings]:
+    """(node settings, worker settings) signing with a pair of the run's own, unless keys
+    are configured: the local worker's recommendations are signed, and this node verifies
+    them, as in any deployment (docs/operate/security.md)."""
+    configured = (
+        s.signing_private_key,
+        s.signing_private_key_file,
+        s.signing_public_key,
+        s.signing_public_key_file,
+    )
+    if any(v is not None for v in configured):
+        return s, s
+    private, public, _ = write_keypair(run_dir / "keys", keep_existing=True)
+    node = s.model_copy(update={"signing_public_key_file": public})
+    return node, node.model_copy(update={"signing_private_key_file": private})
 
 
 class Node:
@@ -176,7 +194,8 @@ class Node:
             }
         )
         if self._worker is not False:
-            self._local.start_worker(s)
+            s, worker_settings = _local_keys(s, run_dir)
+            self._local.start_worker(worker_settings)
         return s
 
     def _run(self, settings: Settings, runner: KernelRunner) -> None:

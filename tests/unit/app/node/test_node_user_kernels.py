@@ -13,12 +13,20 @@ from kernelstream.app.node.runtime import _Node
 from kernelstream.app.settings import Settings
 from kernelstream.kernels.tunable import KernelNodeDevice, KernelRunner
 from kernelstream.schemas import Recommendation, ReconfigOutcome
+from kernelstream.schemas.signing import Signer, generate_keypair, load_private_key
 from tests.toy_cache import write_toy_cache
 
 SRC = 'extern "C" __global__ void toy(float *out, const float *in, int n) { }'
+_PRIVATE, _PUBLIC = generate_keypair()
+_SIGNER = Signer(load_private_key(_PRIVATE))
 
 
 def _rec(config: dict[str, int], now: float) -> Recommendation:
+    """A recommendation signed by the recommender whose public key the node holds."""
+    return _SIGNER.sign(_unsigned(config, now))
+
+
+def _unsigned(config: dict[str, int], now: float) -> Recommendation:
     return Recommendation(
         id="r1",
         node="n1",
@@ -51,7 +59,12 @@ def test_launches_of_the_config_left_are_not_evidence_for_the_trial(tmp_path: Pa
     runner = KernelRunner(kernel.device)
     runner.add(kernel)
     device = KernelNodeDevice(runner)
-    settings = Settings(bootstrap="127.0.0.1:9", node_id="n1", node_state_dir=tmp_path / "n")
+    settings = Settings(
+        bootstrap="127.0.0.1:9",
+        node_id="n1",
+        node_state_dir=tmp_path / "n",
+        signing_public_key=_PUBLIC.decode(),
+    )
     store = NodeStore(settings.node_dir())
     node = _Node(settings, "127.0.0.1:9", store, None, parts=(device, device.workloads(), runner))
     try:
@@ -93,7 +106,12 @@ def test_a_config_that_cannot_run_is_rolled_back_with_its_reason(tmp_path: Path)
     runner = KernelRunner(kernel.device)
     runner.add(kernel)
     device = KernelNodeDevice(runner)
-    settings = Settings(bootstrap="127.0.0.1:9", node_id="n1", node_state_dir=tmp_path / "n")
+    settings = Settings(
+        bootstrap="127.0.0.1:9",
+        node_id="n1",
+        node_state_dir=tmp_path / "n",
+        signing_public_key=_PUBLIC.decode(),
+    )
     store = NodeStore(settings.node_dir())
     node = _Node(settings, "127.0.0.1:9", store, None, parts=(device, device.workloads(), runner))
     published: list[ReconfigOutcome] = []
