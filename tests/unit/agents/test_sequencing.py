@@ -69,3 +69,18 @@ def test_an_overlapping_resend_counts_only_its_new_launches() -> None:
     feed(w, cols(100.0, 10, 0), 100.0)
     v = judge_sequence(w, cols(100.005, 10, 5), 100.1, LIMITS)
     assert v.action == "count" and v.skipped == 5 and v.cols.meta.seq_start == 10
+
+
+def test_late_launches_go_out_in_messages_the_producer_accepts() -> None:
+    """A 100,000-launch batch that arrives too late is 2.5 MB of JSON: it is cut into
+    consecutive parts, each below the producer's default max_request_size."""
+    from kernelstream.agents.window_agent import late_parts
+    from kernelstream.schemas import encode
+
+    n = 100_000
+    batch = make_example_batch([1.0 + 1e-6 * i for i in range(n)], seq_start=7)
+    parts = late_parts(batch)
+    assert [p.seq_start for p in parts] == [7 + 20_000 * i for i in range(5)]
+    assert sum(len(p.t_end) for p in parts) == n
+    assert [t for p in parts for t in p.t_end] == batch.t_end
+    assert max(len(encode(p)) for p in parts) < 1_000_000
