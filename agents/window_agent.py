@@ -77,6 +77,7 @@ from kernelstream.agents.logic.windowing import Windower, WindowSpec
 from kernelstream.agents.window_checkpoints import CheckpointStore
 from kernelstream.agents.window_consumer import EarlyConsumer
 from kernelstream.schemas import LaunchBatch, WindowAggregate, encode
+from kernelstream.schemas.columnar import LaunchColumns
 
 __all__ = ["WindowAgentStats", "WindowIngest", "register", "state_topic", "window_spec"]
 
@@ -335,7 +336,7 @@ class WindowIngest(Service):
                     keys = self._keys_of[tp]
                     for msg in msgs:
                         if msg.offset >= nxt:  # below: a fetch from before a re-assignment
-                            await self._process_safely(msg, keys)
+                            await self._process(msg, keys)
                     self._next[tp] = max(nxt, msgs[-1].offset + 1)
                     self._dirty.add(tp)
                 if time.monotonic() - self._checkpointed_at >= interval:
@@ -344,32 +345,50 @@ class WindowIngest(Service):
                     if self.stats.first_batch_at is not None:
                         stage["checkpoint"] += time.perf_counter() - t0
 
-    async def _process_safely(self, msg: Any, keys: set[str]) -> None:
-        """:meth:`_process`, with any failure it did not foresee dead-lettered, not raised.
+    async def _process(self, msg: Any, keys: set[str]) -> None:
+        """Decode, check and window one message, then publish what it closed.
 
-        An exception escaping here would stop the agent before the message's offset is
-        committed, and every restart would fail on the same message again.
+        A failure of the checks or the window maths that nothing foresaw is
+        dead-lettered (``internal_error``) and the message skipped: raised, it would
+        stop the agent before the offset is committed, and every restart would fail on
+        the same message again. A failure to publish (the broker) still raises: the
+        worker restarts from its checkpoint and nothing is lost.
         """
+        event = SimpleNamespace(message=msg, key=msg.key, value=msg.value)
         try:
-            await self._process(msg, keys)
+            cols = await self._admit(event)
+            if cols is None:
+                return
+            late, closed = self._window(cols, keys)
         except Exception as ex:
             log.exception("launch message %s[%d]@%d failed", msg.topic, msg.partition, msg.offset)
-            event = SimpleNamespace(message=msg, key=msg.key, value=msg.value)
             await self.ctx.dead_letter(
                 "window", event, f"the worker failed on this message: {ex!r}", "internal_error"
             )
-
-    async def _process(self, msg: Any, keys: set[str]) -> None:
-        stats, ctx, stage = self.stats, self.ctx, self.stats.stage_s
-        # The edge checks (schema, key, event-time bounds, known workload) dead-letter bad input.
-        event = SimpleNamespace(message=msg, key=msg.key, value=msg.value)
-        t0 = time.perf_counter()
-        cols = await ctx.decode_launches("window", event)
-        t1 = time.perf_counter()
-        stage["decode"] += t1 - t0
-        if cols is None:
             return
         key = cols.meta.stream_key
+        stage = self.stats.stage_s
+        t0 = time.perf_counter()
+        for too_late in late:
+            for part in late_parts(too_late):
+                await self.ctx.send("late", key.encode(), encode(part))
+        if closed:
+            await self.publish(closed)
+        stage["emit"] += time.perf_counter() - t0
+        self.stats.last_batch_at = time.time()
+
+    async def _admit(self, event: Any) -> LaunchColumns | None:
+        """The batch's launches not counted before, or None (dead-lettered with the reason).
+
+        The edge checks (size, JSON, schema, key, event-time bounds, workload, space)
+        then the stream's sequence numbers (:mod:`agents.logic.sequencing`).
+        """
+        stats, ctx, stage = self.stats, self.ctx, self.stats.stage_s
+        t0 = time.perf_counter()
+        cols = await ctx.decode_launches("window", event)
+        stage["decode"] += time.perf_counter() - t0
+        if cols is None:
+            return None
         verdict = judge_sequence(self.windower, cols, time.time(), ctx.seq_limits)
         if verdict.action != "count":
             code = "duplicate" if verdict.action == "duplicate" else "implausible_seq"
@@ -377,9 +396,16 @@ class WindowIngest(Service):
                 stats.duplicates += 1
                 ctx.counters["launches.duplicate"] += len(cols)
             await ctx.dead_letter("window", event, verdict.reason, code)
-            return
+            return None
         ctx.counters["launches.duplicate"] += verdict.skipped
-        cols = verdict.cols
+        return verdict.cols
+
+    def _window(
+        self, cols: LaunchColumns, keys: set[str]
+    ) -> tuple[list[LaunchBatch], list[WindowAggregate]]:
+        """Count the launches; their too-late ones and the windows they closed."""
+        stats, ctx, stage = self.stats, self.ctx, self.stats.stage_s
+        key = cols.meta.stream_key
         now = time.time()
         n = len(cols)
         stats.batches += 1
@@ -389,19 +415,14 @@ class WindowIngest(Service):
             stats.first_batch_at = now
         keys.add(key)
         t1 = time.perf_counter()
-        for too_late in self.windower.add_columns(cols, now):
+        late = self.windower.add_columns(cols, now)
+        for too_late in late:
             ctx.counters["launches.late"] += len(too_late.t_end)
-            for part in late_parts(too_late):
-                await self.ctx.send("late", key.encode(), encode(part))
         t2 = time.perf_counter()
         stage["window"] += t2 - t1
         closed = self.windower.poll_key(key)
-        if closed:
-            t3 = time.perf_counter()
-            stage["close"] += t3 - t2
-            await self.publish(closed)
-            stage["emit"] += time.perf_counter() - t3
-        stats.last_batch_at = time.time()
+        stage["close"] += time.perf_counter() - t2
+        return late, closed
 
     async def publish(self, aggs: list[WindowAggregate]) -> None:
         for agg in aggs:
