@@ -214,6 +214,14 @@ class Settings(BaseSettings):
             "launch batch at ~0.26 of its JSON size, also in the embedded broker's memory."
         ),
     )
+    launch_wire: Literal["binary", "json"] = Field(
+        default="binary",
+        description=(
+            "Wire format of the node's launch batches: 'binary' (per-batch fields as JSON, "
+            "columns as little-endian arrays the worker maps without parsing) or 'json' "
+            "(readable; what older nodes send). Workers read both, message by message."
+        ),
+    )
     batch_max_delay_s: float = Field(default=0.1, gt=0)
     max_launches_per_s: float = Field(default=20_000.0, gt=0)
     rollback_min_launches: int = Field(default=30, ge=1)

@@ -9,6 +9,7 @@ from typing import TypeVar
 import orjson
 from pydantic import ValidationError
 
+from kernelstream.schemas.binary import is_binary, read_launch_batch
 from kernelstream.schemas.errors import SchemaError
 from kernelstream.schemas.records import RECORD_TYPES, Record
 
@@ -69,6 +70,8 @@ def _loads(data: bytes, max_bytes: int) -> object:
         raise SchemaError(
             f"message of {len(data)} bytes exceeds the {max_bytes}-byte limit", "oversized"
         )
+    if is_binary(data):  # a launch batch in the binary layout: its JSON form, columns as lists
+        return read_launch_batch(data).to_wire()
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:

@@ -44,6 +44,7 @@ from kernelstream.app.settings import Settings
 from kernelstream.kernels import open_device
 from kernelstream.kernels.runner import LaunchBatcher, WorkloadRunner
 from kernelstream.schemas import DeviceSample, LaunchBatch, Recommendation, ReconfigOutcome, encode
+from kernelstream.schemas.binary import encode_launch_batch
 from kernelstream.schemas.keys import group_key, stream_key
 from kernelstream.schemas.signing import verifier_from_settings
 
@@ -268,12 +269,13 @@ class _Node:
         for b in batches:
             self.report.batches += 1
             self.report.launches += len(b.t_end)
+        binary = self.s.launch_wire == "binary"
         self.outbox.append(
             [
                 (
                     self.s.topic_launches,
                     b.stream_key.encode(),
-                    encode(b),
+                    encode_launch_batch(b) if binary else encode(b),
                     True,
                     b.seq_start,
                     len(b.t_end),

@@ -1,0 +1,231 @@
+"""The binary wire format of launch batches: per-batch fields as JSON, columns as raw arrays.
+
+A JSON launch batch spends most of the worker's decode time parsing numbers (orjson
+builds a Python float per launch, the worker packs them back into an array). In this
+format the columns travel as little-endian arrays that the worker maps into NumPy with
+``np.frombuffer`` (no parse, no copy); the per-batch fields stay JSON, so a stream that
+keeps its configuration sends the same bytes batch after batch and the worker validates
+them once. Layout, all integers little-endian::
+
+    offset  size  field
+    0       4     magic b"KSLB" (a JSON message starts with "{", so the two never collide)
+    4       1     layout version (1); an unknown version is refused, never guessed
+    5       3     zero
+    8       4     n, launches in the batch
+    12      8     seq_start (u64)
+    20      4     m, bytes of the per-batch JSON
+    24      8     zero
+    32      m     per-batch fields: the ``ks.launch_batch/1`` record without its columns
+                  and ``seq_start``, plus "columns": [[name, dtype], ...] in wire order;
+                  padded with spaces to a multiple of 8
+    ...           each column in that order: n values of its dtype ("<f8", "|u1"),
+                  padded with zeros to a multiple of 8 bytes
+
+The columns are the array fields of :class:`schemas.columnar.LaunchColumns`, read from
+its type hints: a column added there (and to :class:`LaunchBatch`) travels without a
+change here. Validation is the model's: the checks in :mod:`schemas.columnar` decide the
+plain cases and hand anything else to pydantic, whose verdict is final.
+
+Arrow IPC (``pyarrow``) was measured for the same job (``kernelstream bench wire``): it
+carries a schema and padding per message and costs a pyarrow import (~60 MB) in every node
+and worker, for columns that are three flat arrays; the raw layout above reads them with
+three ``frombuffer`` calls.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from kernelstream.schemas.errors import SchemaError
+
+__all__ = ["MAGIC", "BinaryBatch", "encode_launch_batch", "is_binary", "read_launch_batch"]
+
+MAGIC = b"KSLB"
+LAYOUT_VERSION = 1
+_HEAD = struct.Struct("<4sB3xIQI8x")  # 32 bytes
+
+
+def is_binary(data: bytes) -> bool:
+    """True when ``data`` is a binary launch batch (any layout version)."""
+    return data[:4] == MAGIC
+
+
+def _pad8(n: int) -> int:
+    return -n % 8
+
+
+class BinaryBatch:
+    """A binary batch split into its parts: per-batch JSON bytes, seq_start and the columns.
+
+    ``meta_json`` excludes ``seq_start`` and the columns, so equal bytes mean an
+    unchanged stream; ``columns`` are read-only views into the message.
+    """
+
+    __slots__ = ("columns", "meta_json", "n", "seq_start")
+
+    def __init__(
+        self, meta_json: bytes, seq_start: int, n: int, columns: dict[str, npt.NDArray[Any]]
+    ) -> None:
+        self.meta_json = meta_json
+        self.seq_start = seq_start
+        self.n = n
+        self.columns = columns
+
+    def meta(self) -> dict[str, Any]:
+        """The per-batch fields as a dict (``columns`` removed, ``seq_start`` added)."""
+        try:
+            obj = orjson.loads(self.meta_json)
+        except orjson.JSONDecodeError as exc:
+            raise SchemaError(
+                f"binary launch batch: invalid header JSON: {exc}", "invalid_json"
+            ) from exc
+        if not isinstance(obj, dict):
+            raise SchemaError("binary launch batch: header JSON is not an object", "not_object")
+        from kernelstream.schemas.codec import check_unique_keys
+
+        check_unique_keys(self.meta_json, obj)
+        obj.pop("columns", None)
+        obj["seq_start"] = self.seq_start
+        return obj
+
+    def to_wire(self) -> dict[str, Any]:
+        """The whole record as its JSON form has it (columns as lists; slow)."""
+        wire = self.meta()
+        for name, arr in self.columns.items():
+            wire[name] = arr.astype(int).tolist() if arr.dtype == np.uint8 else arr.tolist()
+        return wire
+
+
+def read_launch_batch(data: bytes) -> BinaryBatch:
+    """Split a binary launch batch; raise :class:`SchemaError` when the framing is wrong.
+
+    Only the framing is checked here (magic, version, lengths, column names and types);
+    the values are the model's business.
+    """
+    if len(data) < _HEAD.size:
+        raise SchemaError(
+            f"binary launch batch of {len(data)} bytes is shorter than its "
+            f"{_HEAD.size}-byte header",
+            "truncated",
+        )
+    magic, version, n, seq_start, m = _HEAD.unpack_from(data)
+    if magic != MAGIC or version != LAYOUT_VERSION:
+        raise SchemaError(
+            f"binary launch batch layout version {version} is not known (this worker reads "
+            f"{LAYOUT_VERSION}); upgrade the worker or send JSON",
+            "unknown_schema",
+        )
+    pos = _HEAD.size + m + _pad8(m)
+    if pos > len(data):
+        raise SchemaError(
+            f"binary launch batch cut off in its header: {len(data)} bytes, {pos} needed",
+            "truncated",
+        )
+    meta_json = data[_HEAD.size : _HEAD.size + m]
+    columns = _columns(data, meta_json, pos, n)
+    return BinaryBatch(meta_json, seq_start, n, columns)
+
+
+# Column lists by header bytes: a stream repeats its header batch after batch. Bounded.
+_DECLARED: dict[bytes, list[tuple[str, str]]] = {}
+_DECLARED_MAX = 4096
+
+
+def _declared(meta_json: bytes) -> list[tuple[str, str]]:
+    """The header's ``columns`` list (parsed once per distinct header)."""
+    hit = _DECLARED.get(meta_json)
+    if hit is not None:
+        return hit
+    try:
+        obj = orjson.loads(meta_json)
+    except orjson.JSONDecodeError as exc:
+        raise SchemaError(
+            f"binary launch batch: invalid header JSON: {exc}", "invalid_json"
+        ) from exc
+    declared = obj.get("columns") if isinstance(obj, dict) else None
+    if not (isinstance(declared, list) and all(_is_pair(c) for c in declared)):
+        raise SchemaError(
+            "binary launch batch: header has no column list [[name, dtype], ...]", "missing_field"
+        )
+    if len(_DECLARED) >= _DECLARED_MAX:
+        _DECLARED.clear()
+    out = _DECLARED[meta_json] = [(c[0], c[1]) for c in declared]
+    return out
+
+
+def _is_pair(c: object) -> bool:
+    return isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c)
+
+
+def _columns(data: bytes, meta_json: bytes, pos: int, n: int) -> dict[str, npt.NDArray[Any]]:
+    from kernelstream.schemas.columnar import WIRE_COLUMNS
+
+    declared = _declared(meta_json)
+    if declared != WIRE_COLUMNS:
+        raise SchemaError(
+            f"binary launch batch columns {declared} differ from {WIRE_COLUMNS}",
+            "unknown_field",
+        )
+    out: dict[str, npt.NDArray[Any]] = {}
+    for name, dtype in declared:
+        size = np.dtype(dtype).itemsize * n
+        if pos + size > len(data):
+            raise SchemaError(
+                f"binary launch batch cut off in column {name!r}: {len(data)} bytes, "
+                f"{pos + size} needed for {n} launches",
+                "truncated",
+            )
+        out[name] = np.frombuffer(data, dtype=dtype, count=n, offset=pos)
+        pos += size + _pad8(size)
+    if pos != len(data):
+        raise SchemaError(
+            f"binary launch batch has {len(data) - pos} bytes after its last column", "truncated"
+        )
+    return out
+
+
+def encode_launch_batch(batch: Any) -> bytes:
+    """A :class:`LaunchBatch` in the binary layout (its JSON form is ``schemas.encode``).
+
+    >>> from kernelstream.schemas.columnar import decode_launch_columns
+    >>> from kernelstream.schemas.records import LaunchBatch
+    >>> b = LaunchBatch(node="n", device_index=0, device_model="A100", backend="sim",
+    ...     kernel="k", workload="k", problem_size=[1], config={}, config_id="c",
+    ...     grid=[1, 1, 1], block=[1, 1, 1], dynamic_smem_bytes=0, bytes_moved=1.0,
+    ...     flops=1.0, occupancy=1.0, waves=1.0, peak_gbs=1.0, peak_gflops=1.0,
+    ...     seq_start=7, t_end=[1.5, 2.5], duration_us=[3, 4], ok=[1, 0])
+    >>> cols = decode_launch_columns(encode_launch_batch(b))
+    >>> cols.meta.seq_start, cols.t_end.tolist(), cols.ok.tolist()
+    (7, [1.5, 2.5], [True, False])
+    """
+    from kernelstream.schemas.columnar import WIRE_COLUMNS
+
+    names = {name for name, _ in WIRE_COLUMNS}
+    meta = batch.model_dump(by_alias=True, mode="python", exclude=names | {"seq_start"})
+    meta["columns"] = WIRE_COLUMNS
+    return encode_parts(
+        orjson.dumps(meta), batch.seq_start, [getattr(batch, c) for c, _ in WIRE_COLUMNS]
+    )
+
+
+def encode_parts(meta_json: bytes, seq_start: int, columns: list[Any]) -> bytes:
+    """Frame already-encoded per-batch JSON (with its ``columns`` list) and the column values.
+
+    ``columns`` follow :data:`schemas.columnar.WIRE_COLUMNS`; each may be a list or an array.
+    A node that keeps the header bytes of a stream pays only for the columns per batch.
+    """
+    from kernelstream.schemas.columnar import WIRE_COLUMNS
+
+    n = len(columns[0])
+    parts = [_HEAD.pack(MAGIC, LAYOUT_VERSION, n, seq_start, len(meta_json)), meta_json]
+    parts.append(b" " * _pad8(len(meta_json)))
+    for (_, dtype), values in zip(WIRE_COLUMNS, columns, strict=True):
+        raw = np.asarray(values, dtype=dtype).tobytes()
+        parts.append(raw)
+        parts.append(b"\0" * _pad8(len(raw)))
+    return b"".join(parts)

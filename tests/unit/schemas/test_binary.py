@@ -1,0 +1,158 @@
+"""The binary launch-batch layout: same records, same verdicts as JSON, clear errors."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from kernelstream.agents.logic.windowing import make_example_batch
+from kernelstream.schemas import LaunchBatch, SchemaError, decode, decode_any, encode
+from kernelstream.schemas.binary import encode_launch_batch, encode_parts, is_binary
+from kernelstream.schemas.columnar import WIRE_COLUMNS, decode_launch_columns
+
+_BASE = make_example_batch([1.5, 2.5], duration_us=[3.0, 4.0], ok=[1, 0], seq_start=11)
+
+
+def _header(**changes: Any) -> bytes:
+    meta = _BASE.model_dump(by_alias=True, exclude={"t_end", "duration_us", "ok", "seq_start"})
+    meta["columns"] = WIRE_COLUMNS
+    return orjson.dumps(meta | changes)
+
+
+def _binary(t: Any, d: Any, ok: Any, header: bytes | None = None, seq: int = 11) -> bytes:
+    return encode_parts(header or _header(), seq, [t, d, ok])
+
+
+def test_columns_come_from_the_columnar_schema() -> None:
+    assert WIRE_COLUMNS[:3] == [("t_end", "<f8"), ("duration_us", "<f8"), ("ok", "|u1")]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 186, 2000, 100_000])
+def test_binary_and_json_decode_to_the_same_record(n: int) -> None:
+    rng = np.random.default_rng(n)
+    batch = _BASE.model_copy(
+        update={
+            "t_end": (1.8e9 + np.cumsum(rng.random(n))).round(6).tolist(),
+            "duration_us": (rng.random(n) * 100).round(3).tolist(),
+            "ok": rng.integers(0, 2, n).tolist(),
+        }
+    )
+    raw = encode_launch_batch(batch)
+    assert is_binary(raw) and not is_binary(encode(batch))
+    got, want = decode_launch_columns(raw), decode_launch_columns(encode(batch))
+    assert got.t_end.tolist() == want.t_end.tolist() == batch.t_end
+    assert got.duration_us.tolist() == want.duration_us.tolist()
+    assert got.ok.tolist() == want.ok.tolist() and got.ok.dtype == np.bool_
+    assert got.meta == want.meta and got.t_range() == want.t_range()
+    # every reader of records (watch, replay, the slow path) sees the JSON form
+    assert decode(raw, LaunchBatch) == decode_any(raw) == batch
+
+
+# Column values: the binary decoder gives the model's verdict and reason code.
+_VALUES: list[tuple[str, Any]] = [
+    ("t_end", [1.5, float("nan")]),
+    ("t_end", [1.5, float("inf")]),
+    ("duration_us", [3.0, -1.0]),
+    ("duration_us", [3.0, 3.6e9]),
+    ("duration_us", [3.0, 3.7e9]),
+    ("duration_us", [3.0, float("nan")]),
+    ("ok", [1, 2]),
+    ("ok", [0, 255]),
+    ("ok", [0, 0]),
+]
+
+
+@pytest.mark.parametrize(("column", "value"), _VALUES, ids=[f"{c}={v!r}" for c, v in _VALUES])
+def test_column_values_get_the_models_verdict(column: str, value: Any) -> None:
+    cols = {"t_end": [1.5, 2.5], "duration_us": [3.0, 4.0], "ok": [1, 0]} | {column: value}
+    raw = _binary(cols["t_end"], cols["duration_us"], cols["ok"])
+    try:
+        want = LaunchBatch.model_validate(_BASE.to_wire() | cols)
+    except ValueError:
+        with pytest.raises(SchemaError) as got:
+            decode_launch_columns(raw)
+        assert got.value.code in {"non_finite", "out_of_range", "wrong_type"}
+        assert column in str(got.value)
+        return
+    assert decode_launch_columns(raw).to_batch() == want
+
+
+@pytest.mark.parametrize(
+    ("changes", "code"),
+    [
+        ({"schema": "ks.launch_batch/2"}, "unknown_schema"),
+        ({"occupancy": 1.5}, "out_of_range"),
+        ({"surprise": 1}, "unknown_field"),
+        ({"columns": [["t_end", "<f8"], ["duration_us", "<f8"]]}, "unknown_field"),
+        ({"columns": [["t_end", ">f8"], ["duration_us", "<f8"], ["ok", "|u1"]]}, "unknown_field"),
+        ({"columns": "t_end"}, "missing_field"),
+    ],
+)
+def test_bad_headers_are_refused_twice_alike(changes: dict[str, Any], code: str) -> None:
+    raw = _binary([1.5, 2.5], [3.0, 4.0], [1, 0], header=_header(**changes))
+    for _ in range(2):  # the second time the header could come from a cache: it must not
+        with pytest.raises(SchemaError) as got:
+            decode_launch_columns(raw)
+        assert got.value.code == code
+
+
+def test_framing_errors_are_one_line_schema_errors() -> None:
+    good = _binary([1.5, 2.5], [3.0, 4.0], [1, 0])
+    head = struct.Struct("<4sB3xIQI8x")
+    magic, _, n, seq, m = head.unpack_from(good)
+    cases = {
+        "truncated": [good[:k] for k in range(4, len(good), 3)] + [good + b"\0" * 8],
+        "unknown_schema": [head.pack(magic, 2, n, seq, m) + good[head.size :]],
+        "invalid_json": [good[:40] + b"\xff" + good[41:]],
+    }
+    for code, messages in cases.items():
+        for raw in messages:
+            with pytest.raises(SchemaError) as got:
+                decode_launch_columns(raw)
+            assert got.value.code == code and "\n" not in str(got.value), raw[:48]
+            with pytest.raises(SchemaError):
+                decode(raw, LaunchBatch)
+
+
+def test_launch_count_is_held_to_the_models_limit() -> None:
+    n = 100_001
+    raw = _binary(np.full(n, 1.5), np.ones(n), np.ones(n, dtype=np.uint8))
+    with pytest.raises(SchemaError) as got:
+        decode_launch_columns(raw)
+    assert got.value.code == "out_of_range"
+
+
+def test_oversized_binary_message_is_refused_before_reading() -> None:
+    raw = _binary([1.5], [3.0], [1]) + b"\0" * (8 * 1024 * 1024)
+    with pytest.raises(SchemaError) as got:
+        decode_launch_columns(raw)
+    assert got.value.code == "oversized"
+
+
+def test_flipped_bytes_never_escape_as_other_exceptions() -> None:
+    good = _binary([1.5, 2.5], [3.0, 4.0], [1, 0])
+    rng = np.random.default_rng(1)
+    for _ in range(3000):
+        raw = bytearray(good)
+        for at in rng.integers(0, len(raw), 2):
+            raw[at] = int(rng.integers(0, 256))
+        try:
+            cols = decode_launch_columns(bytes(raw))
+        except SchemaError:
+            continue
+        assert len(cols) >= 1 and np.isfinite(cols.t_end).all()
+
+
+def test_each_batch_keeps_its_sequence_number_and_samples() -> None:
+    seqs = [
+        decode_launch_columns(_binary([1.5], [3.0], [1], seq=s)).meta.seq_start for s in range(4)
+    ]
+    assert seqs == [0, 1, 2, 3]
+    sampled = LaunchBatch.model_validate(
+        _BASE.to_wire() | {"samples": [{"t": 2.0, "sm_util_pct": 50.0}]}
+    )
+    assert decode_launch_columns(encode_launch_batch(sampled)).meta.samples == sampled.samples
