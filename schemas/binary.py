@@ -35,6 +35,8 @@ three ``frombuffer`` calls.
 from __future__ import annotations
 
 import struct
+import sys
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -163,17 +165,11 @@ def _is_pair(c: object) -> bool:
 
 
 def _columns(data: bytes, meta_json: bytes, pos: int, n: int) -> dict[str, npt.NDArray[Any]]:
-    from kernelstream.schemas.columnar import WIRE_COLUMNS
-
     declared = _declared(meta_json)
-    if declared != WIRE_COLUMNS:
-        raise SchemaError(
-            f"binary launch batch columns {declared} differ from {WIRE_COLUMNS}",
-            "unknown_field",
-        )
+    plan = _plan(tuple(declared))
     out: dict[str, npt.NDArray[Any]] = {}
-    for name, dtype in declared:
-        size = np.dtype(dtype).itemsize * n
+    for name, dtype, itemsize in plan:
+        size = itemsize * n
         if pos + size > len(data):
             raise SchemaError(
                 f"binary launch batch cut off in column {name!r}: {len(data)} bytes, "
@@ -187,6 +183,19 @@ def _columns(data: bytes, meta_json: bytes, pos: int, n: int) -> dict[str, npt.N
             f"binary launch batch has {len(data) - pos} bytes after its last column", "truncated"
         )
     return out
+
+
+@lru_cache(maxsize=8)
+def _plan(declared: tuple[tuple[str, str], ...]) -> list[tuple[str, np.dtype[Any], int]]:
+    """Name, dtype and item size of each column; only the columns this version knows."""
+    from kernelstream.schemas.columnar import WIRE_COLUMNS
+
+    if list(declared) != WIRE_COLUMNS:
+        raise SchemaError(
+            f"binary launch batch columns {list(declared)} differ from {WIRE_COLUMNS}",
+            "unknown_field",
+        )
+    return [(name, np.dtype(d), np.dtype(d).itemsize) for name, d in declared]
 
 
 def encode_launch_batch(batch: Any) -> bytes:
@@ -205,12 +214,21 @@ def encode_launch_batch(batch: Any) -> bytes:
     """
     from kernelstream.schemas.columnar import WIRE_COLUMNS
 
-    names = {name for name, _ in WIRE_COLUMNS}
-    meta = batch.model_dump(by_alias=True, mode="python", exclude=names | {"seq_start"})
+    fields = batch.__dict__  # what model_dump would give, without its per-call cost
+    meta = {"schema": batch.SCHEMA}
+    skip = {name for name, _ in WIRE_COLUMNS} | {"seq_start", "schema_"}
+    meta.update((k, v) for k, v in fields.items() if k not in skip)
     meta["columns"] = WIRE_COLUMNS
-    return encode_parts(
-        orjson.dumps(meta), batch.seq_start, [getattr(batch, c) for c, _ in WIRE_COLUMNS]
-    )
+    header = orjson.dumps(meta, default=_dump_model)
+    return encode_parts(header, batch.seq_start, [fields[c] for c, _ in WIRE_COLUMNS])
+
+
+def _dump_model(obj: Any) -> Any:
+    """orjson's fallback for nested models (device samples)."""
+    dump = getattr(obj, "model_dump", None)
+    if dump is None:
+        raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+    return dump(mode="python")
 
 
 def encode_parts(meta_json: bytes, seq_start: int, columns: list[Any]) -> bytes:
@@ -225,7 +243,27 @@ def encode_parts(meta_json: bytes, seq_start: int, columns: list[Any]) -> bytes:
     parts = [_HEAD.pack(MAGIC, LAYOUT_VERSION, n, seq_start, len(meta_json)), meta_json]
     parts.append(b" " * _pad8(len(meta_json)))
     for (_, dtype), values in zip(WIRE_COLUMNS, columns, strict=True):
-        raw = np.asarray(values, dtype=dtype).tobytes()
+        raw = _column_bytes(values, dtype, n)
         parts.append(raw)
         parts.append(b"\0" * _pad8(len(raw)))
     return b"".join(parts)
+
+
+_LITTLE = sys.byteorder == "little"
+
+
+def _column_bytes(values: Any, dtype: str, n: int) -> bytes:
+    """One column's bytes. From a list, ``struct`` packs doubles at ~9 ns a value against
+    ~25 for ``np.asarray`` (see :func:`schemas.columnar._floats`), and ``bytes`` takes 0/1
+    flags in one C pass."""
+    if type(values) is list and _LITTLE:
+        if dtype == "<f8":
+            return _doubles(n).pack(*values)
+        if dtype == "|u1":
+            return bytes(values)
+    return np.asarray(values, dtype=dtype).tobytes()
+
+
+@lru_cache(maxsize=64)
+def _doubles(n: int) -> struct.Struct:
+    return struct.Struct(f"@{n}d")  # native order, little-endian here: no byte swapping
