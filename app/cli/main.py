@@ -754,7 +754,15 @@ class _LazyBenchGroup(click.Group):
     a benchmark's extra dependencies are needed only by that benchmark.
     """
 
-    names = ("pipeline", "replay", "tuning", "telemetry-overhead", "worker-path", "api-overhead")
+    names = (
+        "pipeline",
+        "pipeline-peers",
+        "replay",
+        "tuning",
+        "telemetry-overhead",
+        "worker-path",
+        "api-overhead",
+    )
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.names)

@@ -1,0 +1,110 @@
+"""A peer: the windowed aggregates written as a Faust user would, NumPy per message.
+
+Run as ``python -m kernelstream.bench.peer_faust`` with the benchmark's settings in the
+environment. One agent reads the batched launch messages (JSON), turns each message's
+columns into NumPy arrays, and keeps, per (stream, config, window), the durations of
+the launches that ran; a window closes when the stream's event time has passed its end
+plus the allowed lateness (the worker's watermark rule), or when its stream has been
+idle ``idle_timeout_s``. A closed window gives count, mean and p95 (NumPy's default
+linear percentile) of its durations. Progress and the closed windows are served as JSON
+on ``/ks/stats/`` and ``/ks/windows/``, so the benchmark can check them against the worker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+import faust
+import numpy as np
+import orjson
+
+from kernelstream.app.settings import load_settings
+from kernelstream.app.worker.faust_app import faust_broker_kwargs
+
+__all__ = ["main"]
+
+
+def main() -> None:
+    """Start the peer (blocks until stopped)."""
+    s = load_settings()
+    app = faust.App(
+        s.app_id,
+        broker=f"kafka://{s.bootstrap}",
+        store="memory://",
+        topic_partitions=s.partitions,
+        topic_disable_leader=True,
+        consumer_auto_offset_reset="earliest",
+        web_port=s.web_port,
+        web_bind="127.0.0.1",
+        datadir=str(s.data_dir),
+        **faust_broker_kwargs(s),
+    )
+    topic = app.topic(s.topic_launches, key_serializer="raw", value_serializer="raw")
+    size, slack = s.window_s, s.allowed_lateness_s + s.out_of_orderness_s
+    open_: dict[tuple[str, str, int], list[np.ndarray]] = defaultdict(list)
+    max_t: dict[str, float] = {}
+    seen_at: dict[str, float] = {}
+    closed: list[dict[str, Any]] = []
+    stats: dict[str, Any] = {"launches": 0, "first_batch_at": None, "last_batch_at": None}
+
+    def close(stream: str, before: float) -> None:
+        for k in [k for k in open_ if k[0] == stream and (k[2] + 1) * size <= before]:
+            d = np.concatenate(open_.pop(k))
+            if d.size:
+                closed.append(
+                    {
+                        "stream": k[0],
+                        "config_id": k[1],
+                        "window_start": k[2] * size,
+                        "count": int(d.size),
+                        "mean": float(d.mean()),
+                        "p95": float(np.percentile(d, 95)),
+                    }
+                )
+
+    @app.agent(topic)
+    async def aggregate(stream: Any) -> None:
+        async for value in stream:
+            rec = orjson.loads(value)
+            t = np.asarray(rec["t_end"], dtype=np.float64)
+            d = np.asarray(rec["duration_us"], dtype=np.float64)
+            ok = np.asarray(rec["ok"], dtype=bool)
+            key = f"{rec['node']}:{rec['device_index']}/{rec['kernel']}"
+            win = np.floor(t / size).astype(np.int64)
+            for w in np.unique(win):
+                open_[(key, rec["config_id"], int(w))].append(d[(win == w) & ok])
+            max_t[key] = max(max_t.get(key, -np.inf), float(t.max()))
+            close(key, max_t[key] - slack)
+            now = time.time()
+            seen_at[key] = now
+            stats["launches"] += int(t.size)
+            if stats["first_batch_at"] is None:
+                stats["first_batch_at"] = now
+            stats["last_batch_at"] = now
+
+    @app.timer(interval=0.5)
+    async def idle() -> None:
+        now = time.time()
+        for key, at in list(seen_at.items()):
+            if now - at >= s.idle_timeout_s:
+                close(key, np.inf)
+                del seen_at[key]
+
+    @app.page("/ks/stats/")
+    async def page(web: Any, request: Any) -> Any:
+        return web.json({"window": stats})
+
+    @app.page("/ks/windows/")
+    async def windows(web: Any, request: Any) -> Any:
+        return web.json(closed)
+
+    app.main()
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.argv = [sys.argv[0], "worker", "-l", "warn"]
+    main()

@@ -1,0 +1,373 @@
+"""``kernelstream bench pipeline-peers``: the worker beside peers a user would pick.
+
+One run, one embedded broker, one pre-produced fleet input (:mod:`bench.pipeline_input`)
+written twice, as JSON and in the binary layout (:mod:`schemas.binary`), same batches.
+Each round runs, one process at a time, on fresh consumer groups:
+
+* ceiling JSON     aiokafka fetch + the worker's zstd decoder + ``orjson.loads``;
+* ceiling binary   aiokafka fetch + the worker's zstd decoder (nothing to parse);
+* worker JSON / worker binary   the real ``kernelstream worker``;
+* Faust peer       :mod:`bench.peer_faust`: a Faust agent over the JSON batches, NumPy per
+                   message;
+* Quix peer        :mod:`bench.peer_quix`: a Quix Streams application, tumbling windows
+                   over one record per launch (``--quix-s`` caps its run).
+
+Every system computes count, mean and p95 of the durations per (stream, config, 1 s
+window). Their closed windows are checked against a reference computed from the input
+batches with NumPy: a window matches when its count is equal and mean and p95 agree to
+1e-9 relative. Rates are each process's launches over its own first-to-last batch time;
+every system is one process, so a rate is a rate per core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+import orjson
+
+from kernelstream.app.kafka.embedded import EmbeddedBroker, free_port
+from kernelstream.app.kafka.topics import ensure_topics
+from kernelstream.app.settings import Settings
+from kernelstream.bench.pipeline_input import FleetSpec, fleet_batches, produce_messages, recent_t0
+from kernelstream.bench.pipeline_procs import WorkerProc, bench_settings, running
+from kernelstream.bench.results import dated_stem
+from kernelstream.schemas import LaunchBatch, WindowAggregate, decode, encode
+from kernelstream.schemas.binary import encode_launch_batch
+
+__all__ = ["command", "compare_windows", "reference_windows"]
+
+_Key = tuple[str, str, float]  # (stream, config_id, window_start)
+_PEERS = {
+    "faust_peer": "kernelstream.bench.peer_faust",
+    "quix_peer": "kernelstream.bench.peer_quix",
+}
+
+
+def reference_windows(batches: list[LaunchBatch], size_s: float) -> dict[_Key, dict[str, float]]:
+    """count, mean and p95 of the durations of launches that ran, per window, from the input."""
+    parts: dict[_Key, list[np.ndarray]] = defaultdict(list)
+    for b in batches:
+        t, d = np.asarray(b.t_end), np.asarray(b.duration_us)
+        ok = np.asarray(b.ok, dtype=bool)
+        win = np.floor(t / size_s).astype(np.int64)
+        for w in np.unique(win):
+            parts[(b.stream_key, b.config_id, float(w * size_s))].append(d[(win == w) & ok])
+    out = {}
+    for key, ds in parts.items():
+        d = np.concatenate(ds)
+        if d.size:
+            out[key] = {"count": d.size, "mean": d.mean(), "p95": np.percentile(d, 95)}
+    return out
+
+
+def compare_windows(
+    got: list[dict[str, Any]], ref: dict[_Key, dict[str, float]], rel: float = 1e-9
+) -> dict[str, Any]:
+    """How a system's closed windows agree with the reference (see the module's doc)."""
+    seen: set[_Key] = set()
+    bad: list[dict[str, Any]] = []
+    for w in got:
+        key = (w["stream"], w["config_id"], float(w["window_start"]))
+        want = ref.get(key)
+        ok = (
+            want is not None
+            and key not in seen
+            and w["count"] == want["count"]
+            and all(abs(w[f] - want[f]) <= rel * abs(want[f]) for f in ("mean", "p95"))
+        )
+        seen.add(key)
+        if not ok:
+            bad.append({"got": w, "want": want})
+    return {
+        "windows": len(got),
+        "matching": len(got) - len(bad),
+        "differing": len(bad),
+        "not_closed": len(set(ref) - seen),
+        "examples": bad[:3],
+        "equal": not bad,
+    }
+
+
+async def _ceiling(bootstrap: str, topic: str, n_msgs: int, binary: bool) -> dict[str, Any]:
+    """Fetch + the worker's zstd decoder (+ orjson.loads for JSON) of every message."""
+    from aiokafka import AIOKafkaConsumer
+
+    from kernelstream.app.kafka import zstd_decode
+
+    zstd_decode.install()
+    c = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=4 << 20,
+        fetch_max_bytes=16 << 20,
+    )
+    await c.start()
+    got = launches = 0
+    t0 = t1 = 0.0
+    try:
+        while got < n_msgs:
+            for msgs in (await c.getmany(timeout_ms=1000)).values():
+                t0 = t0 or time.perf_counter()
+                for m in msgs:
+                    v = m.value
+                    launches += (
+                        int.from_bytes(v[8:12], "little")
+                        if binary
+                        else len(orjson.loads(v)["t_end"])
+                    )
+                    got += 1
+                t1 = time.perf_counter()
+    finally:
+        await c.stop()
+        zstd_decode.uninstall()
+    return {"launches": launches, "seconds": t1 - t0, "per_s": launches / (t1 - t0)}
+
+
+async def _kernelstream_windows(s: Settings) -> list[dict[str, Any]]:
+    """The worker's closed windows, read back from its windows topic."""
+    from aiokafka import AIOKafkaConsumer
+
+    c = AIOKafkaConsumer(
+        s.topic_windows, bootstrap_servers=s.bootstrap, auto_offset_reset="earliest"
+    )
+    await c.start()
+    out: list[dict[str, Any]] = []
+    try:
+        idle = 0
+        while idle < 3:
+            batch = await c.getmany(timeout_ms=1000)
+            idle = 0 if batch else idle + 1
+            for msgs in batch.values():
+                for m in msgs:
+                    w = decode(m.value, WindowAggregate)
+                    out.append(
+                        {
+                            "stream": f"{w.node}:{w.device_index}/{w.kernel}",
+                            "config_id": w.config_id,
+                            "window_start": w.window_start,
+                            "count": w.count,
+                            "mean": w.duration_mean_us,
+                            "p95": w.duration_p95_us,
+                        }
+                    )
+    finally:
+        await c.stop()
+    return out
+
+
+async def _system(
+    s: Settings, log: Path, n: int, module: str | None, cap_s: float
+) -> dict[str, Any]:
+    """Run one system until it has all ``n`` launches (or ``cap_s``), then its windows."""
+    argv = [sys.executable, "-m", module] if module else None
+    w = WorkerProc(s, log, argv)
+    with running(w):
+        st = await w.wait_stats(
+            lambda st: (
+                st["window"]["launches"] >= n
+                or (
+                    st["window"]["first_batch_at"] is not None
+                    and time.time() - st["window"]["first_batch_at"] > cap_s
+                )
+            ),
+            cap_s + 120,
+            "launches",
+            every_s=0.5,
+        )
+        await asyncio.sleep(s.idle_timeout_s + 2.0)  # idle streams' last windows close
+        windows = (
+            await _kernelstream_windows(s)
+            if module is None
+            else await asyncio.to_thread(_fetch_windows, s.web_port)
+        )
+    win = st["window"]
+    seconds = win["last_batch_at"] - win["first_batch_at"]
+    return {
+        "launches": win["launches"],
+        "seconds": seconds,
+        "per_s": win["launches"] / seconds,
+        "complete": win["launches"] >= n,
+        "load_avg": os.getloadavg(),
+        "_windows": windows,
+    }
+
+
+def _fetch_windows(port: int) -> list[dict[str, Any]]:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/ks/windows/", timeout=30) as r:
+        return list(orjson.loads(r.read()))
+
+
+_ENCODERS = (("json", encode), ("binary", encode_launch_batch))
+
+
+def _encode_ns(batches: list[LaunchBatch], enc: Any, rounds: int = 5) -> dict[str, float]:
+    """A node's cost to encode its batches (best of ``rounds``) and the bytes per launch."""
+    from aiokafka import codec
+
+    n = sum(len(b.t_end) for b in batches)
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        values = [enc(b) for b in batches]
+        best = min(best, time.perf_counter() - t0)
+    return {
+        "ns_per_launch": best / n * 1e9,
+        "bytes_per_launch": sum(map(len, values)) / n,
+        "zstd_bytes_per_launch": sum(len(codec.zstd_encode(v)) for v in values) / n,
+    }
+
+
+async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) -> dict[str, Any]:
+    fleet = FleetSpec(
+        nodes=opts["nodes"],
+        launches_per_s_per_kernel=opts["rate_per_kernel"],
+        seconds=opts["input_s"],
+        max_launches=opts["batch"],
+        t0=recent_t0(opts["input_s"] + 60),
+    )
+    batches = list(fleet_batches(fleet))
+    n = sum(len(b.t_end) for b in batches)
+    topics: dict[str, Settings] = {}
+    for wire, enc in _ENCODERS:
+        s = bench_settings(broker.bootstrap, run_dir / "state", window_s=1.0)
+        await ensure_topics(s, broker.bootstrap)
+        items = [(b.stream_key.encode(), enc(b)) for b in batches]
+        await produce_messages(
+            broker.bootstrap, s.topic_launches, items, compression_type=s.producer_compression()
+        )
+        topics[wire] = s
+    ref = reference_windows(batches, 1.0)
+    out: dict[str, Any] = {
+        "encode_ns_per_launch": {w: _encode_ns(batches, f) for w, f in _ENCODERS},
+        "date": dt.date.today().isoformat(),
+        "load_avg_start": os.getloadavg(),
+        "input": {
+            "fleet": fleet.__dict__,
+            "messages": len(batches),
+            "launches": n,
+            "launches_per_message_mean": n / len(batches),
+            "reference_windows": len(ref),
+        },
+    }
+    rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in range(opts["rounds"]):
+        for wire, s in topics.items():
+            rows[f"ceiling_{wire}"].append(
+                await _ceiling(broker.bootstrap, s.topic_launches, len(batches), wire == "binary")
+            )
+        runs: list[tuple[str, Settings, str | None, float]] = [
+            ("worker_json", topics["json"], None, 600.0),
+            ("worker_binary", topics["binary"], None, 600.0),
+            ("faust_peer", topics["json"], _PEERS["faust_peer"], 600.0),
+        ]
+        if opts["quix_s"] > 0:
+            runs.append(("quix_peer", topics["json"], _PEERS["quix_peer"], opts["quix_s"]))
+        for name, base, module, cap in runs:
+            s = base.model_copy(
+                update={
+                    "app_id": f"{base.app_id}-{name}-r{r}",
+                    "web_port": free_port(),
+                    "topic_windows": f"{base.topic_windows}-{name}-r{r}",
+                }
+            )
+            if module is None:
+                await ensure_topics(s, broker.bootstrap)
+            res = await _system(s, run_dir / f"{name}-{r}.log", n, module, cap)
+            res["check"] = compare_windows(res.pop("_windows"), ref)
+            rows[name].append(res)
+            click.echo(f"round {r}: {name} {res['per_s']:,.0f}/s {res['check']}", err=True)
+    for name, rounds in rows.items():
+        rates = [x["per_s"] for x in rounds]
+        out[name] = {"median_per_s": statistics.median(rates), "rounds": rounds}
+    out["load_avg_end"] = os.getloadavg()
+    return out
+
+
+def _table(r: dict[str, Any]) -> str:
+    inp = r["input"]
+    lines = [
+        f"input: {inp['launches']:,} launches in {inp['messages']:,} messages "
+        f"({inp['launches_per_message_mean']:.0f} per message), "
+        f"{inp['reference_windows']} reference windows; load average "
+        f"{r['load_avg_start'][0]:.1f} -> {r['load_avg_end'][0]:.1f}",
+        f"{'system':<16}{'launches/s':>14}  {'rounds':<28}{'vs ceiling':>11}  windows check",
+    ]
+    ceil = {w: r[f"ceiling_{w}"]["median_per_s"] for w in ("json", "binary")}
+    for name in (
+        "ceiling_json",
+        "ceiling_binary",
+        "worker_json",
+        "worker_binary",
+        "faust_peer",
+        "quix_peer",
+    ):
+        if name not in r:
+            continue
+        rounds = [x["per_s"] for x in r[name]["rounds"]]
+        med = r[name]["median_per_s"]
+        wire = "binary" if name.endswith("binary") else "json"
+        span = f"{min(rounds) / 1e6:.2f}M-{max(rounds) / 1e6:.2f}M"
+        check = ""
+        if "check" in r[name]["rounds"][-1]:
+            c = r[name]["rounds"][-1]["check"]
+            check = (
+                f"{'equal' if c['equal'] else 'DIFFERENT'}: {c['matching']}/{c['windows']} "
+                f"match, {c['not_closed']} not closed"
+            )
+        lines.append(f"{name:<16}{med:>14,.0f}  {span:<28}{med / ceil[wire]:>11.2f}  {check}")
+    best_peer = max(
+        (r[p]["median_per_s"] for p in ("faust_peer", "quix_peer") if p in r), default=0.0
+    )
+    if best_peer:
+        lines.append(
+            f"worker binary / best peer = {r['worker_binary']['median_per_s'] / best_peer:.2f}; "
+            f"worker JSON / best peer = {r['worker_json']['median_per_s'] / best_peer:.2f}"
+        )
+    for wire, e in r["encode_ns_per_launch"].items():
+        lines.append(
+            f"node encode {wire:<7}{e['ns_per_launch']:6.0f} ns/launch, "
+            f"{e['bytes_per_launch']:.1f} bytes ({e['zstd_bytes_per_launch']:.1f} zstd) per launch"
+        )
+    return "\n".join(lines)
+
+
+@click.command("pipeline-peers")
+@click.option("--input-s", type=float, default=4.0, show_default=True, help="Seconds of input.")
+@click.option("--batch", type=int, default=2000, show_default=True, help="Launches per batch.")
+@click.option("--nodes", type=int, default=16, show_default=True)
+@click.option("--rate-per-kernel", type=float, default=20_000.0, show_default=True)
+@click.option("--rounds", type=int, default=3, show_default=True)
+@click.option("--quix-s", type=float, default=60.0, show_default=True, help="0: no Quix peer.")
+@click.option("--name", default="peers", show_default=True, help="Results file name.")
+@click.option("--results-dir", type=click.Path(path_type=Path), default=Path("bench/results"))
+def command(**opts: Any) -> None:
+    """Worker (JSON and binary input) vs its ceilings, a Faust peer and a Quix Streams peer."""
+    results_dir = opts.pop("results_dir")
+    with (
+        tempfile.TemporaryDirectory(prefix="ks-peers-") as tmp,
+        EmbeddedBroker(Path(tmp)) as broker,
+    ):
+        result = asyncio.run(_bench(opts, Path(tmp), broker))
+    result["options"] = opts
+    table = _table(result)
+    click.echo(table)
+    stem = dated_stem(results_dir, opts["name"], result["date"])
+    Path(f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+    Path(f"{stem}.txt").write_text(table + "\n")
+    click.echo(f"wrote {stem}.json and {stem}.txt", err=True)
