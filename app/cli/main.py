@@ -757,6 +757,7 @@ class _LazyBenchGroup(click.Group):
     names = (
         "pipeline",
         "pipeline-peers",
+        "wire-formats",
         "replay",
         "tuning",
         "telemetry-overhead",
