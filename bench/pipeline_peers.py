@@ -206,6 +206,72 @@ async def _system(
     }
 
 
+async def _scale_out(
+    broker: EmbeddedBroker, items: list[tuple[bytes, bytes]], n: int, k: int, run_dir: Path
+) -> dict[str, Any]:
+    """``k`` workers in one group: each one's rate and the group's CPU per launch.
+
+    The input is produced only once every worker has its partitions, so the CPU counted
+    (user + system of the worker processes, from then until the last launch) is the
+    launches' and not the start-up's.
+    """
+    import psutil
+
+    s = bench_settings(broker.bootstrap, run_dir / "state", window_s=1.0)
+    await ensure_topics(s, broker.bootstrap)
+    for i in range(k):
+        (s.data_dir / f"w{i}").mkdir(parents=True, exist_ok=True)
+    procs = [
+        WorkerProc(
+            s.model_copy(update={"web_port": free_port(), "data_dir": s.data_dir / f"w{i}"}),
+            run_dir / f"scale-{k}-{i}.log",
+        )
+        for i in range(k)
+    ]
+    try:
+        for w in procs:
+            w.start()
+        for w in procs:
+            try:
+                await w.wait_stats(
+                    lambda st: st["window"].get("assigned_at") is not None, 120, "join"
+                )
+            except RuntimeError as ex:
+                tail = w.log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{ex}; its log ends:\n{tail}") from ex
+        await asyncio.sleep(s.session_timeout_s)  # the group's last rebalance settles
+        ps = [psutil.Process(w.proc.pid) for w in procs if w.proc is not None]
+        cpu0 = sum(sum(p.cpu_times()[:2]) for p in ps)
+        await produce_messages(
+            broker.bootstrap, s.topic_launches, items, compression_type=s.producer_compression()
+        )
+        deadline = time.monotonic() + 600
+        while True:
+            stats = [await asyncio.to_thread(w.stats) for w in procs]
+            done = sum(st["window"]["launches"] for st in stats if st)
+            if done >= n or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        cpu1 = sum(sum(p.cpu_times()[:2]) for p in ps)
+    finally:
+        for w in procs:
+            w.stop()
+    per_worker = []
+    for st in stats:
+        win = (st or {}).get("window") or {}
+        span = (win.get("last_batch_at") or 0) - (win.get("first_batch_at") or 0)
+        got = win.get("launches", 0)
+        per_worker.append({"launches": got, "per_s": got / span if span > 0 else 0.0})
+    return {
+        "workers": k,
+        "launches": done,
+        "per_worker": per_worker,
+        "cpu_s": cpu1 - cpu0,
+        "cpu_ns_per_launch": (cpu1 - cpu0) / max(done, 1) * 1e9,
+        "load_avg": os.getloadavg(),
+    }
+
+
 def _fetch_windows(port: int) -> list[dict[str, Any]]:
     import urllib.request
 
@@ -295,6 +361,11 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
     for name, rounds in rows.items():
         rates = [x["per_s"] for x in rounds]
         out[name] = {"median_per_s": statistics.median(rates), "rounds": rounds}
+    if opts["workers"] > 1:
+        items = [(b.stream_key.encode(), encode_launch_batch(b)) for b in batches]
+        out["scale_out"] = [
+            await _scale_out(broker, items, n, k, run_dir) for k in (1, opts["workers"])
+        ]
     out["load_avg_end"] = os.getloadavg()
     return out
 
@@ -308,7 +379,7 @@ def _table(r: dict[str, Any]) -> str:
         f"{r['load_avg_start'][0]:.1f} -> {r['load_avg_end'][0]:.1f}",
         f"{'system':<16}{'launches/s':>14}  {'rounds':<28}{'vs ceiling':>11}  windows check",
     ]
-    ceil = {w: r[f"ceiling_{w}"]["median_per_s"] for w in ("json", "binary")}
+    ceil = {w: r[f"ceiling_{w}"]["median_per_s"] for w in ("json", "binary") if f"ceiling_{w}" in r}
     for name in (
         "ceiling_json",
         "ceiling_binary",
@@ -334,7 +405,7 @@ def _table(r: dict[str, Any]) -> str:
     best_peer = max(
         (r[p]["median_per_s"] for p in ("faust_peer", "quix_peer") if p in r), default=0.0
     )
-    if best_peer:
+    if best_peer and "worker_binary" in r:
         lines.append(
             f"worker binary / best peer = {r['worker_binary']['median_per_s'] / best_peer:.2f}; "
             f"worker JSON / best peer = {r['worker_json']['median_per_s'] / best_peer:.2f}"
@@ -343,6 +414,12 @@ def _table(r: dict[str, Any]) -> str:
         lines.append(
             f"node encode {wire:<7}{e['ns_per_launch']:6.0f} ns/launch, "
             f"{e['bytes_per_launch']:.1f} bytes ({e['zstd_bytes_per_launch']:.1f} zstd) per launch"
+        )
+    for so in r.get("scale_out", []):
+        rates = ", ".join(f"{w['per_s'] / 1e6:.2f}M" for w in so["per_worker"])
+        lines.append(
+            f"{so['workers']} worker(s) in one group: {so['launches']:,} launches, per worker "
+            f"{rates} launches/s, CPU {so['cpu_ns_per_launch']:.0f} ns per launch"
         )
     return "\n".join(lines)
 
@@ -354,6 +431,13 @@ def _table(r: dict[str, Any]) -> str:
 @click.option("--rate-per-kernel", type=float, default=20_000.0, show_default=True)
 @click.option("--rounds", type=int, default=3, show_default=True)
 @click.option("--quix-s", type=float, default=60.0, show_default=True, help="0: no Quix peer.")
+@click.option(
+    "--workers",
+    type=int,
+    default=1,
+    show_default=True,
+    help="N > 1: also 1 and N workers in one group (binary input): rates and CPU per launch.",
+)
 @click.option("--name", default="peers", show_default=True, help="Results file name.")
 @click.option("--results-dir", type=click.Path(path_type=Path), default=Path("bench/results"))
 def command(**opts: Any) -> None:
