@@ -156,3 +156,12 @@ def test_each_batch_keeps_its_sequence_number_and_samples() -> None:
         _BASE.to_wire() | {"samples": [{"t": 2.0, "sm_util_pct": 50.0}]}
     )
     assert decode_launch_columns(encode_launch_batch(sampled)).meta.samples == sampled.samples
+
+
+def test_a_repeated_header_key_is_refused_as_in_json() -> None:
+    header = _header().replace(b'"kernel":"saxpy"', b'"kernel":"saxpy","kernel":"other"', 1)
+    raw = _binary([1.5, 2.5], [3.0, 4.0], [1, 0], header=header)
+    for _ in range(2):
+        with pytest.raises(SchemaError) as got:
+            decode_launch_columns(raw)
+        assert got.value.code == "duplicate_key"
