@@ -757,6 +757,22 @@ def _default_spaces() -> Path | None:
     return default_tuning_spaces_dir()
 
 
+def record_fields(value: bytes) -> dict[str, Any]:
+    """A record's top-level fields, JSON or a binary launch batch (its header only).
+
+    >>> record_fields(b'{"node": "n1", "kernel": "k"}')["node"]
+    'n1'
+    """
+    from kernelstream.schemas.binary import is_binary, read_launch_batch
+
+    if is_binary(value):
+        return read_launch_batch(value).meta()
+    d = orjson.loads(value)
+    if not isinstance(d, dict):
+        raise TypeError(f"a record is a JSON object, not {type(d).__name__}")
+    return d
+
+
 async def _to_topic(settings: Any, source: Source, opts: ReplayOptions) -> dict[str, Any]:
     from aiokafka import AIOKafkaProducer
 
@@ -785,9 +801,9 @@ async def _to_topic(settings: Any, source: Source, opts: ReplayOptions) -> dict[
         if flt.device is None and opts.source_role == "launches":
             return key_matches(m.key, flt)  # launches are keyed by series: no parsing
         try:
-            d = orjson.loads(m.value or b"")
+            d = record_fields(m.value or b"")
             return bool(flt.keeps(d["node"], d["device_index"], d["device_model"], d["kernel"]))
-        except (orjson.JSONDecodeError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):  # SchemaError and JSONDecodeError included
             return True  # not ours to judge: the pipeline's edge check will
 
     await producer.start()

@@ -210,3 +210,20 @@ def test_resent_batches_count_once() -> None:
     a, b = once.finish(), twice.finish()
     assert a.windows == b.windows and b.rejected["duplicate"] == 2
     assert b.duplicate_launches == 2 * len(bs[0].t_end)
+
+
+def test_republish_filter_reads_binary_launch_batches_too() -> None:
+    from kernelstream.agents.logic.windowing import make_example_batch
+    from kernelstream.app.replay.command import record_fields
+    from kernelstream.schemas import encode
+    from kernelstream.schemas.binary import encode_launch_batch
+
+    batch = make_example_batch([1.5, 2.5], node="n7", kernel="gemm")
+    for value in (encode(batch), encode_launch_batch(batch)):
+        d = record_fields(value)
+        assert (d["node"], d["device_index"], d["device_model"], d["kernel"]) == (
+            "n7",
+            0,
+            batch.device_model,
+            "gemm",
+        )
