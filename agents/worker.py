@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kernelstream.agents import detector_agent, tuner_agent, window_agent
+from kernelstream.agents import alert_agent, detector_agent, tuner_agent, window_agent
 from kernelstream.agents.context import WorkerContext
 from kernelstream.agents.logic.windowing import Windower
 
@@ -29,7 +29,7 @@ def register_agents(
     window_consumer: Any = None,
     make_consumer: Callable[[], Any] | None = None,
 ) -> WorkerAgents:
-    """Register the window agent (with the detector inline) and the tuner agents on ``app``.
+    """Register the window agent (with the detector inline), the tuner and alert agents.
 
     ``window_consumer`` is the window agent's consumer already joining its group, or
     None; ``make_consumer`` builds one when the app starts (the app layer knows the
@@ -40,4 +40,5 @@ def register_agents(
         app, ctx, detector_agent.InlineDetector(ctx), window_consumer, make_consumer
     )
     tuner_agent.register(app, ctx)
+    alert_agent.register(app, ctx)
     return WorkerAgents(ctx, windower, stats)

@@ -66,6 +66,7 @@ class Settings(BaseSettings):
     topic_reconfig: str = "ks.reconfig"
     topic_late: str = "ks.late"
     topic_deadletter: str = "ks.deadletter"
+    topic_alerts: str = "ks.alerts"
     partitions: int = Field(default=4, ge=1, description="Partitions of the keyed topics.")
 
     # --- worker -----------------------------------------------------------------
@@ -92,6 +93,22 @@ class Settings(BaseSettings):
             "A regression finding for a node's config at least this many times the fleet "
             "group's mean of it restarts that mean: the environment changed (README, Tuning)."
         ),
+    )
+    alert_threshold_factor: float = Field(
+        default=1.2,
+        gt=1,
+        description=(
+            "Predictive alerts forecast when a kernel's mean duration reaches this many "
+            "times its baseline (the detector's regression factor)."
+        ),
+    )
+    alert_horizon_s: float = Field(
+        default=3600.0, gt=0, description="How far ahead predictive alerts forecast a crossing."
+    )
+    alert_history_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Predictive alerts fit trends to the windows of this much event time.",
     )
     tuner_warm_start: bool = Field(
         default=False,

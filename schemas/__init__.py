@@ -4,6 +4,7 @@ from kernelstream.schemas.codec import MAX_MESSAGE_BYTES, decode, decode_any, en
 from kernelstream.schemas.errors import KernelstreamError, SchemaError, SigningKeyError
 from kernelstream.schemas.records import (
     RECORD_TYPES,
+    Alert,
     DeadLetter,
     DeviceSample,
     Finding,
@@ -17,6 +18,7 @@ from kernelstream.schemas.records import (
 __all__ = [
     "MAX_MESSAGE_BYTES",
     "RECORD_TYPES",
+    "Alert",
     "DeadLetter",
     "DeviceSample",
     "Finding",

@@ -52,6 +52,8 @@ REASON_CODES = (
     "bad_config",  # a configuration outside the workload's declared search space
     "unordered",  # end times of a batch that go back further than a device's streams can
     "internal_error",  # the stage failed on the message (a defect): skipped, not retried
+    "series_gap",  # a window the forecast cannot use: no measurement, or after a silence
+    "out_of_order",  # a window at or before its series' last point
 )
 
 

@@ -21,6 +21,7 @@ from kernelstream.schemas.keys import stream_key
 
 __all__ = [
     "RECORD_TYPES",
+    "Alert",
     "Classification",
     "DeadLetter",
     "DeviceSample",
@@ -45,6 +46,8 @@ Classification = Literal[
     "roofline_unknown",
 ]
 OutcomeStatus = Literal["applied", "kept", "rolled_back", "rejected"]
+AlertState = Literal["raised", "withdrawn", "crossed"]
+AlertScope = Literal["stream", "fleet_group"]
 
 _NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 _FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -330,7 +333,56 @@ class DeadLetter(Record):
     value_sha256: str | None = Field(default=None, max_length=64)
 
 
+class Alert(Record):
+    """A forecast that a series will cross a threshold: raised, withdrawn or come true.
+
+    ``series`` names what is forecast: ``stream`` is one kernel on one device (key
+    ``node:device/kernel``), ``fleet_group`` the same kernel and configuration on every
+    device of a fleet group (key ``device_model/workload/size``); ``metric`` is the
+    measured quantity (``duration_mean_us``). A ``raised`` alert says the fitted trend
+    reaches ``threshold`` ``lead_s`` seconds after ``at`` (at ``predicted_at``) with
+    probability ``confidence`` within the forecast horizon; ``withdrawn`` says the trend
+    no longer supports it (reversed, flattened, or the series stopped); ``crossed`` says
+    the fitted level reached the threshold (the detector's ``regression`` takes over).
+    ``id`` is shared by the three states of one alert.
+    """
+
+    SCHEMA: ClassVar[str] = "ks.alert/1"
+    schema_: Literal["ks.alert/1"] = Field(default="ks.alert/1", alias="schema")
+
+    id: _Name
+    state: AlertState
+    scope: AlertScope
+    key: _Name
+    metric: _Name
+    node: _Name | None = None
+    device_index: int | None = Field(default=None, ge=0)
+    device_model: _Name
+    kernel: _Name
+    workload: _Name
+    problem_size: list[int]
+    config_id: _Name
+    baseline: _NonNegFloat
+    threshold: _NonNegFloat
+    level: _NonNegFloat
+    slope_per_h: _FiniteFloat
+    lead_s: _NonNegFloat | None = None
+    predicted_at: _FiniteFloat | None = None
+    confidence: float = Field(ge=0.0, le=1.0)
+    points: int = Field(ge=0)
+    at: _FiniteFloat
+    summary: str
+
+
 RECORD_TYPES: dict[str, type[Record]] = {
     cls.SCHEMA: cls
-    for cls in (LaunchBatch, WindowAggregate, Finding, Recommendation, ReconfigOutcome, DeadLetter)
+    for cls in (
+        LaunchBatch,
+        WindowAggregate,
+        Finding,
+        Recommendation,
+        ReconfigOutcome,
+        DeadLetter,
+        Alert,
+    )
 }

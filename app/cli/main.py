@@ -130,6 +130,14 @@ def main(verbose: bool) -> None:
     show_default=True,
     help="Logs and worker state of this run.",
 )
+@click.option(
+    "--scenario",
+    type=click.Choice(["tuning", "drift"]),
+    default="tuning",
+    show_default=True,
+    help="tuning: the live loop above. drift: three hours of a kernel slowing down, "
+    "written at once; shows the predictive alert and, later, the detector's regression.",
+)
 def demo(
     duration: float,
     json_path: Path | None,
@@ -139,6 +147,7 @@ def demo(
     cupy_device: int,
     no_live: bool,
     run_dir: Path,
+    scenario: str,
 ) -> None:
     """Run the whole loop locally: embedded broker, one worker, sim and trace nodes
     (and a cupy node on a real GPU with --cupy).
@@ -151,6 +160,13 @@ def demo(
     from kernelstream.kernels.errors import BackendUnavailableError
 
     settings = _settings()
+    if scenario == "drift":
+        from kernelstream.app.cli.demo_drift import run_drift_demo
+
+        try:
+            sys.exit(run_drift_demo(settings, run_dir))
+        except DemoFailedError as exc:
+            raise click.ClickException(str(exc)) from exc
     opts = DemoOptions(
         duration_s=duration,
         json_path=json_path,
@@ -365,7 +381,9 @@ def node(
 @main.command()
 @click.argument(
     "what",
-    type=click.Choice(["recommendations", "findings", "windows", "reconfig", "late", "deadletter"]),
+    type=click.Choice(
+        ["recommendations", "findings", "windows", "reconfig", "alerts", "late", "deadletter"]
+    ),
     default="recommendations",
 )
 @click.option("--node", "node_filter", help="Only records of this node.")
@@ -763,6 +781,7 @@ class _LazyBenchGroup(click.Group):
         "telemetry-overhead",
         "worker-path",
         "api-overhead",
+        "alerts",
     )
 
     def list_commands(self, ctx: click.Context) -> list[str]:

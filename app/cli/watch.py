@@ -87,6 +87,14 @@ _COLUMNS: dict[str, Sequence[Column]] = {
         ("to config", 48, _k("after_config_id")),
         ("reason", 0, _k("reason")),
     ),
+    "ks.alert/1": (
+        ("at", 12, _time("at")),
+        ("state", 10, _k("state")),
+        ("series", 30, _k("key")),
+        ("lead s", 7, _f("lead_s", ".0f")),
+        ("conf", 6, _f("confidence", ".3f")),
+        ("summary", 0, _k("summary")),
+    ),
     "ks.deadletter/1": (
         ("at", 12, _time("at")),
         ("stage", 14, _k("stage")),

@@ -59,6 +59,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         TopicSpec(
             "reconfig", settings.topic_reconfig, "device_model/workload/size", p, 90 * _DAY_MS
         ),
+        TopicSpec("alerts", settings.topic_alerts, "series key", p, 30 * _DAY_MS),
         TopicSpec("late", settings.topic_late, "node:device/kernel", p, 7 * _DAY_MS),
         TopicSpec("deadletter", settings.topic_deadletter, "original key", 1, 30 * _DAY_MS),
     ]

@@ -33,7 +33,7 @@ from prometheus_client.utils import floatToGoString
 
 from kernelstream.agents.latency import TICK_LAG_WINDOW_S, LatencyHistogram
 from kernelstream.schemas.codec import REASON_CODES
-from kernelstream.schemas.records import Classification, OutcomeStatus
+from kernelstream.schemas.records import AlertScope, AlertState, Classification, OutcomeStatus
 
 __all__ = [
     "CLASSIFICATIONS",
@@ -139,6 +139,18 @@ METRICS: tuple[MetricSpec, ...] = (
         "Reconfiguration outcomes seen on the reconfig topic (fleet-wide).",
         "outcome",
     ),
+    _w(
+        "kernelstream_worker_alerts",
+        "counter",
+        "Predictive alerts published to ks.alerts, by state (raised, withdrawn, crossed).",
+        "state",
+    ),
+    _w(
+        "kernelstream_worker_predicted_regressions",
+        "gauge",
+        "Predictive alerts raised and not yet withdrawn or crossed on this worker, by scope.",
+        "scope",
+    ),
     _w("kernelstream_worker_consumer_lag", "gauge", _LAG_HELP, "consumer", "topic", "partition"),
     _w(
         "kernelstream_worker_assigned_partitions",
@@ -213,9 +225,11 @@ METRICS: tuple[MetricSpec, ...] = (
 #: so ``increase()`` counts the first event and a healthy system shows 0, not "No data".
 CLASSIFICATIONS: tuple[str, ...] = get_args(Classification)
 OUTCOMES: tuple[str, ...] = get_args(OutcomeStatus)
+ALERT_STATES: tuple[str, ...] = get_args(AlertState)
+ALERT_SCOPES: tuple[str, ...] = get_args(AlertScope)
 _STAGE_CODES = tuple(c for c in REASON_CODES if c != "outbox_full")
 WORKER_DEAD_LETTERS: tuple[tuple[str, str], ...] = tuple(
-    (stage, code) for stage in ("window", "tuner", "outcomes") for code in _STAGE_CODES
+    (stage, code) for stage in ("window", "tuner", "outcomes", "alerts") for code in _STAGE_CODES
 )
 NODE_DEAD_LETTERS: tuple[tuple[str, str], ...] = (
     ("node.outbox", "outbox_full"),
@@ -269,6 +283,8 @@ class _WorkerCollector(Collector):
         yield _count("kernelstream_worker_recommendations", c.get("recommendations.out", 0))
         yield _by_prefix("kernelstream_worker_findings", c, "findings.", CLASSIFICATIONS)
         yield _by_prefix("kernelstream_worker_outcomes", c, "outcomes.", OUTCOMES)
+        yield _by_prefix("kernelstream_worker_alerts", c, "alerts.", ALERT_STATES)
+        yield self._predicted()
         yield _dead_letters("kernelstream_worker_dead_letters", [], WORKER_DEAD_LETTERS, {
             tuple(key.rsplit(".", 1)): n for key, n in ctx.dead_letter_counts().items()
         })  # fmt: skip
@@ -280,6 +296,17 @@ class _WorkerCollector(Collector):
                 lag.add_metric([consumer, topic, str(partition)], n)
         yield lag
         yield assigned
+
+    def _predicted(self) -> Metric:
+        active = self.agents.ctx.probes.get("alerts.active")
+        by_scope = dict.fromkeys(ALERT_SCOPES, 0)
+        for alert_id, _key, _lead in active() if active else []:
+            scope = alert_id.split("|", 1)[0]
+            by_scope[scope] = by_scope.get(scope, 0) + 1
+        fam = _family("kernelstream_worker_predicted_regressions")
+        for scope, n in sorted(by_scope.items()):
+            fam.add_metric([scope], n)
+        return fam
 
     def _lags(self) -> Iterator[tuple[str, dict[tuple[str, int], int]]]:
         window_lag = self.agents.ctx.probes.get("window.lag")

@@ -14,6 +14,9 @@ by partition in offset order, and does what the worker did with them:
 * every closed window is classified by a :class:`~agents.logic.detection.Detector`
   in the order the window stream carries it (per stream key, which is all the
   detector's state depends on);
+* the findings, in (window end, id) order, feed a
+  :class:`~agents.logic.forecast.Forecaster` as the alert agent does, giving the
+  predictive alerts of the range (and the findings it refused, by reason);
 * the findings, with the recorded reconfiguration outcomes interleaved by time, drive
   a :class:`~agents.logic.tuning.Tuner` whose clock is the finding's window end, so
   its recommendations are a deterministic function of the input.
@@ -39,10 +42,12 @@ from typing import Any, NamedTuple
 
 from kernelstream.agents.context import ConfigCheck, LaunchLimits, launch_batch_problem
 from kernelstream.agents.logic.detection import Detector
+from kernelstream.agents.logic.forecast import Forecaster
 from kernelstream.agents.logic.sequencing import SeqLimits, judge_sequence
 from kernelstream.agents.logic.tuning import Tuner
 from kernelstream.agents.logic.windowing import Windower, WindowSpec
 from kernelstream.schemas import (
+    Alert,
     Finding,
     Recommendation,
     ReconfigOutcome,
@@ -119,6 +124,8 @@ class AnalysisResult:
     windows: list[WindowAggregate] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     recommendations: list[Recommendation] = field(default_factory=list)  # offline tuner's
+    alerts: list[Alert] = field(default_factory=list)  # the forecaster's, in order
+    alert_refusals: Counter[str] = field(default_factory=Counter)  # reason code -> findings
     recorded_recommendations: list[Recommendation] = field(default_factory=list)
     recorded_outcomes: list[ReconfigOutcome] = field(default_factory=list)
     rejected: Counter[str] = field(default_factory=Counter)  # reason code -> messages
@@ -141,6 +148,8 @@ class OfflineAnalysis:
         limits: event-time bounds, relative to each record's timestamp.
         tuner: the tuner to run, e.g. the worker's (``agents.tuner_agent.tuner_from_settings``);
             a default ``Tuner()`` when None.
+        forecaster: the alert forecaster, e.g. the worker's
+            (``agents.alert_agent.forecaster_from_settings``); a default one when None.
         flt: which series to keep.
         seq_limits: the sequence-number plausibility bounds the workers used.
     """
@@ -155,10 +164,12 @@ class OfflineAnalysis:
         flt: LaunchFilter | None = None,
         tuner: Tuner | None = None,
         seq_limits: SeqLimits | None = None,
+        forecaster: Forecaster | None = None,
     ) -> None:
         self.windower = Windower(spec)
         self.detector = Detector()
         self.tuner = tuner if tuner is not None else Tuner()
+        self.forecaster = forecaster if forecaster is not None else Forecaster()
         self.known_workload = known_workload
         self.space_for = space_for
         self.limits = limits or LaunchLimits()
@@ -247,7 +258,7 @@ class OfflineAnalysis:
     # -- end of range -----------------------------------------------------------------
 
     def finish(self) -> AnalysisResult:
-        """Flush every open window, classify it, run the tuner; return the result."""
+        """Flush every open window, classify it, forecast, run the tuner; return the result."""
         self._take_windows(self.windower.flush_all())
         res = self.result
         res.windows.sort(key=_window_order)
@@ -255,6 +266,11 @@ class OfflineAnalysis:
         res.findings = sorted(findings, key=lambda f: (f.window_end, f.id))
         res.recorded_recommendations.sort(key=lambda r: (r.issued_at, r.id))
         res.recorded_outcomes.sort(key=lambda o: (o.at, o.id))
+        for finding in res.findings:
+            alerts, problem = self.forecaster.observe(finding)
+            res.alerts += alerts
+            if problem is not None:
+                res.alert_refusals[problem.code] += 1
         res.recommendations = self._tune(res.findings, res.recorded_outcomes)
         return res
 

@@ -635,6 +635,7 @@ async def run_replay(settings: Any, opts: ReplayOptions) -> dict[str, Any]:
 
 
 async def _to_report(settings: Any, source: Source, opts: ReplayOptions) -> dict[str, Any]:
+    from kernelstream.agents.alert_agent import forecaster_from_settings
     from kernelstream.agents.context import LaunchLimits
     from kernelstream.agents.logic.sequencing import SeqLimits
     from kernelstream.agents.tuner_agent import tuner_from_settings
@@ -672,6 +673,7 @@ async def _to_report(settings: Any, source: Source, opts: ReplayOptions) -> dict
         seq_limits=SeqLimits(settings.max_stream_launches_per_s, settings.seq_slack_launches),
         flt=opts.flt,
         tuner=tuner_from_settings(settings),
+        forecaster=forecaster_from_settings(settings),
     )
     topics = {
         "launches": settings.topic_launches,

@@ -8,6 +8,7 @@ Layout of a report directory::
     windows.jsonl         every window aggregate, in (stream key, window start, config) order
     findings.jsonl        every finding, in (window end, id) order
     recommendations.jsonl the offline tuner's recommendations
+    alerts.jsonl          the predictive alerts, in the order the forecaster issued them
     plots/*.png           gpu_share, roofline_<model>, timeline_<kernel>
     run.json              when and how long the replay ran (the only non-deterministic file)
 
@@ -27,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from kernelstream.app.replay.alerts_report import alerts_section, alerts_summary
 from kernelstream.app.replay.analysis import AnalysisResult
 from kernelstream.app.replay.series import series_summary
 from kernelstream.app.replay.whatif import fleet_sweep, trace_what_if
@@ -317,6 +319,7 @@ def build_summary(
             }
             for r in res.recommendations
         ],
+        "alerts": alerts_summary(res.alerts, res.alert_refusals),
         "what_if": {
             "trace": trace_what_if(res.windows, list(trace_paths)),
             "fleet_sweep": fleet_sweep(res.windows),
@@ -339,6 +342,7 @@ def write_report(
     (out_dir / "windows.jsonl").write_bytes(_jsonl(res.windows))
     (out_dir / "findings.jsonl").write_bytes(_jsonl(res.findings))
     (out_dir / "recommendations.jsonl").write_bytes(_jsonl(res.recommendations))
+    (out_dir / "alerts.jsonl").write_bytes(_jsonl(res.alerts))
     plots = render_plots(summary, out_dir / "plots")
     page = out_dir / "index.html"
     page.write_text(render_html(summary, plots), encoding="utf-8")
@@ -446,12 +450,13 @@ def render_html(summary: dict[str, Any], plots: dict[str, list[tuple[str, Path]]
     parts += _gpu_section(summary, plots)
     parts += _roofline_section(summary, plots)
     parts += _timeline_section(plots)
+    parts += alerts_section(summary)
     parts += _findings_section(summary)
     parts += _recommendation_section(summary)
     parts += _what_if_section(summary)
     parts.append(
         "<p class='muted'>Machine-readable: summary.json, windows.jsonl, findings.jsonl, "
-        "recommendations.jsonl in this directory.</p></body></html>"
+        "recommendations.jsonl, alerts.jsonl in this directory.</p></body></html>"
     )
     return "\n".join(parts)
 

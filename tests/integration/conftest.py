@@ -53,6 +53,7 @@ def settings(broker: EmbeddedBroker, tmp_path: Path, signing_keys: tuple[str, st
             "reconfig",
             "late",
             "deadletter",
+            "alerts",
         )
     }
     return Settings(

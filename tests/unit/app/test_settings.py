@@ -19,6 +19,7 @@ def test_defaults_match_architecture_topic_names(monkeypatch: pytest.MonkeyPatch
         "ks.findings",
         "ks.recommendations",
         "ks.reconfig",
+        "ks.alerts",
         "ks.late",
         "ks.deadletter",
     ]

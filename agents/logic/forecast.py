@@ -1,0 +1,424 @@
+"""Predictive alerts: trends fitted to window history, forecast to cross a threshold.
+
+A :class:`Forecaster` is fed findings (one per closed window, carrying the window's
+mean duration) in the order the findings topic carries them. It keeps two kinds of
+series per kernel configuration:
+
+* ``stream``: one kernel on one device (``node:device/kernel`` and config id);
+* ``fleet_group``: that configuration on every device of its fleet group
+  (``device_model/workload/size``), all nodes' windows on one time axis.
+
+Every ``eval_every_s`` of a series' event time it fits a straight line to the last
+``history_s`` of points by ordinary least squares (:func:`scipy.stats.linregress`)
+and asks how likely the line is to reach the threshold (``threshold_factor`` times
+the series' baseline, by default the detector's ``regression`` factor) within
+``horizon_s``: the probability, under the Student t distribution of the fitted
+slope, that the slope is at least the one needed to get there in time. The slope's
+standard error is widened for correlated residuals (an AR(1) effective sample size),
+and a fit that one step between two levels explains better than the line counts as
+no trend, so a seasonal swing or a step change is not taken for a drift. An alert is
+raised when that confidence reaches ``raise_confidence`` on ``confirm`` successive
+evaluations, withdrawn when the slope turns non-positive or the confidence falls
+below ``withdraw_confidence``, and closed as ``crossed`` when the fitted level
+reaches the threshold (the detector's own ``regression`` finding takes over there).
+
+The baseline of a stream series is the detector's (``evidence["baseline_us"]``), so
+an alert forecasts the very regression the detector will report; a fleet group's is
+the median of its first ``baseline_points`` points.
+
+Input the forecast cannot use is refused with a reason (the agent dead-letters it):
+a window without a successful launch (no measurement: a hole in the series), one at
+or before the series' last point (out of order or repeated), and one after a gap of
+more than ``max_gap_s`` (the history before it is discarded and any alert on it
+withdrawn: a line must not be fitted across a hole).
+
+Pure logic: no Faust or Kafka import; time is the findings' event time.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import insort
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import stats
+
+from kernelstream.agents.logic.errors import LogicSettingsError
+from kernelstream.schemas import Alert, Finding
+from kernelstream.schemas.keys import group_key
+from kernelstream.schemas.records import AlertScope, AlertState
+
+__all__ = ["AlertProblem", "ForecastSettings", "Forecaster"]
+
+METRIC = "duration_mean_us"
+
+
+@dataclass(frozen=True)
+class ForecastSettings:
+    """How trends are fitted and when they raise or withdraw an alert.
+
+    Args:
+        threshold_factor: the threshold is this times the series' baseline (the
+            detector's ``regression_factor`` by default).
+        history_s: the fit uses the points of the last ``history_s`` seconds.
+        min_span_s: no forecast before the history spans this long.
+        min_points: no forecast from fewer points.
+        baseline_points: a fleet group's baseline is the median of its first points.
+        horizon_s: how far ahead a crossing is forecast.
+        eval_every_s: a series is re-fitted at most this often (event time).
+        raise_confidence: the probability of a crossing within ``horizon_s`` that
+            raises an alert, held on ``confirm`` successive fits.
+        withdraw_confidence: an alert is withdrawn once the probability falls below this.
+        max_gap_s: a longer silence in a series restarts its history.
+        fit_fractions: lines are fitted to these fractions of ``history_s`` (the most
+            recent part); the least confident one decides. ``(0.5, 1.0)`` halves the
+            false alarms on slow seasonal swings but shortens the lead and misses more
+            slow drifts (``kernelstream bench alerts``, docs/guide/alerts.md).
+    """
+
+    threshold_factor: float = 1.2
+    history_s: float = 3600.0
+    min_span_s: float = 1200.0
+    min_points: int = 30
+    baseline_points: int = 10
+    horizon_s: float = 3600.0
+    eval_every_s: float = 30.0
+    raise_confidence: float = 0.99
+    confirm: int = 3
+    withdraw_confidence: float = 0.5
+    max_gap_s: float = 600.0
+    fit_fractions: tuple[float, ...] = (1.0,)
+
+    def __post_init__(self) -> None:
+        if self.threshold_factor <= 1.0:
+            raise LogicSettingsError(
+                f"ForecastSettings.threshold_factor must be > 1, got {self.threshold_factor}"
+            )
+        if not 0.0 < self.withdraw_confidence < self.raise_confidence < 1.0:
+            raise LogicSettingsError(
+                "ForecastSettings needs 0 < withdraw_confidence < raise_confidence < 1"
+            )
+        if self.min_points < 3 or self.confirm < 1 or self.baseline_points < 1:
+            raise LogicSettingsError(
+                "ForecastSettings needs min_points >= 3, confirm >= 1, baseline_points >= 1"
+            )
+        durations = (self.history_s, self.horizon_s, self.eval_every_s, self.max_gap_s)
+        if not all(math.isfinite(d) and d > 0 for d in durations):
+            raise LogicSettingsError("ForecastSettings durations must be finite and > 0")
+        if not self.fit_fractions or not all(0 < f <= 1 for f in self.fit_fractions):
+            raise LogicSettingsError("ForecastSettings.fit_fractions must lie in (0, 1]")
+
+
+@dataclass(frozen=True)
+class AlertProblem:
+    """Why a finding could not feed the forecast (the agent dead-letters it)."""
+
+    code: str  # a reason code of schemas.codec.REASON_CODES
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Fit:
+    level: float  # the line's value at the last point
+    slope: float  # per second
+    confidence: float  # P(crossing within the horizon)
+    lead_s: float | None  # time to the crossing along the line; None when never
+
+
+@dataclass
+class _Series:
+    scope: AlertScope
+    key: str
+    ref: Finding  # the first finding: names the kernel, device and config
+    baseline: float | None = None
+    points: list[tuple[float, float]] = field(default_factory=list)
+    last_t: float = -math.inf
+    last_eval_t: float = -math.inf
+    streak: int = 0
+    alert_id: str | None = None
+    alert_lead_s: float | None = None
+    streams: set[str] = field(default_factory=set)  # a fleet group's contributors
+
+
+class Forecaster:
+    """Per-series trend forecasts over findings; emits :class:`Alert` records.
+
+    >>> f = Forecaster()
+    >>> f.active_alerts()
+    []
+    """
+
+    def __init__(self, settings: ForecastSettings | None = None) -> None:
+        self.settings = settings or ForecastSettings()
+        self._series: dict[str, _Series] = {}
+        self._last_expiry = -math.inf
+
+    def observe(self, finding: Finding) -> tuple[list[Alert], AlertProblem | None]:
+        """Feed one finding; the alerts it raises, withdraws or closes, and why the
+        finding was refused (None when it was used)."""
+        problem = _measurement_problem(finding)
+        if problem is not None:
+            return [], problem
+        alerts: list[Alert] = []
+        problems: list[AlertProblem] = []
+        for scope, key, baseline in _series_of(finding):
+            series = self._series.get(f"{scope}|{key}|{finding.config_id}")
+            if series is None:
+                series = _Series(scope, key, finding)
+                self._series[f"{scope}|{key}|{finding.config_id}"] = series
+            out, prob = self._add(series, finding, baseline)
+            alerts += out
+            if prob is not None:
+                problems.append(prob)
+        alerts += self._expire(finding.window_end)
+        # The stream series decides: it is the finding's own (a fleet group mixes nodes,
+        # whose windows may arrive in any order relative to each other).
+        return alerts, problems[0] if problems else None
+
+    def active_alerts(self) -> list[tuple[str, str, float | None]]:
+        """``(alert id, series key, lead_s at raising)`` of every alert now raised."""
+        return sorted(
+            (s.alert_id, s.key, s.alert_lead_s)
+            for s in self._series.values()
+            if s.alert_id is not None
+        )
+
+    def _expire(self, now: float) -> list[Alert]:
+        """Withdraw alerts on series silent for ``max_gap_s`` and forget those series
+        (a configuration the tuner replaced, a kernel that stopped). Runs at most every
+        ``eval_every_s`` of event time: it looks at every series."""
+        if now - self._last_expiry < self.settings.eval_every_s:
+            return []
+        self._last_expiry = now
+        out = []
+        for name, s in list(self._series.items()):
+            if now - s.last_t > self.settings.max_gap_s:
+                if s.alert_id is not None:
+                    out.append(self._alert(s, "withdrawn", None, s.last_t, "the series stopped"))
+                del self._series[name]
+        return out
+
+    # -- one series ------------------------------------------------------------------
+
+    def _add(
+        self, s: _Series, finding: Finding, baseline: float | None
+    ) -> tuple[list[Alert], AlertProblem | None]:
+        t, y = finding.window_end, finding.duration_mean_us
+        if s.scope == "stream" and t <= s.last_t:
+            return [], AlertProblem(
+                "out_of_order",
+                f"window ending {t:.3f} is not after the series' last point {s.last_t:.3f} "
+                f"({s.key}, config {finding.config_id}): repeated or out of order",
+            )
+        out: list[Alert] = []
+        if t - s.last_t > self.settings.max_gap_s and s.points:
+            gap = t - s.last_t
+            if s.alert_id is not None:
+                out.append(self._alert(s, "withdrawn", None, s.last_t, "a gap in the series"))
+                s.alert_id, s.alert_lead_s = None, None
+            s.points.clear()
+            s.baseline, s.streak, s.last_t = None, 0, t
+            return out, AlertProblem(
+                "series_gap",
+                f"{gap:.0f} s without a window before this one ({s.key}, config "
+                f"{finding.config_id}; limit {self.settings.max_gap_s:.0f} s): the trend's "
+                "history restarts with the next window",
+            )
+        insort(s.points, (t, y))
+        s.last_t = max(s.last_t, t)
+        s.streams.add(f"{finding.node}:{finding.device_index}")
+        self._set_baseline(s, baseline)
+        horizon_start = s.last_t - self.settings.history_s
+        while s.points and s.points[0][0] < horizon_start:
+            s.points.pop(0)
+        if s.last_t - s.last_eval_t >= self.settings.eval_every_s:
+            s.last_eval_t = s.last_t
+            out += self._evaluate(s)
+        return out, None
+
+    def _set_baseline(self, s: _Series, baseline: float | None) -> None:
+        if baseline is not None and baseline > 0:
+            s.baseline = baseline
+        elif (
+            s.scope == "fleet_group"
+            and s.baseline is None
+            and len(s.points) >= self.settings.baseline_points
+        ):
+            s.baseline = float(np.median([y for _, y in s.points]))
+
+    def _evaluate(self, s: _Series) -> list[Alert]:
+        fit = self._fit(s)
+        if fit is None:
+            return []
+        st = self.settings
+        assert s.baseline is not None
+        if s.alert_id is not None:
+            if fit.level >= s.baseline * st.threshold_factor:
+                return [self._close(s, fit, "crossed", "the trend reached the threshold")]
+            if fit.slope <= 0 or fit.confidence < st.withdraw_confidence:
+                why = "the trend reversed" if fit.slope <= 0 else "the trend flattened"
+                return [self._close(s, fit, "withdrawn", why)]
+            return []
+        below = fit.level < s.baseline * st.threshold_factor
+        s.streak = s.streak + 1 if below and fit.confidence >= st.raise_confidence else 0
+        if s.streak < st.confirm:
+            return []
+        s.streak = 0
+        s.alert_id = f"{s.scope}|{s.key}|{s.ref.config_id}|{s.last_t:.3f}"
+        s.alert_lead_s = fit.lead_s
+        return [self._alert(s, "raised", fit, s.last_t, "")]
+
+    def _close(self, s: _Series, fit: _Fit, state: AlertState, why: str) -> Alert:
+        alert = self._alert(s, state, fit, s.last_t, why)
+        s.alert_id, s.alert_lead_s = None, None
+        return alert
+
+    def _fit(self, s: _Series) -> _Fit | None:
+        """The least confident of the line fits over the ``fit_fractions`` of the
+        history (by default the whole of it); none where a single step explains one
+        better than a line, so a step is not taken for a drift."""
+        st = self.settings
+        if s.baseline is None or len(s.points) < st.min_points:
+            return None
+        if s.scope == "fleet_group" and len(s.streams) < 2:
+            return None  # one device: its stream series says the same
+        if s.points[-1][0] - s.points[0][0] < st.min_span_s:
+            return None
+        arr = np.asarray(s.points)
+        x_all, y_all = arr[:, 0] - arr[-1, 0], arr[:, 1]
+        threshold = s.baseline * st.threshold_factor
+        best: _Fit | None = None
+        for length in (st.history_s * f for f in st.fit_fractions):
+            keep = x_all >= -length
+            if keep.sum() < st.min_points or -x_all[keep][0] < 0.9 * length:
+                continue
+            fit = _line_fit(x_all[keep], y_all[keep], threshold, st.horizon_s)
+            if fit is None:  # a step, or a swing a step explains better: no trend
+                return None
+            if best is None or fit.confidence < best.confidence:
+                best = fit
+        return best
+
+    def _alert(self, s: _Series, state: AlertState, fit: _Fit | None, at: float, why: str) -> Alert:
+        st, ref = self.settings, s.ref
+        baseline = s.baseline or 0.0
+        threshold = baseline * st.threshold_factor
+        level = fit.level if fit is not None else (s.points[-1][1] if s.points else 0.0)
+        lead = fit.lead_s if fit is not None and state == "raised" else None
+        return Alert(
+            id=s.alert_id or f"{s.scope}|{s.key}|{ref.config_id}|{at:.3f}",
+            state=state,
+            scope=s.scope,
+            key=s.key,
+            metric=METRIC,
+            node=ref.node if s.scope == "stream" else None,
+            device_index=ref.device_index if s.scope == "stream" else None,
+            device_model=ref.device_model,
+            kernel=ref.kernel,
+            workload=ref.workload,
+            problem_size=list(ref.problem_size),
+            config_id=ref.config_id,
+            baseline=baseline,
+            threshold=threshold,
+            level=max(level, 0.0),
+            slope_per_h=(fit.slope if fit is not None else 0.0) * 3600.0,
+            lead_s=lead,
+            predicted_at=at + lead if lead is not None else None,
+            confidence=fit.confidence if fit is not None else 0.0,
+            points=len(s.points),
+            at=at,
+            summary=_summary(s, state, fit, lead, threshold, why),
+        )
+
+
+def _summary(
+    s: _Series, state: str, fit: _Fit | None, lead: float | None, threshold: float, why: str
+) -> str:
+    what = f"{s.ref.kernel} ({s.scope} {s.key}, config {s.ref.config_id})"
+    if state == "raised" and fit is not None and lead is not None:
+        return (
+            f"{what}: mean duration {fit.level:.1f} us rising {fit.slope * 3600:.1f} us/h, "
+            f"forecast to cross {threshold:.1f} us (the regression threshold) in "
+            f"{lead / 60:.0f} min, confidence {fit.confidence:.3f}"
+        )
+    return f"{what}: alert {state}: {why}"
+
+
+def _line_fit(x: np.ndarray, y: np.ndarray, threshold: float, horizon_s: float) -> _Fit | None:
+    """OLS line through ``(x, y)`` (x: seconds before the last point) and the
+    probability that it reaches ``threshold`` within ``horizon_s``; None where one
+    step between two flat levels explains the points better than the line."""
+    res = stats.linregress(x, y)
+    slope, level = float(res.slope), float(res.intercept)
+    resid = y - (level + slope * x)
+    if _step_sse(y) < 0.75 * float(np.dot(resid, resid)):
+        return None
+    n_eff = _effective_points(resid)
+    # linregress's standard error assumes independent residuals; a seasonal swing
+    # leaves them correlated, which would make any bend look certain.
+    stderr = float(res.stderr) * math.sqrt((len(x) - 2) / max(n_eff - 2, 1.0))
+    needed = (threshold - level) / horizon_s  # the slope that gets there in time
+    if stderr > 0 and math.isfinite(stderr):
+        conf = float(stats.t.cdf((slope - needed) / stderr, df=max(n_eff - 2, 1.0)))
+    else:  # a perfect line: certain either way
+        conf = 1.0 if slope >= needed else 0.0
+    lead = (threshold - level) / slope if slope > 0 else None
+    return _Fit(level, slope, conf, max(lead, 0.0) if lead is not None else None)
+
+
+def _step_sse(y: np.ndarray) -> float:
+    """Residual sum of squares of the best split of ``y`` into two flat levels
+    (each at least a tenth of the points), from cumulative sums."""
+    n = len(y)
+    lo = max(n // 10, 2)
+    if n - 2 * lo < 1:
+        return math.inf
+    c1, c2 = np.cumsum(y), np.cumsum(y * y)
+    k = np.arange(lo, n - lo + 1)
+    left = c2[k - 1] - c1[k - 1] ** 2 / k
+    right = (c2[-1] - c2[k - 1]) - (c1[-1] - c1[k - 1]) ** 2 / (n - k)
+    return float(np.min(left + right))
+
+
+def _effective_points(residuals: np.ndarray) -> float:
+    """Independent points the residuals are worth under an AR(1) model of their noise.
+
+    ``n (1 - r1) / (1 + r1)`` with ``r1`` their lag-1 autocorrelation (Santer et al.
+    2000, "Statistical significance of trends and trend differences in layer-average
+    atmospheric temperature time series", J. Geophys. Res. 105(D6)); white noise keeps
+    every point, a slow swing around the line keeps few.
+    """
+    n = len(residuals)
+    centred = residuals - residuals.mean()
+    denom = float(np.dot(centred, centred))
+    if n < 3 or denom <= 0:
+        return float(n)
+    r1 = float(np.dot(centred[:-1], centred[1:])) / denom
+    r1 = min(max(r1, 0.0), 0.99)
+    return max(n * (1 - r1) / (1 + r1), 3.0)
+
+
+def _measurement_problem(finding: Finding) -> AlertProblem | None:
+    if finding.count - finding.failures <= 0 or finding.duration_mean_us <= 0:
+        return AlertProblem(
+            "series_gap",
+            f"window {finding.window_start:.3f}-{finding.window_end:.3f} of "
+            f"{finding.node}:{finding.device_index}/{finding.kernel} has no successful "
+            "launch, so no duration to forecast from",
+        )
+    if finding.window_end <= finding.window_start:
+        return AlertProblem(
+            "out_of_range",
+            f"window ends ({finding.window_end:.3f}) before it starts ({finding.window_start:.3f})",
+        )
+    return None
+
+
+def _series_of(finding: Finding) -> Iterable[tuple[AlertScope, str, float | None]]:
+    base = finding.evidence.get("baseline_us")
+    stream_baseline = float(base) if isinstance(base, int | float) and base > 0 else None
+    yield "stream", f"{finding.node}:{finding.device_index}/{finding.kernel}", stream_baseline
+    group = group_key(finding.device_model, finding.workload, finding.problem_size)
+    yield "fleet_group", group, None
