@@ -5,8 +5,12 @@ the recorded launches yields the very alerts the worker published."""
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -138,3 +142,26 @@ def test_drift_alert_live_and_replayed(settings: Settings, worker: subprocess.Po
     assert all(d.reason for d in letters)
     replayed = asyncio.run(_replayed(settings))
     assert [encode(a) for a in replayed] == [encode(a) for a in live]
+
+
+def test_demo_drift_scenario_warns_before_the_regression(tmp_path: Path) -> None:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("KERNELSTREAM_") and k != "KAFKA_BOOTSTRAP"
+    }
+    args = ["demo", "--scenario", "drift", "--run-dir", str(tmp_path / "run")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernelstream.app.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    alert = next(i for i, ln in enumerate(lines) if "ALERT raised" in ln)
+    regression = next(i for i, ln in enumerate(lines) if "detector:" in ln)
+    assert alert < regression  # printed in event-time order
+    early = re.search(r"the alert came (\d+) min of event time before", proc.stdout)
+    assert early is not None and int(early.group(1)) > 0, proc.stdout

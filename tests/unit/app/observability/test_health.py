@@ -81,3 +81,40 @@ def test_counters_exist_at_zero_before_their_first_event() -> None:
     assert findings == {(c,) for c in CLASSIFICATIONS}
     assert labels("kernelstream_worker_outcomes_total", "outcome") == {(o,) for o in OUTCOMES}
     assert labels("kernelstream_worker_window_latency_seconds_count") == {()}
+
+
+def test_predicted_regressions_count_the_forecasters_raised_alerts() -> None:
+    from types import SimpleNamespace
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kernelstream.agents.context import WorkerContext
+    from kernelstream.agents.logic.detection import Detector
+    from kernelstream.agents.logic.forecast import Forecaster
+    from kernelstream.agents.window_agent import WindowAgentStats
+    from kernelstream.app.observability.metrics import render, worker_registry
+    from kernelstream.bench.alerts import SCENARIOS, windows_of
+
+    ctx = WorkerContext(settings=None, topics={})
+    fc, detector = Forecaster(), Detector()
+    ctx.probes["alerts.active"] = fc.active_alerts
+    drift = next(s for s in SCENARIOS if s.name == "drift 10%/h")
+    for w in windows_of(drift, 0, 10.0):
+        alerts, _ = fc.observe(detector.classify(w))
+        for a in alerts:
+            ctx.counters[f"alerts.{a.state}"] += 1
+        if any(a.state == "raised" for a in alerts):
+            break
+    agents = SimpleNamespace(
+        ctx=ctx, window_stats=WindowAgentStats(), windower=SimpleNamespace(open_windows=lambda: 0)
+    )
+    text = render(worker_registry(agents, None, lambda: True)).decode()
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+    assert got[("kernelstream_worker_predicted_regressions", (("scope", "stream"),))] == 1
+    assert got[("kernelstream_worker_predicted_regressions", (("scope", "fleet_group"),))] == 0
+    assert got[("kernelstream_worker_alerts_total", (("state", "raised"),))] == 1
+    assert got[("kernelstream_worker_alerts_total", (("state", "crossed"),))] == 0
