@@ -38,7 +38,6 @@ Pure logic: no Faust or Kafka import; time is the findings' event time.
 from __future__ import annotations
 
 import math
-from bisect import insort
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -72,6 +71,8 @@ class ForecastSettings:
             raises an alert, held on ``confirm`` successive fits.
         withdraw_confidence: an alert is withdrawn once the probability falls below this.
         max_gap_s: a longer silence in a series restarts its history.
+        bin_s: windows are averaged into bins of this length (a point of the fit is
+            a bin), which bounds a series' memory at ``history_s / bin_s`` entries.
         fit_fractions: lines are fitted to these fractions of ``history_s`` (the most
             recent part); the least confident one decides. ``(0.5, 1.0)`` halves the
             false alarms on slow seasonal swings but shortens the lead and misses more
@@ -89,6 +90,7 @@ class ForecastSettings:
     confirm: int = 3
     withdraw_confidence: float = 0.5
     max_gap_s: float = 600.0
+    bin_s: float = 10.0
     fit_fractions: tuple[float, ...] = (1.0,)
 
     def __post_init__(self) -> None:
@@ -104,7 +106,7 @@ class ForecastSettings:
             raise LogicSettingsError(
                 "ForecastSettings needs min_points >= 3, confirm >= 1, baseline_points >= 1"
             )
-        durations = (self.history_s, self.horizon_s, self.eval_every_s, self.max_gap_s)
+        durations = (self.history_s, self.horizon_s, self.eval_every_s, self.max_gap_s, self.bin_s)
         if not all(math.isfinite(d) and d > 0 for d in durations):
             raise LogicSettingsError("ForecastSettings durations must be finite and > 0")
         if not self.fit_fractions or not all(0 < f <= 1 for f in self.fit_fractions):
@@ -133,7 +135,9 @@ class _Series:
     key: str
     ref: Finding  # the first finding: names the kernel, device and config
     baseline: float | None = None
-    points: list[tuple[float, float]] = field(default_factory=list)
+    # bin index -> [sum of values, count]: the history at ``bin_s`` resolution, so a
+    # series holds at most history_s / bin_s entries whatever the window length.
+    bins: dict[int, list[float]] = field(default_factory=dict)
     last_t: float = -math.inf
     last_eval_t: float = -math.inf
     streak: int = 0
@@ -213,12 +217,12 @@ class Forecaster:
                 f"({s.key}, config {finding.config_id}): repeated or out of order",
             )
         out: list[Alert] = []
-        if t - s.last_t > self.settings.max_gap_s and s.points:
+        if t - s.last_t > self.settings.max_gap_s and s.bins:
             gap = t - s.last_t
             if s.alert_id is not None:
                 out.append(self._alert(s, "withdrawn", None, s.last_t, "a gap in the series"))
                 s.alert_id, s.alert_lead_s = None, None
-            s.points.clear()
+            s.bins.clear()
             s.baseline, s.streak, s.last_t = None, 0, t
             return out, AlertProblem(
                 "series_gap",
@@ -226,15 +230,17 @@ class Forecaster:
                 f"{finding.config_id}; limit {self.settings.max_gap_s:.0f} s): the trend's "
                 "history restarts with the next window",
             )
-        insort(s.points, (t, y))
+        acc = s.bins.setdefault(math.floor(t / self.settings.bin_s), [0.0, 0])
+        acc[0] += y
+        acc[1] += 1
         s.last_t = max(s.last_t, t)
         s.streams.add(f"{finding.node}:{finding.device_index}")
         self._set_baseline(s, baseline)
-        horizon_start = s.last_t - self.settings.history_s
-        while s.points and s.points[0][0] < horizon_start:
-            s.points.pop(0)
         if s.last_t - s.last_eval_t >= self.settings.eval_every_s:
             s.last_eval_t = s.last_t
+            oldest = math.floor((s.last_t - self.settings.history_s) / self.settings.bin_s)
+            for b in [b for b in s.bins if b < oldest]:
+                del s.bins[b]
             out += self._evaluate(s)
         return out, None
 
@@ -244,9 +250,9 @@ class Forecaster:
         elif (
             s.scope == "fleet_group"
             and s.baseline is None
-            and len(s.points) >= self.settings.baseline_points
+            and len(s.bins) >= self.settings.baseline_points
         ):
-            s.baseline = float(np.median([y for _, y in s.points]))
+            s.baseline = float(np.median([v / n for v, n in s.bins.values()]))
 
     def _evaluate(self, s: _Series) -> list[Alert]:
         fit = self._fit(s)
@@ -280,14 +286,14 @@ class Forecaster:
         history (by default the whole of it); none where a single step explains one
         better than a line, so a step is not taken for a drift."""
         st = self.settings
-        if s.baseline is None or len(s.points) < st.min_points:
+        if s.baseline is None or len(s.bins) < st.min_points:
             return None
         if s.scope == "fleet_group" and len(s.streams) < 2:
             return None  # one device: its stream series says the same
-        if s.points[-1][0] - s.points[0][0] < st.min_span_s:
+        x_all, y_all = _points(s, st.bin_s)
+        if x_all[-1] - x_all[0] < st.min_span_s:
             return None
-        arr = np.asarray(s.points)
-        x_all, y_all = arr[:, 0] - arr[-1, 0], arr[:, 1]
+        x_all = x_all - x_all[-1]
         threshold = s.baseline * st.threshold_factor
         best: _Fit | None = None
         for length in (st.history_s * f for f in st.fit_fractions):
@@ -305,7 +311,7 @@ class Forecaster:
         st, ref = self.settings, s.ref
         baseline = s.baseline or 0.0
         threshold = baseline * st.threshold_factor
-        level = fit.level if fit is not None else (s.points[-1][1] if s.points else 0.0)
+        level = fit.level if fit is not None else _last_mean(s)
         lead = fit.lead_s if fit is not None and state == "raised" else None
         return Alert(
             id=s.alert_id or f"{s.scope}|{s.key}|{ref.config_id}|{at:.3f}",
@@ -327,7 +333,7 @@ class Forecaster:
             lead_s=lead,
             predicted_at=at + lead if lead is not None else None,
             confidence=fit.confidence if fit is not None else 0.0,
-            points=len(s.points),
+            points=len(s.bins),
             at=at,
             summary=_summary(s, state, fit, lead, threshold, why),
         )
@@ -344,6 +350,21 @@ def _summary(
             f"{lead / 60:.0f} min, confidence {fit.confidence:.3f}"
         )
     return f"{what}: alert {state}: {why}"
+
+
+def _points(s: _Series, bin_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """The history as (bin centre time, mean value) arrays, oldest first."""
+    keys = sorted(s.bins)
+    x = (np.asarray(keys, dtype=np.float64) + 0.5) * bin_s
+    y = np.asarray([s.bins[k][0] / s.bins[k][1] for k in keys])
+    return x, y
+
+
+def _last_mean(s: _Series) -> float:
+    if not s.bins:
+        return 0.0
+    total, n = s.bins[max(s.bins)]
+    return total / n
 
 
 def _line_fit(x: np.ndarray, y: np.ndarray, threshold: float, horizon_s: float) -> _Fit | None:

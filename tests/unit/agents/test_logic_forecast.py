@@ -174,3 +174,17 @@ def test_a_series_that_stops_has_its_alert_withdrawn() -> None:
 def test_settings_are_checked(bad: dict[str, float]) -> None:
     with pytest.raises(LogicSettingsError):
         ForecastSettings(**bad)  # type: ignore[arg-type]
+
+
+def test_a_series_holds_at_most_an_hour_of_bins_whatever_the_window_length() -> None:
+    # One-second windows (the worker's default): 7,200 windows in two hours, binned.
+    detector, fc = Detector(), Forecaster()
+    drift = _BY_NAME["drift 40%/h"]
+    raised = [
+        a
+        for w in windows_of(drift, 0, 1.0)
+        for a in fc.observe(detector.classify(w))[0]
+        if a.state == "raised"
+    ]
+    assert raised, "the drift was not forecast from one-second windows"
+    assert all(a.points <= fc.settings.history_s / fc.settings.bin_s + 1 for a in raised)
