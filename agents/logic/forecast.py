@@ -167,18 +167,21 @@ class Forecaster:
             return [], problem
         alerts: list[Alert] = []
         problems: list[AlertProblem] = []
+        # The stream series first: a window it refuses (repeated, out of order) must not
+        # count in the fleet group either; the group itself takes its nodes' windows in
+        # any order relative to each other.
         for scope, key, baseline in _series_of(finding):
-            series = self._series.get(f"{scope}|{key}|{finding.config_id}")
+            name = f"{scope}|{key}|{finding.config_id}"
+            series = self._series.get(name)
             if series is None:
-                series = _Series(scope, key, finding)
-                self._series[f"{scope}|{key}|{finding.config_id}"] = series
+                series = self._series[name] = _Series(scope, key, finding)
             out, prob = self._add(series, finding, baseline)
             alerts += out
             if prob is not None:
                 problems.append(prob)
+                if prob.code == "out_of_order":
+                    break
         alerts += self._expire(finding.window_end)
-        # The stream series decides: it is the finding's own (a fleet group mixes nodes,
-        # whose windows may arrive in any order relative to each other).
         return alerts, problems[0] if problems else None
 
     def active_alerts(self) -> list[tuple[str, str, float | None]]:

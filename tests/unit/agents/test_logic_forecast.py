@@ -114,6 +114,8 @@ def test_a_repeated_or_earlier_window_is_refused() -> None:
         fc.observe(f)
     _, problem = fc.observe(fs[3])
     assert problem is not None and problem.code == "out_of_order"
+    group = fc._series[f"fleet_group|A100-SXM4-80GB/saxpy/1048576|{fs[0].config_id}"]
+    assert sum(n for _, n in group.bins.values()) == len(fs)  # not counted there either
 
 
 def test_a_window_that_ends_before_it_starts_is_refused() -> None:
