@@ -28,6 +28,7 @@ from kernelstream.app.cli.demo import DemoFailedError, _Children
 from kernelstream.app.kafka.embedded import EmbeddedBroker, free_port
 from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.settings import Settings
+from kernelstream.kernels import get_workload
 from kernelstream.schemas import Alert, Finding, LaunchBatch, SchemaError, decode_any, encode
 
 __all__ = ["DriftOutcome", "drifting_launches", "run_drift_demo"]
@@ -48,6 +49,7 @@ def drifting_launches(node: str, end: float, seed: int = 7) -> list[LaunchBatch]
     t = t0 + (np.arange(n) + 0.5) * (_WINDOW_S / _PER_WINDOW)
     rise = _RATE_PER_H * np.clip((t - t0) / 3600 - _FLAT_H, 0, None)
     dur = 100.0 * (1 + rise) * (1 + 0.03 * rng.standard_normal(n))
+    space = get_workload("matmul", (2048,)).space  # its default: a config workers accept
     per = 20 * _PER_WINDOW
     return [
         make_example_batch(
@@ -56,6 +58,8 @@ def drifting_launches(node: str, end: float, seed: int = 7) -> list[LaunchBatch]
             node=node,
             kernel="matmul",
             problem_size=[2048],
+            config=dict(space.default),
+            config_id=space.config_id(space.default),
             seq_start=i,
         )
         for i in range(0, n, per)

@@ -12,53 +12,28 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from kernelstream.agents.alert_agent import forecaster_from_settings
-from kernelstream.agents.logic.windowing import make_example_batch
 from kernelstream.agents.window_agent import window_spec
+from kernelstream.app.cli.demo_drift import drifting_launches
 from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.replay.analysis import OfflineAnalysis
 from kernelstream.app.replay.command import KafkaSource, RangeSpec, analyse
 from kernelstream.app.settings import Settings
-from kernelstream.schemas import Alert, DeadLetter, Finding, LaunchBatch, encode
+from kernelstream.schemas import Alert, DeadLetter, Finding, encode
 from tests.integration.helpers import TopicReader, produce
 
 pytestmark = pytest.mark.integration
 
-_WINDOW_S = 10.0
-_PER_WINDOW = 12  # launches per window: above the detector's 10 for a baseline
-_HOURS = 3.0
+_WINDOW_S = 10.0  # as the drift demo's worker runs
+_HOURS = 3.0  # of generated launches (kernelstream.app.cli.demo_drift)
 
 
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
     """Ten-second windows, so three hours of history is a few hundred messages."""
     return settings.model_copy(update={"window_s": _WINDOW_S})
-
-
-def _drift_batches(node: str, end: float) -> list[LaunchBatch]:
-    """A matmul whose duration is flat for 30 min, then rises 20% per hour, to ``end``."""
-    rng = np.random.default_rng(7)
-    n = int(_HOURS * 3600 / _WINDOW_S) * _PER_WINDOW
-    t0 = end - _HOURS * 3600
-    t = t0 + (np.arange(n) + 0.5) * (_WINDOW_S / _PER_WINDOW)
-    hours = (t - t0) / 3600
-    mean = 100.0 * (1 + 0.2 * np.clip(hours - 0.5, 0, None))
-    dur = mean * (1 + 0.03 * rng.standard_normal(n))
-    per = 20 * _PER_WINDOW
-    return [
-        make_example_batch(
-            [round(float(x), 6) for x in t[i : i + per]],
-            [round(float(x), 3) for x in dur[i : i + per]],
-            node=node,
-            kernel="matmul",
-            problem_size=[2048],
-            seq_start=i,
-        )
-        for i in range(0, n, per)
-    ]
 
 
 def _bad_findings(template: Finding) -> list[tuple[str, Finding]]:
@@ -89,7 +64,7 @@ def _bad_findings(template: Finding) -> list[tuple[str, Finding]]:
 async def _live(s: Settings) -> tuple[list[Alert], list[DeadLetter]]:
     bootstrap = str(s.bootstrap)
     await ensure_topics(s, bootstrap)
-    batches = _drift_batches(s.node_id, time.time() - 60)
+    batches = drifting_launches(s.node_id, time.time() - 60)
     await produce(
         bootstrap, s.topic_launches, [(b.stream_key.encode(), encode(b)) for b in batches]
     )
