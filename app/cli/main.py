@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from kernelstream.app.cli.kernels_cmd import kernels
+from kernelstream.app.errors import BrokerError
 from kernelstream.app.settings import Settings, load_settings
 
 __all__ = ["main"]
@@ -185,7 +186,24 @@ def demo(
 
 
 @main.command()
-@click.option("--port", type=int, default=9092, show_default=True, help="Loopback port.")
+@click.option(
+    "--engine",
+    type=click.Choice(["tansu", "kafka"]),
+    default="tansu",
+    show_default=True,
+    help="tansu: embedded, memory only, no Java. "
+    "kafka: Apache Kafka (KRaft), fetched with Maven once; needs Java 17.",
+)
+@click.option(
+    "--brokers",
+    type=click.IntRange(1, 9),
+    default=1,
+    show_default=True,
+    help="Apache Kafka nodes (each broker and controller); --engine kafka only.",
+)
+@click.option(
+    "--port", type=int, default=9092, show_default=True, help="Loopback port (first node)."
+)
 @click.option("--log-dir", type=click.Path(path_type=Path), default=Path("var"), show_default=True)
 @click.option(
     "--create-topics/--no-create-topics",
@@ -193,18 +211,45 @@ def demo(
     show_default=True,
     help="Create kernelstream's topics once the broker answers.",
 )
-def broker(port: int, log_dir: Path, create_topics: bool) -> None:
-    """Run the embedded Kafka-compatible broker (Tansu, memory storage) until Ctrl-C."""
-    from kernelstream.app.kafka.embedded import EmbeddedBroker
+def broker(engine: str, brokers: int, port: int, log_dir: Path, create_topics: bool) -> None:
+    """Run a local broker until Ctrl-C: embedded Tansu, or Apache Kafka with --engine kafka."""
     from kernelstream.app.kafka.topics import ensure_topics
 
+    if engine == "tansu" and brokers != 1:
+        raise click.UsageError("--brokers needs --engine kafka (Tansu runs one node)")
     settings = _settings()
-    with EmbeddedBroker(log_dir, port=port) as b:
+    with _local_broker(engine, brokers, port, log_dir) as b:
         if create_topics:
             asyncio.run(ensure_topics(settings, b.bootstrap))
         click.echo(f"broker ready: KAFKA_BOOTSTRAP={b.bootstrap} (log: {b.log_path})")
         with contextlib.suppress(KeyboardInterrupt):
             signal.sigwait({signal.SIGINT, signal.SIGTERM})
+
+
+@contextlib.contextmanager
+def _local_broker(engine: str, brokers: int, port: int, log_dir: Path) -> Iterator[Any]:
+    """A started local broker of ``engine``; Kafka's storage lives for the block only."""
+    if engine == "tansu":
+        from kernelstream.app.kafka.embedded import EmbeddedBroker
+
+        with EmbeddedBroker(log_dir, port=port) as tansu:
+            yield tansu
+        return
+    import tempfile
+
+    from kernelstream.app.kafka.apache import KafkaCluster
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kafka-", dir=log_dir) as work:
+        click.echo(f"starting Apache Kafka ({brokers} node(s)) in {work}", err=True)
+        try:
+            cluster = KafkaCluster(Path(work), brokers, first_port=port).start()
+        except BrokerError as exc:
+            raise click.ClickException(str(exc)) from exc
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
 
 
 @main.command()

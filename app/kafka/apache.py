@@ -1,0 +1,401 @@
+"""Apache Kafka (KRaft) brokers on loopback, owned by this process.
+
+The broker is Apache Kafka's own Maven artifact ``org.apache.kafka:kafka_2.13``,
+named with its version in ``pom.xml`` beside this module (the version that
+docker-compose.yml and deploy/k8s run). :func:`kafka_libs` has Maven copy the
+jars into a cache folder once; later starts use that folder and need no network.
+:class:`KafkaCluster` formats KRaft storage for 1 or 3 nodes (each both broker
+and controller), starts ``java -cp 'libs/*' kafka.Kafka server.properties`` per
+node on free loopback ports, waits until every broker is in the cluster's
+metadata, and stops them cleanly (SIGTERM, controlled shutdown, then SIGKILL).
+
+Fault drills reach single nodes: :meth:`KafkaCluster.signal` sends SIGKILL,
+SIGSTOP or SIGCONT to one node and :meth:`KafkaCluster.start_node` starts a
+killed node again on its own storage and ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from kernelstream.app.errors import BrokerError
+from kernelstream.app.kafka.embedded import die_with_parent, free_port, wait_for_kafka
+
+__all__ = ["KafkaCluster", "KafkaNode", "default_cache_dir", "kafka_libs", "kafka_version"]
+
+_POM = Path(__file__).with_name("pom.xml")
+_HEAP = "-Xmx512m"
+_LOG4J = """Configuration:
+  Appenders:
+    Console:
+      name: STDOUT
+      PatternLayout:
+        pattern: "[%d] %p %m (%c)%n"
+  Loggers:
+    Logger:
+      - name: kafka
+        level: INFO
+      - name: org.apache.kafka
+        level: INFO
+    Root:
+      level: WARN
+      AppenderRef:
+        - ref: STDOUT
+"""
+
+
+def kafka_version() -> str:
+    """The Apache Kafka version the project runs (``kafka.version`` in pom.xml)."""
+    match = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", _POM.read_text())
+    if match is None:
+        raise BrokerError(f"{_POM} names no <kafka.version>")
+    return match.group(1)
+
+
+def default_cache_dir() -> Path:
+    """Where the broker's jars are kept: ``$XDG_CACHE_HOME/kernelstream`` (or ~/.cache)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "kernelstream"
+
+
+def _tool(name: str, hint: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        raise BrokerError(f"Apache Kafka needs {name!r} on PATH: {hint}")
+    return found
+
+
+def _java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return str(Path(home) / "bin" / "java")
+    return _tool("java", "install a Java 17 or newer runtime (e.g. apt-get install openjdk-17-jre)")
+
+
+def kafka_libs(cache_dir: Path | None = None) -> Path:
+    """The folder of the broker's jars, fetched with Maven on first use.
+
+    Concurrent callers (test workers, several CLIs) wait on a lock file; the folder
+    appears complete or not at all (Maven writes into a temporary folder that is
+    renamed when done).
+    """
+    root = (cache_dir or default_cache_dir()) / f"kafka-{kafka_version()}"
+    libs = root / "libs"
+    if libs.is_dir():
+        return libs
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not libs.is_dir():
+            _fetch(libs)
+    return libs
+
+
+def _fetch(libs: Path) -> None:
+    mvn = _tool("mvn", "install Apache Maven (apt-get install maven) to fetch the broker once")
+    partial = Path(tempfile.mkdtemp(prefix="libs-", dir=libs.parent))
+    cmd = [
+        mvn,
+        "-B",
+        "-q",
+        "-f",
+        str(_POM),
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={partial}",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0 or not any(partial.glob("kafka_2.13-*.jar")):
+        shutil.rmtree(partial, ignore_errors=True)
+        tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+        raise BrokerError(
+            f"Maven could not fetch Apache Kafka {kafka_version()} "
+            f"(exit {done.returncode}): {' | '.join(tail)}"
+        )
+    partial.rename(libs)
+
+
+@dataclass
+class KafkaNode:
+    """One KRaft node (broker and controller in one process)."""
+
+    node_id: int
+    port: int
+    controller_port: int
+    data_dir: Path
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class KafkaCluster:
+    """1 or 3 Apache Kafka nodes on loopback.
+
+    >>> # with KafkaCluster(Path("var"), nodes=3) as kafka: print(kafka.bootstrap)
+    """
+
+    def __init__(
+        self,
+        work_dir: Path,
+        nodes: int = 1,
+        *,
+        first_port: int | None = None,
+        cache_dir: Path | None = None,
+        heap: str = _HEAP,
+    ) -> None:
+        if nodes < 1:
+            raise BrokerError(f"a Kafka cluster needs at least one node, not {nodes}")
+        self.work_dir = Path(work_dir)
+        self.cache_dir = cache_dir
+        self.heap = heap
+        self.cluster_id = _cluster_id()
+        self.nodes = [
+            KafkaNode(
+                node_id=i + 1,
+                port=first_port if first_port and i == 0 else free_port(),
+                controller_port=free_port(),
+                data_dir=self.work_dir / f"kafka-{self.cluster_id}" / f"node-{i + 1}",
+                log_path=self.work_dir / f"kafka-{self.cluster_id}" / f"node-{i + 1}.log",
+            )
+            for i in range(nodes)
+        ]
+
+    @property
+    def bootstrap(self) -> str:
+        """Every node's address, as clients' bootstrap servers."""
+        return ",".join(n.address for n in self.nodes)
+
+    @property
+    def log_path(self) -> Path:
+        """The first node's log (one log per node, side by side)."""
+        return self.nodes[0].log_path
+
+    @property
+    def running(self) -> bool:
+        return any(n.running for n in self.nodes)
+
+    @property
+    def pid(self) -> int | None:
+        """The first node's process id while it runs (benchmarks sample its memory)."""
+        node = self.nodes[0]
+        return node.proc.pid if node.running and node.proc else None
+
+    def server_properties(self, node: KafkaNode) -> dict[str, str]:
+        """The broker configuration of ``node``: small, and tuned for fast start and tests."""
+        n = len(self.nodes)
+        voters = ",".join(f"{m.node_id}@127.0.0.1:{m.controller_port}" for m in self.nodes)
+        return {
+            "process.roles": "broker,controller",
+            "node.id": str(node.node_id),
+            "controller.quorum.voters": voters,
+            "listeners": f"PLAINTEXT://{node.address},CONTROLLER://127.0.0.1:{node.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{node.address}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(node.data_dir),
+            "num.partitions": "1",
+            "default.replication.factor": str(min(n, 3)),
+            "min.insync.replicas": str(min(n, 2)),
+            "offsets.topic.replication.factor": str(min(n, 3)),
+            "offsets.topic.num.partitions": "10",
+            "transaction.state.log.replication.factor": str(min(n, 3)),
+            "transaction.state.log.min.isr": str(min(n, 2)),
+            "transaction.state.log.num.partitions": "10",
+            # a group forms as soon as its first member joins (tests start workers one by one)
+            "group.initial.rebalance.delay.ms": "0",
+            # a stopped or killed node leaves the ISR and gives up leadership in seconds
+            "replica.lag.time.max.ms": "5000",
+            "broker.session.timeout.ms": "4000",
+            "broker.heartbeat.interval.ms": "500",
+            "controlled.shutdown.enable": "true",
+            "log.cleaner.backoff.ms": "1000",
+            # as docker-compose.yml runs it: topics are created by kernelstream with their
+            # partitions and policies, and nodes send batches of up to 8 MiB
+            "auto.create.topics.enable": "false",
+            "message.max.bytes": str(8 << 20),
+        }
+
+    def _write_config(self, node: KafkaNode) -> Path:
+        node.data_dir.mkdir(parents=True, exist_ok=True)
+        path = node.data_dir.parent / f"node-{node.node_id}.properties"
+        lines = [f"{k}={v}" for k, v in self.server_properties(node).items()]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def _java_cmd(self, main_class: str, *args: str) -> list[str]:
+        libs = kafka_libs(self.cache_dir)
+        log4j = self.work_dir / f"kafka-{self.cluster_id}" / "log4j2.yaml"
+        if not log4j.exists():
+            log4j.write_text(_LOG4J)
+        return [
+            _java(),
+            "-Xms64m",
+            self.heap,
+            "-XX:+UseSerialGC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log4j}",
+            "-cp",
+            f"{libs}/*",
+            main_class,
+            *args,
+        ]
+
+    def _format(self, node: KafkaNode, config: Path) -> None:
+        cmd = self._java_cmd("kafka.tools.StorageTool", "format", "-t", self.cluster_id)
+        done = subprocess.run(
+            [*cmd, "-c", str(config), "--ignore-formatted"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise BrokerError(
+                f"formatting Kafka storage of node {node.node_id} failed: "
+                f"{(done.stdout + done.stderr).strip()[-500:]}"
+            )
+
+    def start(self, timeout_s: float = 60.0) -> KafkaCluster:
+        """Format (first time) and start every node; block until all serve."""
+        try:
+            for node in self.nodes:
+                self.start_node(node.node_id, wait=False)
+            asyncio.run(self._wait_cluster(timeout_s))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_node(self, node_id: int, *, wait: bool = True, timeout_s: float = 60.0) -> None:
+        """Start one node (again) on its storage and ports; by default wait until it serves."""
+        node = self._node(node_id)
+        if node.running:
+            return
+        config = self._write_config(node)
+        if not (node.data_dir / "meta.properties").exists():
+            self._format(node, config)
+        with node.log_path.open("ab") as log:
+            node.proc = subprocess.Popen(
+                self._java_cmd("kafka.Kafka", str(config)),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+            )
+        if wait:
+            asyncio.run(self._wait_node(node, timeout_s))
+
+    def signal(self, node_id: int, sig: signal.Signals) -> None:
+        """Send ``sig`` (SIGKILL, SIGSTOP, SIGCONT, ...) to one node's process."""
+        node = self._node(node_id)
+        if node.proc is None:
+            raise BrokerError(f"Kafka node {node_id} is not running")
+        node.proc.send_signal(sig)
+        if sig == signal.SIGKILL:
+            node.proc.wait(30)
+
+    def _node(self, node_id: int) -> KafkaNode:
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        raise BrokerError(f"no Kafka node {node_id} (nodes 1 to {len(self.nodes)})")
+
+    async def _wait_node(self, node: KafkaNode, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        # a JVM takes seconds to listen; poll the port quietly before a Kafka client asks
+        while time.monotonic() < deadline and node.running:
+            if _accepts(node.port):
+                break
+            await asyncio.sleep(0.1)
+        try:
+            await wait_for_kafka(
+                node.address, max(1.0, deadline - time.monotonic()), bootstrap_only=True
+            )
+        except BrokerError as exc:
+            code = node.proc.poll() if node.proc else None
+            raise BrokerError(
+                f"{exc} (Kafka node {node.node_id} exit code {code}; see its log {node.log_path})"
+            ) from exc
+
+    async def _wait_cluster(self, timeout_s: float) -> None:
+        from aiokafka import AIOKafkaClient
+
+        deadline = time.monotonic() + timeout_s
+        for node in self.nodes:
+            await self._wait_node(node, max(1.0, deadline - time.monotonic()))
+        want = {n.node_id for n in self.nodes}
+        client = AIOKafkaClient(bootstrap_servers=self.bootstrap, request_timeout_ms=2000)
+        await client.bootstrap()
+        try:
+            while {b.nodeId for b in client.cluster.brokers()} != want:
+                if time.monotonic() > deadline:
+                    raise BrokerError(
+                        f"Kafka brokers {sorted(want)} did not all register within "
+                        f"{timeout_s:.0f} s (logs: {self.work_dir})"
+                    )
+                await asyncio.sleep(0.2)
+                await client.force_metadata_update()
+        finally:
+            await client.close()
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Stop every node: SIGTERM (controlled shutdown), SIGKILL after ``timeout_s``."""
+        live = [n for n in self.nodes if n.running]
+        for node in live:
+            with contextlib.suppress(ProcessLookupError):
+                assert node.proc is not None
+                node.proc.send_signal(signal.SIGCONT)  # a stopped JVM cannot shut down
+                node.proc.terminate()
+        deadline = time.monotonic() + timeout_s
+        for node in live:
+            assert node.proc is not None
+            try:
+                node.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                node.proc.kill()
+                node.proc.wait(10)
+        for node in self.nodes:
+            node.proc = None
+
+    def __enter__(self) -> KafkaCluster:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 chars)."""
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
