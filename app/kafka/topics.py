@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kernelstream.app.errors import BrokerError
+from kernelstream.app.kafka.capabilities import replication_factor
 from kernelstream.app.settings import Settings
 from kernelstream.schemas.keys import group_key, stream_key
 
@@ -90,8 +91,9 @@ async def ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
         existing = set(await admin.list_topics())
         missing = [s for s in topic_specs(settings) if s.name not in existing]
         if missing:
+            rf = replication_factor(len((await admin.describe_cluster())["brokers"]))
             resp = await admin.create_topics(
-                [NewTopic(s.name, s.partitions, 1, topic_configs=s.configs()) for s in missing]
+                [NewTopic(s.name, s.partitions, rf, topic_configs=s.configs()) for s in missing]
             )
             for err in resp.topic_errors:
                 name, code = err[0], err[1]

@@ -42,7 +42,7 @@ import logging
 import struct
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -412,8 +412,9 @@ class Outbox:
 class OutboxSender:
     """Sends the outbox to Kafka in its own task; the launch loop never awaits it.
 
-    ``make_producer`` builds an (unstarted) aiokafka producer; the sender starts
-    it, retrying while the broker is unreachable, so a node may even start
+    ``make_producer`` builds an (unstarted) aiokafka producer, asking the broker
+    what it supports where it must; the sender starts it, retrying while the broker
+    is unreachable, so a node may even start
     during an outage. ``on_drops`` turns a drop report into the message to
     publish (a dead letter) once the broker takes messages again.
     """
@@ -421,7 +422,7 @@ class OutboxSender:
     def __init__(
         self,
         outbox: Outbox,
-        make_producer: Callable[[], Any],
+        make_producer: Callable[[], Awaitable[Any]],
         *,
         on_drops: Callable[[bytes], tuple[str, bytes | None, bytes]] | None = None,
         retry_backoff_s: float = 0.5,
@@ -442,8 +443,9 @@ class OutboxSender:
 
     async def _start_producer(self) -> None:
         while True:
-            producer = self.make_producer()
+            producer = None
             try:
+                producer = await self.make_producer()
                 await producer.start()
                 self.producer = producer
                 self.connected.set()
@@ -451,8 +453,9 @@ class OutboxSender:
                 return
             except Exception as exc:
                 self._retry_log.failed(exc)
-                with contextlib.suppress(Exception):
-                    await producer.stop()
+                if producer is not None:
+                    with contextlib.suppress(Exception):
+                        await producer.stop()
                 await asyncio.sleep(self.retry_backoff_s)
 
     async def _run(self) -> None:

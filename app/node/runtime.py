@@ -221,6 +221,7 @@ class _Node:
         self.sender = OutboxSender(
             self.outbox, lambda: self._producer(bootstrap), on_drops=self._drop_letter
         )
+        self._idempotent: bool | None = None  # asked of the broker once it answers
         self.inbox = RecommendationInbox(
             settings, bootstrap, self.publish, handled=self.seen.handled
         )
@@ -231,12 +232,24 @@ class _Node:
         self.metrics: Any = None  # app.metrics.NodeMetrics when the node is scraped
         self._partitioner = CachedKeyPartitioner()  # kept across producers the sender makes
 
-    def _producer(self, bootstrap: str) -> Any:
+    async def _producer(self, bootstrap: str) -> Any:
+        """An unstarted producer; idempotent where the broker hands out producer ids.
+
+        On such a broker (Apache Kafka) a batch resent after a lost answer (a leader
+        killed mid-request) is written once; where it cannot (the embedded broker),
+        the window agent's per-stream sequence numbers drop the copy instead.
+        """
         from aiokafka import AIOKafkaProducer
 
+        from kernelstream.app.kafka.capabilities import probe
+
+        if self._idempotent is None:
+            caps = await probe(bootstrap, self.s.kafka_client_kwargs())
+            self._idempotent = caps.idempotent_producer
         return AIOKafkaProducer(
             bootstrap_servers=bootstrap,
             acks="all",
+            enable_idempotence=self._idempotent,
             linger_ms=5,
             max_request_size=8 * 1024 * 1024,
             request_timeout_ms=10_000,

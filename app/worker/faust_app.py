@@ -14,6 +14,7 @@ from typing import Any
 
 import faust
 
+from kernelstream.app.kafka.capabilities import BrokerCapabilities
 from kernelstream.app.kafka.partitioner import CachedKeyPartitioner
 from kernelstream.app.kafka.topics import topic_specs
 from kernelstream.app.settings import Settings
@@ -53,7 +54,7 @@ def _credentials(settings: Settings) -> Any:
     return SSLCredentials(ssl_context)
 
 
-def _transport(settings: Settings, app: faust.App) -> Any:
+def _transport(settings: Settings, app: faust.App, idempotent: bool) -> Any:
     """Faust's aiokafka transport with the worker consumer's fetch wait from the settings.
 
     faust-streaming 0.15 creates its worker consumer with ``fetch_max_wait_ms=1500``
@@ -63,6 +64,11 @@ def _transport(settings: Settings, app: faust.App) -> Any:
     subclasses below change that one argument before the consumer starts (aiokafka
     builds its fetcher in ``start()`` from ``_fetch_max_wait_ms``) and nothing else;
     check them when upgrading Faust.
+
+    ``idempotent``: the broker hands out producer ids (Apache Kafka; detected by
+    :func:`~kernelstream.app.kafka.capabilities.probe`). Faust makes an idempotent
+    producer only inside transactions; here every producer is, so a produce request
+    retried after a lost answer (a broker killed, a leader moved) is written once.
     """
     from faust.transport.drivers import aiokafka as driver
 
@@ -78,21 +84,37 @@ def _transport(settings: Settings, app: faust.App) -> Any:
         def _new_consumer_thread(self) -> Any:
             return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
+    class _Producer(driver.Producer):
+        def _settings_extra(self) -> Any:
+            extra = dict(super()._settings_extra())
+            if idempotent:
+                extra["enable_idempotence"] = True
+            return extra
+
     class _Transport(driver.Transport):
         Consumer = _Consumer
+        Producer = _Producer
 
     return _Transport(app.conf.broker_consumer, app)
 
 
 def create_app(
-    settings: Settings, bootstrap: str, *, web: bool = True, window_consumer: Any = None
+    settings: Settings,
+    bootstrap: str,
+    *,
+    web: bool = True,
+    window_consumer: Any = None,
+    capabilities: BrokerCapabilities | None = None,
 ) -> faust.App:
     """Build the worker's Faust app with every agent registered.
 
     ``window_consumer``: an :class:`~kernelstream.agents.window_consumer.EarlyConsumer`
     already joining the window agent's group (``kernelstream worker``); by default the
-    window agent creates its consumer when the app starts.
+    window agent creates its consumer when the app starts. ``capabilities``: what the
+    broker answered to :func:`~kernelstream.app.kafka.capabilities.probe` (default: a
+    single broker without idempotent producers, which works everywhere).
     """
+    capabilities = capabilities or BrokerCapabilities(brokers=1, idempotent_producer=False)
     from functools import partial
 
     from kernelstream.agents.window_agent import state_topic
@@ -105,6 +127,8 @@ def create_app(
         store="rocksdb://",  # Faust uses rocksdict for this store when it is installed
         datadir=str(settings.data_dir),
         topic_partitions=settings.partitions,
+        # the topics Faust declares (the window-state handover) as kernelstream's own
+        topic_replication_factor=capabilities.replication_factor,
         topic_allow_declare=True,
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
@@ -130,7 +154,7 @@ def create_app(
         stream_buffer_maxsize=64,
         **faust_broker_kwargs(settings),
     )
-    app.transport = _transport(settings, app)
+    app.transport = _transport(settings, app, capabilities.idempotent_producer)
     topics = {
         s.role: app.topic(
             s.name, key_serializer="raw", value_serializer="raw", partitions=s.partitions
@@ -139,11 +163,18 @@ def create_app(
     }
     # The window agent's partition handover: co-partitioned with the launches topic,
     # declared by the agent itself (a few records per rebalance).
+    # Compacted (Apache Kafka keeps each partition's newest whole "state" record and
+    # drops the ones it replaced) with the launches' retention bounding chunked ones;
+    # a broker that does not apply the policy (the embedded one) just keeps everything.
+    launches = next(s for s in topic_specs(settings) if s.role == "launches")
     topics["window_state"] = app.topic(
         state_topic(settings),
         key_serializer="raw",
         value_serializer="raw",
         partitions=settings.partitions,
+        compacting=True,
+        deleting=True,
+        retention=launches.retention_ms / 1000.0,
     )
     from kernelstream.app.worker.start import window_consumer as make_window_consumer
 

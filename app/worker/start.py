@@ -23,6 +23,7 @@ import importlib
 from aiokafka import AIOKafkaConsumer
 
 from kernelstream.agents.window_consumer import EarlyConsumer
+from kernelstream.app.kafka.capabilities import probe
 from kernelstream.app.settings import Settings
 
 __all__ = ["run_worker", "start_window_consumer", "window_consumer"]
@@ -84,6 +85,7 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str) -> None:
     """``kernelstream worker``: the window group join overlaps the worker's imports."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)  # Faust and mode run the worker on the current loop
+    caps = loop.run_until_complete(probe(bootstrap, settings.kafka_client_kwargs()))
     early = loop.run_until_complete(start_window_consumer(settings, bootstrap))
     # The loop keeps running (the join in flight) while the thread imports.
     loop.run_until_complete(asyncio.to_thread(_import_heavy))
@@ -92,7 +94,7 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str) -> None:
 
     from kernelstream.app.worker.faust_app import create_app
 
-    app = create_app(settings, bootstrap, window_consumer=early)
+    app = create_app(settings, bootstrap, window_consumer=early, capabilities=caps)
     Worker(
         app, loop=loop, loglevel=loglevel, quiet=True, override_logging=False
     ).execute_from_commandline()

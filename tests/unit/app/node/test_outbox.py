@@ -92,7 +92,10 @@ def test_sender_resends_in_order_after_an_outage(tmp_path: Path) -> None:
             drops.append(report)
             return ("deadletter", b"n", report)
 
-        sender = OutboxSender(box, lambda: producer, on_drops=on_drops, retry_backoff_s=0.01)
+        async def make() -> Any:
+            return producer
+
+        sender = OutboxSender(box, make, on_drops=on_drops, retry_backoff_s=0.01)
         sender.start()
         box.append([msg(0, "n:0/a"), msg(0, "n:0/b")])
         assert await sender.drain(2.0)
