@@ -163,20 +163,22 @@ class KafkaCluster:
         first_port: int | None = None,
         cache_dir: Path | None = None,
         heap: str = _HEAP,
+        cluster_id: str | None = None,
     ) -> None:
         if nodes < 1:
             raise BrokerError(f"a Kafka cluster needs at least one node, not {nodes}")
         self.work_dir = Path(work_dir)
         self.cache_dir = cache_dir
         self.heap = heap
-        self.cluster_id = _cluster_id()
+        self.cluster_id = cluster_id or _cluster_id()
+        self.root = self.work_dir / f"kafka-{self.cluster_id}"
         self.nodes = [
             KafkaNode(
                 node_id=i + 1,
                 port=first_port if first_port and i == 0 else free_port(),
                 controller_port=free_port(),
-                data_dir=self.work_dir / f"kafka-{self.cluster_id}" / f"node-{i + 1}",
-                log_path=self.work_dir / f"kafka-{self.cluster_id}" / f"node-{i + 1}.log",
+                data_dir=self.root / f"node-{i + 1}",
+                log_path=self.root / f"node-{i + 1}.log",
             )
             for i in range(nodes)
         ]
@@ -246,8 +248,9 @@ class KafkaCluster:
 
     def _java_cmd(self, main_class: str, *args: str) -> list[str]:
         libs = kafka_libs(self.cache_dir)
-        log4j = self.work_dir / f"kafka-{self.cluster_id}" / "log4j2.yaml"
+        log4j = self.root / "log4j2.yaml"
         if not log4j.exists():
+            self.root.mkdir(parents=True, exist_ok=True)
             log4j.write_text(_LOG4J)
         return [
             _java(),
@@ -263,7 +266,8 @@ class KafkaCluster:
         ]
 
     def _format(self, node: KafkaNode, config: Path) -> None:
-        cmd = self._java_cmd("kafka.tools.StorageTool", "format", "-t", self.cluster_id)
+        # "=": an id may begin with "-", which the tool's parser would take for an option
+        cmd = self._java_cmd("kafka.tools.StorageTool", "format", f"--cluster-id={self.cluster_id}")
         done = subprocess.run(
             [*cmd, "-c", str(config), "--ignore-formatted"],
             capture_output=True,
