@@ -7,11 +7,14 @@ stops (the embedded broker keeps nothing across restarts). Both answer the same
 four questions (:class:`Source`), so range selection is one algorithm.
 
 Ranges. By offsets (the same bounds for every partition) or by record time
-(Kafka timestamps, milliseconds). Neither the end of a partition nor the offset of
-a time is taken from ListOffsets, which the embedded broker answers wrongly
-(ARCHITECTURE.md): the end is the high watermark of a fetch that returned records,
-and the first offset at or after a time is found by binary search over offsets,
-fetching single records and reading their timestamps. Timestamps of one partition
+(Kafka timestamps, milliseconds). The end of a partition is not taken from
+ListOffsets, which the embedded broker answers wrongly (ARCHITECTURE.md): it is
+the high watermark of a fetch that returned records. The first offset at or after
+a time is the broker's answer (``offsets_for_times``) where two single-record
+fetches confirm it (the record there is at or after the time, the one before it
+earlier): Apache Kafka's answers pass, the embedded broker's (which ignore the
+time) fail and fall back to a binary search over offsets, fetching single
+records and reading their timestamps. Timestamps of one partition
 may be slightly out of order (several producers' clocks): the search starts
 ``slack`` earlier, the scan filters every record by its own timestamp and stops only
 at the first record ``slack`` past the end, so the range is exact as long as
@@ -41,6 +44,7 @@ __all__ = [
     "RangeSpec",
     "RecordingSource",
     "Source",
+    "confirmed_broker_offset",
     "offset_for_time",
     "read_range",
     "record_topics",
@@ -59,6 +63,9 @@ class Source(Protocol):
 
     async def bounds(self, topic: str, partition: int) -> tuple[int, int]:
         """First offset and end offset (one past the last record)."""
+
+    async def broker_offset_for_time(self, topic: str, partition: int, t_ms: int) -> int | None:
+        """The broker's first offset at or after ``t_ms`` (unverified); None: cannot ask."""
         ...
 
     async def first_at_or_after(
@@ -100,12 +107,18 @@ class RangeSpec:
 
 @dataclass
 class PartitionRange:
-    """The offsets of one partition to scan; time filtering happens while scanning."""
+    """The offsets of one partition to scan; time filtering happens while scanning.
+
+    ``start_by``: how ``start`` was found for a time range: ``"broker"`` (the
+    broker's time lookup, confirmed), ``"search"`` (binary search), or
+    ``"offsets"`` (no time bound).
+    """
 
     topic: str
     partition: int
     start: int
     end: int
+    start_by: str = "offsets"
 
     @property
     def size(self) -> int:
@@ -134,6 +147,40 @@ async def offset_for_time(
     return lo
 
 
+async def confirmed_broker_offset(
+    source: Source, topic: str, partition: int, t_ms: int, lo: int, hi: int
+) -> int | None:
+    """The broker's offset for ``t_ms`` if two fetches confirm it within ``[lo, hi]``.
+
+    Confirmed: the record at the offset is at or after ``t_ms`` (or the offset is
+    ``hi``) and the record just before it, unless the offset is ``lo``, is earlier.
+    """
+    guess = await source.broker_offset_for_time(topic, partition, t_ms)
+    if guess is None:
+        return None
+    guess = min(guess, hi)
+    if guess < lo:
+        return None
+    if guess < hi:
+        at = await source.first_at_or_after(topic, partition, guess)
+        if at is None or at.offset != guess or at.timestamp_ms < t_ms:
+            return None
+    if guess > lo:
+        before = await source.first_at_or_after(topic, partition, guess - 1)
+        if before is None or before.offset != guess - 1 or before.timestamp_ms >= t_ms:
+            return None
+    return guess
+
+
+async def _start_for_time(
+    source: Source, topic: str, partition: int, t_ms: int, lo: int, hi: int
+) -> tuple[int, str]:
+    found = await confirmed_broker_offset(source, topic, partition, t_ms, lo, hi)
+    if found is not None:
+        return found, "broker"
+    return await offset_for_time(source, topic, partition, t_ms, lo, hi), "search"
+
+
 async def select_ranges(
     source: Source, topics: Sequence[str], spec: RangeSpec
 ) -> list[PartitionRange]:
@@ -143,13 +190,14 @@ async def select_ranges(
         for p in await source.partitions(topic):
             first, end = await source.bounds(topic, p)
             start = max(first, spec.start_offset or 0)
+            start_by = "offsets"
             if spec.end_offset is not None:
                 end = min(end, spec.end_offset)
             if spec.since_ms is not None and start < end:
-                start = await offset_for_time(
+                start, start_by = await _start_for_time(
                     source, topic, p, spec.since_ms - spec.slack_ms, start, end
                 )
-            out.append(PartitionRange(topic, p, start, max(start, end)))
+            out.append(PartitionRange(topic, p, start, max(start, end), start_by))
     return out
 
 
@@ -253,6 +301,16 @@ class KafkaSource:
         self._ends[(topic, partition)] = end
         return msg.offset, end
 
+    async def broker_offset_for_time(self, topic: str, partition: int, t_ms: int) -> int | None:
+        tp = self._tp(topic, partition)
+        try:
+            found = (await self._consumer.offsets_for_times({tp: t_ms}))[tp]
+        except Exception:  # a broker without time lookups: the caller searches instead
+            return None
+        if found is None:  # no record at or after t_ms: the end
+            return self._ends.get((topic, partition))
+        return int(found.offset)
+
     async def first_at_or_after(
         self, topic: str, partition: int, offset: int
     ) -> RecordedMessage | None:
@@ -320,6 +378,9 @@ class RecordingSource:
     async def bounds(self, topic: str, partition: int) -> tuple[int, int]:
         msgs = self._topic(topic).get(partition, [])
         return (msgs[0].offset, msgs[-1].offset + 1) if msgs else (0, 0)
+
+    async def broker_offset_for_time(self, topic: str, partition: int, t_ms: int) -> int | None:
+        return None  # no broker: the binary search over the recording is exact
 
     def _index(self, topic: str, partition: int, offset: int) -> int:
         msgs = self._topic(topic).get(partition, [])

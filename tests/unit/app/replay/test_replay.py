@@ -27,6 +27,7 @@ from kernelstream.app.replay.command import (
     RangeSpec,
     RecordingSource,
     _line,
+    confirmed_broker_offset,
     offset_for_time,
     read_range,
     select_ranges,
@@ -163,6 +164,34 @@ def test_offset_for_time_binary_search(tmp_path: Path) -> None:
         assert off == probe.offset
     after = asyncio.run(offset_for_time(src, "ks.launches", 0, 10**15, 0, len(msgs)))
     assert after == len(msgs)
+
+
+class _AnsweringSource(RecordingSource):
+    """A recording whose "broker" answers every time lookup with one fixed offset."""
+
+    def __init__(self, directory: Path, answer: int | None) -> None:
+        super().__init__(directory)
+        self.answer = answer
+
+    async def broker_offset_for_time(self, topic: str, partition: int, t_ms: int) -> int | None:
+        return self.answer
+
+
+@pytest.mark.parametrize("answer", [None, 0, 5, 16, 18, 10**6])  # all wrong but None
+def test_only_a_confirmed_broker_offset_is_used(tmp_path: Path, answer: int | None) -> None:
+    msgs = messages(batches(nodes=1))
+    write_recording(tmp_path, msgs)
+    src = _AnsweringSource(tmp_path, answer)
+    t = msgs[17].timestamp_ms
+    assert msgs[16].timestamp_ms < t
+    confirmed = asyncio.run(confirmed_broker_offset(src, "ks.launches", 0, t, 0, len(msgs)))
+    assert confirmed is None
+    spec = RangeSpec(since_ms=t, slack_ms=0)
+    (r,) = asyncio.run(select_ranges(src, ["ks.launches"], spec))
+    assert (r.start, r.start_by) == (17, "search")
+    src.answer = 17
+    (r,) = asyncio.run(select_ranges(src, ["ks.launches"], spec))
+    assert (r.start, r.start_by) == (17, "broker")
 
 
 def test_offset_range(tmp_path: Path) -> None:
