@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from aiokafka import errors as aiokafka_errors
 
 from kernelstream.agents.retry_log import RetryLog
 from kernelstream.app.errors import ConfigError
@@ -409,6 +410,14 @@ class Outbox:
         return self.stats.pending
 
 
+_PRODUCER_STATE_ERRORS: tuple[type[BaseException], ...] = (
+    aiokafka_errors.OutOfOrderSequenceNumber,
+    aiokafka_errors.UnknownProducerId,
+    aiokafka_errors.InvalidProducerEpoch,
+    aiokafka_errors.ProducerFenced,
+)
+
+
 class OutboxSender:
     """Sends the outbox to Kafka in its own task; the launch loop never awaits it.
 
@@ -437,6 +446,7 @@ class OutboxSender:
         self._retry_at: dict[tuple[str, bytes | None], float] = {}
         self._task: asyncio.Task[None] | None = None
         self._retry_log = RetryLog(log, "outbox (launches wait on disk)")
+        self._renew = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="outbox-sender")
@@ -461,6 +471,8 @@ class OutboxSender:
     async def _run(self) -> None:
         await self._start_producer()
         while True:
+            if self._renew:
+                await self._renew_producer()
             now = time.monotonic()
             waiting = {s for s, t in self._retry_at.items() if t > now}
             for entry in self.outbox.heads(self._busy | waiting):
@@ -494,7 +506,27 @@ class OutboxSender:
             topic, key, value = self.on_drops(report)
             self.outbox.append([(topic, key, value, False, 0, 0)])
 
+    async def _renew_producer(self) -> None:
+        """Replace a producer whose idempotence state the broker rejected.
+
+        aiokafka's idempotent producer keeps its producer id and sequence numbers
+        after a batch expires; after a long outage the broker then answers
+        OutOfOrderSequenceNumber to every later batch (measured: a node delivered
+        nothing after Apache Kafka came back). A new producer gets a new id; the
+        outbox resends in order and the window agent drops any copy by sequence.
+        """
+        self._renew = False
+        old, self.producer = self.producer, None
+        self.connected.clear()
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.stop()
+        log.warning("outbox: producer state rejected by the broker; starting a new producer")
+        await self._start_producer()
+
     def _failed(self, entry: OutboxEntry, exc: BaseException | None) -> None:
+        if isinstance(exc, _PRODUCER_STATE_ERRORS):
+            self._renew = True
         self.outbox.stats.send_failures += 1
         self.outbox.in_flight.discard(entry.pos)
         self._busy.discard(entry.stream)

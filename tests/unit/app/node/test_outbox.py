@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka import errors as aiokafka_errors
 
 from kernelstream.app.errors import ConfigError
 from kernelstream.app.node.outbox import DurableSeenIds, NodeStore, Outbox, OutboxSender
@@ -110,6 +111,40 @@ def test_sender_resends_in_order_after_an_outage(tmp_path: Path) -> None:
         assert sent_a == [0, 3, 4, 5, 6, 7]  # in order; 1 and 2 were dropped when full
         assert len(drops) == 1 and orjson.loads(drops[0])["ranges"] == {"n:0/a": [[10, 30]]}
         assert [t for t, _, _ in producer.log].count("deadletter") == 1
+
+    asyncio.run(scenario())
+
+
+class RejectedProducer(FakeProducer):
+    """An idempotent producer whose sequence numbers the broker no longer accepts.
+
+    What aiokafka's producer does after a batch expired during a long outage: it keeps
+    its producer id and sequence numbers, and the broker answers every later batch
+    with OutOfOrderSequenceNumber; only a new producer (a new id) gets through.
+    """
+
+    async def send(self, topic: str, value: bytes, key: bytes | None = None) -> Any:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut.set_exception(aiokafka_errors.OutOfOrderSequenceNumber())
+        return fut
+
+
+def test_sender_replaces_a_producer_the_broker_rejects(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        box = Outbox(NodeStore(tmp_path / "n"))
+        made: list[FakeProducer] = []
+
+        async def make() -> Any:
+            made.append(RejectedProducer() if not made else FakeProducer())
+            return made[-1]
+
+        sender = OutboxSender(box, make, retry_backoff_s=0.01)
+        sender.start()
+        box.append([msg(i, "n:0/a") for i in range(3)])
+        assert await sender.drain(2.0), box.stats
+        await sender.stop()
+        assert len(made) == 2
+        assert [v[0] for _, _, v in made[1].log] == [0, 1, 2]  # all, in order
 
     asyncio.run(scenario())
 
