@@ -1,4 +1,15 @@
-"""Integration fixtures: one real embedded broker per session, fresh topics per test."""
+"""Integration fixtures: real brokers, fresh topics per test.
+
+The session's ``broker`` fixture is parametrized over the engines in
+:data:`ENGINES`: every test that uses it (directly or through ``settings``) runs
+once on the embedded Tansu broker and once on single-node Apache Kafka, both
+started here on loopback. ``KERNELSTREAM_TEST_KAFKA_BOOTSTRAP`` points the Kafka
+runs at a cluster that already exists instead (its security settings come from
+the usual ``KERNELSTREAM_SECURITY_PROTOCOL``, ``KERNELSTREAM_SASL_*`` and
+``KERNELSTREAM_SSL_*`` variables). ``KERNELSTREAM_TEST_ENGINES=tansu`` (or
+``kafka``) runs one engine only. A Kafka that cannot start skips its tests on a
+developer's machine and fails them with ``CI=true``.
+"""
 
 from __future__ import annotations
 
@@ -7,25 +18,82 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import SecretStr
 
+from kernelstream.app.errors import BrokerError
+from kernelstream.app.kafka.apache import KafkaCluster
 from kernelstream.app.kafka.embedded import EmbeddedBroker, free_port
 from kernelstream.app.settings import Settings
 
 pytestmark = pytest.mark.integration
 
+ENGINES = ("tansu", "kafka")
+
+
+@dataclass(frozen=True)
+class ExternalKafka:
+    """A Kafka cluster this suite did not start (``KERNELSTREAM_TEST_KAFKA_BOOTSTRAP``)."""
+
+    bootstrap: str
+
+
+def _engines() -> list[str]:
+    chosen = os.environ.get("KERNELSTREAM_TEST_ENGINES", ",".join(ENGINES)).split(",")
+    unknown = set(chosen) - set(ENGINES)
+    if unknown:
+        raise pytest.UsageError(f"KERNELSTREAM_TEST_ENGINES: unknown {sorted(unknown)}")
+    return chosen
+
+
+def _kafka_unavailable(exc: Exception) -> None:
+    msg = f"Apache Kafka could not start: {exc}"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(msg)  # CI has Java and Maven: a Kafka that does not start is a defect
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session", params=_engines())
+def broker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EmbeddedBroker | KafkaCluster | ExternalKafka]:
+    """A running broker of each engine (the parameter); its ``bootstrap`` for clients."""
+    if request.param == "tansu":
+        tansu = EmbeddedBroker(tmp_path_factory.mktemp("broker")).start()
+        try:
+            yield tansu
+        finally:
+            tansu.stop()
+        return
+    existing = os.environ.get("KERNELSTREAM_TEST_KAFKA_BOOTSTRAP")
+    if existing:
+        yield ExternalKafka(existing)
+        return
+    try:
+        kafka = KafkaCluster(tmp_path_factory.mktemp("kafka"), nodes=1).start()
+    except BrokerError as exc:
+        _kafka_unavailable(exc)
+    try:
+        yield kafka
+    finally:
+        kafka.stop()
+
 
 @pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    b = EmbeddedBroker(tmp_path_factory.mktemp("broker")).start()
+def kafka3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """A 3-node Apache Kafka cluster of this suite (fault drills signal its nodes)."""
     try:
-        yield b
+        cluster = KafkaCluster(tmp_path_factory.mktemp("kafka3"), nodes=3).start()
+    except BrokerError as exc:
+        _kafka_unavailable(exc)
+    try:
+        yield cluster
     finally:
-        b.stop()
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")
@@ -38,8 +106,33 @@ def signing_keys() -> tuple[str, str]:
 
 
 @pytest.fixture
-def settings(broker: EmbeddedBroker, tmp_path: Path, signing_keys: tuple[str, str]) -> Settings:
+def engine(broker: object) -> str:
+    """The engine of this run's broker: ``"tansu"`` or ``"kafka"``."""
+    return "tansu" if isinstance(broker, EmbeddedBroker) else "kafka"
+
+
+@pytest.fixture
+def settings(
+    broker: EmbeddedBroker | KafkaCluster | ExternalKafka,
+    tmp_path: Path,
+    signing_keys: tuple[str, str],
+) -> Settings:
     """Settings with topic names, app id and state directory unique to this test."""
+    return make_settings(broker.bootstrap, tmp_path, signing_keys=signing_keys)
+
+
+def make_settings(
+    bootstrap: str,
+    tmp_path: Path,
+    partitions: int = 2,
+    signing_keys: tuple[str, str] | None = None,
+) -> Settings:
+    """Settings for a broker at ``bootstrap`` with names unique to one test."""
+    if signing_keys is None:
+        from kernelstream.schemas.signing import generate_keypair
+
+        private, public = generate_keypair()
+        signing_keys = (private.decode(), public.decode())
     tag = uuid.uuid4().hex[:8]
     # Any: fields named at run time (mypy would match a str dict against
     # BaseSettings' own typed _-prefixed keyword arguments)
@@ -57,12 +150,12 @@ def settings(broker: EmbeddedBroker, tmp_path: Path, signing_keys: tuple[str, st
         )
     }
     return Settings(
-        bootstrap=broker.bootstrap,
+        bootstrap=bootstrap,
         app_id=f"ks-test-{tag}",
         data_dir=tmp_path / "worker",
         node_state_dir=tmp_path / "nodes",
         web_port=free_port(),
-        partitions=2,
+        partitions=partitions,
         node_id=f"node-{tag}",
         signing_private_key=SecretStr(signing_keys[0]),
         signing_public_key=signing_keys[1],
@@ -75,7 +168,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELSTREAM_")}
     env["KAFKA_BOOTSTRAP"] = str(settings.bootstrap)
     for name, value in settings.model_dump(exclude={"bootstrap"}).items():
-        if value is None or name.startswith(("sasl_", "ssl_")):
+        if value is None:
             continue
         if isinstance(value, SecretStr):
             value = value.get_secret_value()

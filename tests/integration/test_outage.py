@@ -9,9 +9,10 @@ wire must be an exact re-send of the same batch (what a consumer removes by
 sequence number).
 
 The embedded broker comes back empty (memory storage) and acknowledges, then
-loses, records produced to topics it no longer has (see app/kafka/embedded.py). On Kafka
-topics survive a restart; here the nodes reach the broker through a gate (a TCP
-proxy) that opens only once the topics exist again, as they would on Kafka.
+loses, records produced to topics it no longer has (see app/kafka/embedded.py); there
+the nodes reach the broker through a gate (a TCP proxy) that opens only once the
+topics exist again. On Apache Kafka (the ``kafka`` run, a node of the test's own)
+topics survive the restart on the node's storage and no gate is needed.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import asyncio
 import contextlib
 import os
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
+from kernelstream.app.kafka.apache import KafkaCluster
 from kernelstream.app.kafka.embedded import EmbeddedBroker, free_port
 from kernelstream.app.kafka.topics import ensure_topics, topic_specs
 from kernelstream.app.node.runtime import NodeReport, run_node
@@ -42,8 +45,12 @@ OUTAGE_S = float(os.environ.get("KS_TEST_OUTAGE_S", "30"))
 MAX_TICK_LAG_S = 2.0
 
 
-async def _scenario(base: Settings, broker: EmbeddedBroker, gate: Gate) -> None:
-    bootstrap = broker.bootstrap
+async def _scenario(
+    base: Settings,
+    bootstrap: str,
+    down: Callable[[], Awaitable[None]],
+    up: Callable[[], Awaitable[None]],
+) -> None:
     await ensure_topics(base, bootstrap)
     nodes = {}
     for name, model in (("a", "A100-SXM4-80GB"), ("b", "H100-SXM5-80GB")):
@@ -76,16 +83,12 @@ async def _scenario(base: Settings, broker: EmbeddedBroker, gate: Gate) -> None:
             "launches from both nodes before the outage",
         )
     await asyncio.sleep(1.0)
-    gate.close()  # from here on nothing the nodes send can reach a broker
     at_down = {n: dict(r.next_seq) for n, (_, r, _) in nodes.items()}
-    await asyncio.to_thread(broker.stop)
+    await down()
     assert all(at_down.values()), "the nodes had not started launching before the outage"
     await asyncio.sleep(OUTAGE_S)
     during = {n: dict(r.next_seq) for n, (_, r, _) in nodes.items()}
-    await asyncio.to_thread(broker.start)
-    for spec in topic_specs(base):  # it came back empty; on Kafka the topics survive
-        await asyncio.to_thread(broker.create_topic, spec.name, spec.partitions)
-    gate.open()
+    await up()
     await asyncio.sleep(4.0)
     for stop, _, _ in nodes.values():
         stop.set()
@@ -200,10 +203,24 @@ class Gate:
 
 
 def test_broker_outage_loses_nothing_and_never_stalls_the_nodes(
-    settings: Settings, tmp_path: Path
+    settings: Settings, engine: str, tmp_path: Path
 ) -> None:
+    if engine == "kafka":
+        asyncio.run(_kafka_outage(settings, tmp_path))
+        return
     broker = EmbeddedBroker(tmp_path / "own-broker", advertised_port=free_port())
     gate = Gate(broker.port)
+
+    async def down() -> None:
+        gate.close()  # from here on nothing the nodes send can reach a broker
+        await asyncio.to_thread(broker.stop)
+
+    async def up() -> None:
+        await asyncio.to_thread(broker.start)
+        for spec in topic_specs(settings):  # it came back empty
+            await asyncio.to_thread(broker.create_topic, spec.name, spec.partitions)
+        gate.open()
+
     try:
 
         async def main() -> None:
@@ -211,10 +228,28 @@ def test_broker_outage_loses_nothing_and_never_stalls_the_nodes(
             await asyncio.to_thread(broker.start)
             try:
                 s = settings.model_copy(update={"bootstrap": broker.bootstrap})
-                await _scenario(s, broker, gate)
+                await _scenario(s, broker.bootstrap, down, up)
             finally:
                 await gate.stop()
 
         asyncio.run(main())
     finally:
         broker.stop()
+
+
+async def _kafka_outage(settings: Settings, tmp_path: Path) -> None:
+    """The same outage on an Apache Kafka node of its own: stopped, started on its storage."""
+    kafka = KafkaCluster(tmp_path / "own-kafka")
+    await asyncio.to_thread(kafka.start)
+    try:
+        s = settings.model_copy(update={"bootstrap": kafka.bootstrap})
+
+        async def down() -> None:
+            await asyncio.to_thread(kafka.stop)
+
+        async def up() -> None:  # topics, records and offsets survive on its storage
+            await asyncio.to_thread(kafka.start)
+
+        await _scenario(s, kafka.bootstrap, down, up)
+    finally:
+        await asyncio.to_thread(kafka.stop)
