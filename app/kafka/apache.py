@@ -29,14 +29,22 @@ import sys
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 from kernelstream.app.errors import BrokerError
-from kernelstream.app.kafka.embedded import die_with_parent, free_port, wait_for_kafka
+from kernelstream.app.kafka.embedded import die_with_parent, wait_for_kafka
 
-__all__ = ["KafkaCluster", "KafkaNode", "default_cache_dir", "kafka_libs", "kafka_version"]
+__all__ = [
+    "KafkaCluster",
+    "KafkaNode",
+    "default_cache_dir",
+    "distinct_free_ports",
+    "kafka_libs",
+    "kafka_version",
+]
 
 _POM = Path(__file__).with_name("pom.xml")
 _HEAP = "-Xmx512m"
@@ -172,16 +180,21 @@ class KafkaCluster:
         self.heap = heap
         self.cluster_id = cluster_id or _cluster_id()
         self.root = self.work_dir / f"kafka-{self.cluster_id}"
+        ports = distinct_free_ports(2 * nodes, taken={first_port} if first_port else set())
         self.nodes = [
             KafkaNode(
                 node_id=i + 1,
-                port=first_port if first_port and i == 0 else free_port(),
-                controller_port=free_port(),
+                port=first_port if first_port and i == 0 else ports[2 * i],
+                controller_port=ports[2 * i + 1],
                 data_dir=self.root / f"node-{i + 1}",
                 log_path=self.root / f"node-{i + 1}.log",
             )
             for i in range(nodes)
         ]
+        # Every node is started from this one thread: the kernel kills a child whose
+        # parent *thread* ends (PR_SET_PDEATHSIG), and a node restarted from a
+        # short-lived thread (asyncio.to_thread in a drill) died with it.
+        self._spawner: ThreadPoolExecutor | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -300,16 +313,21 @@ class KafkaCluster:
         config = self._write_config(node)
         if not (node.data_dir / "meta.properties").exists():
             self._format(node, config)
+        if self._spawner is None:
+            self._spawner = ThreadPoolExecutor(1, thread_name_prefix="kafka-nodes")
+        node.proc = self._spawner.submit(self._spawn, node, config).result()
+        if wait:
+            asyncio.run(self._wait_node(node, timeout_s))
+
+    def _spawn(self, node: KafkaNode, config: Path) -> subprocess.Popen[bytes]:
         with node.log_path.open("ab") as log:
-            node.proc = subprocess.Popen(
+            return subprocess.Popen(
                 self._java_cmd("kafka.Kafka", str(config)),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
             )
-        if wait:
-            asyncio.run(self._wait_node(node, timeout_s))
 
     def signal(self, node_id: int, sig: signal.Signals) -> None:
         """Send ``sig`` (SIGKILL, SIGSTOP, SIGCONT, ...) to one node's process."""
@@ -382,6 +400,9 @@ class KafkaCluster:
                 node.proc.wait(10)
         for node in self.nodes:
             node.proc = None
+        if self._spawner is not None:
+            self._spawner.shutdown()
+            self._spawner = None
 
     def __enter__(self) -> KafkaCluster:
         return self.start()
@@ -390,6 +411,27 @@ class KafkaCluster:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def distinct_free_ports(n: int, taken: set[int] | None = None) -> list[int]:
+    """``n`` different loopback ports that were free a moment ago, none in ``taken``.
+
+    All are held open together while they are drawn: one at a time, the kernel may
+    hand out the same free port twice.
+    """
+    held: list[socket.socket] = []
+    try:
+        while len(held) < n:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            if int(s.getsockname()[1]) in (taken or set()):
+                s.close()
+                continue
+            held.append(s)
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 def _accepts(port: int) -> bool:

@@ -6,6 +6,7 @@ import asyncio
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,13 +41,20 @@ def test_storage_formats_with_a_cluster_id_beginning_with_a_dash(
     assert "cluster.id=-aCBTgsJQEmYXqLNXaOSXw" in meta
 
 
-def test_a_killed_node_restarts_on_its_storage(libs: Path, tmp_path: Path) -> None:
+def test_a_killed_node_restarts_on_its_storage_and_outlives_the_restarting_thread(
+    libs: Path, tmp_path: Path
+) -> None:
     with KafkaCluster(tmp_path) as kafka:
         caps = asyncio.run(probe(kafka.bootstrap))
         assert (caps.brokers, caps.idempotent_producer) == (1, True)
         kafka.signal(1, signal.SIGKILL)
         assert not kafka.running
-        kafka.start_node(1)
+        # as a drill does (asyncio.to_thread): the thread ends once the node serves
+        restart = threading.Thread(target=kafka.start_node, args=(1,))
+        restart.start()
+        restart.join()
+        time.sleep(2.0)
+        assert kafka.running, "the node died with the thread that restarted it"
         asyncio.run(wait_for_kafka(kafka.bootstrap, 30))
 
 

@@ -49,6 +49,11 @@ def test_one_node_needs_no_replicas(tmp_path: Path) -> None:
     assert props["message.max.bytes"] == str(8 << 20)
 
 
+def test_ports_are_distinct_and_avoid_the_taken_one() -> None:
+    ports = apache.distinct_free_ports(64, taken={9092})
+    assert len(set(ports)) == 64 and 9092 not in ports
+
+
 def test_cluster_id_is_kraft_shaped(tmp_path: Path) -> None:
     ids = {KafkaCluster(tmp_path).cluster_id for _ in range(5)}
     assert len(ids) == 5
