@@ -1,6 +1,7 @@
 """``kernelstream bench pipeline``: worker throughput side by side with its ceiling and Faust.
 
-One run, one embedded broker, one pre-produced input (a synthetic fleet, see
+One run, one broker it starts (embedded Tansu, or with ``--broker kafka`` one
+Apache Kafka node), one pre-produced input (a synthetic fleet, see
 :mod:`bench.pipeline_input`):
 
 (a) ceiling   plain aiokafka consumer + ``orjson.loads`` of the same batched messages;
@@ -37,6 +38,7 @@ import numpy as np
 import orjson
 
 from kernelstream.agents.logic.detection import finding_id
+from kernelstream.app.kafka.apache import KafkaCluster, kafka_version
 from kernelstream.app.kafka.embedded import EmbeddedBroker
 from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.bench.pipeline_input import (
@@ -415,7 +417,60 @@ def _slope(points: list[tuple[float, int]]) -> float:
     return sum((p[0] - mx) * (p[1] - my) for p in points) / den
 
 
-async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) -> dict[str, Any]:
+def _run_on(engine: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """One whole run on a fresh broker of ``engine``."""
+    with (
+        tempfile.TemporaryDirectory(prefix="ks-bench-") as tmp,
+        _broker(engine, Path(tmp)) as broker,
+    ):
+        result = asyncio.run(_bench(opts, Path(tmp), broker))
+    result["options"] = opts
+    result["broker"] = engine if engine == "tansu" else f"kafka {kafka_version()}"
+    return result
+
+
+_HEADLINES = (
+    ("(a) ceiling, launches/s", ("ceiling_a", "median_per_s"), ",.0f"),
+    ("(b) naive Faust, launches/s", ("naive_b", "per_s"), ",.0f"),
+    ("(c) worker, launches/s", ("worker_c", "median_per_s"), ",.0f"),
+    ("(c)/(a)", ("ratios", "c_over_a"), ".2f"),
+    ("(f) ready, s", ("ready_f", "median_s"), ".2f"),
+    ("(e) worker RSS peak, MiB", ("memory_e", "rss_peak_bytes"), "mib"),
+)
+
+
+def _side_by_side(results: dict[str, dict[str, Any]]) -> str:
+    """The headline figures of each broker's run in one table (Markdown)."""
+    names = list(results)
+    lines = [
+        "| figure | " + " | ".join(results[n]["broker"] for n in names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for label, (section, key), fmt in _HEADLINES:
+        cells = []
+        for n in names:
+            value = results[n].get(section, {}).get(key)
+            if value is None:
+                cells.append("-")
+            elif fmt == "mib":
+                cells.append(f"{value / 2**20:,.0f}")
+            else:
+                cells.append(format(value, fmt))
+        if any(c != "-" for c in cells):
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _broker(engine: str, run_dir: Path) -> EmbeddedBroker | KafkaCluster:
+    """The run's own broker: embedded Tansu, or one Apache Kafka node (1 GiB heap)."""
+    if engine == "tansu":
+        return EmbeddedBroker(run_dir)
+    return KafkaCluster(run_dir, nodes=1, heap="-Xmx1g")
+
+
+async def _bench(
+    opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker | KafkaCluster
+) -> dict[str, Any]:
     fleet = FleetSpec(
         nodes=opts.get("nodes", 16),
         launches_per_s_per_kernel=opts.get("rate_per_kernel", 20_000.0),
@@ -531,7 +586,7 @@ _LATENCY_CONFIGS: tuple[tuple[str, float | None, float | None, int | None], ...]
 
 
 async def _latency_phases(
-    opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker
+    opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker | KafkaCluster
 ) -> list[dict[str, Any]]:
     out = []
     for label, ooo, lateness, wait_ms in _LATENCY_CONFIGS:
@@ -568,7 +623,10 @@ def _port() -> int:
 
 
 def _table(r: dict[str, Any]) -> str:
-    lines = [f"kernelstream bench pipeline  {r['date']}  load avg start {r['load_avg_start']}"]
+    lines = [
+        f"kernelstream bench pipeline  {r['date']}  broker {r.get('broker', 'tansu')}  "
+        f"load avg start {r['load_avg_start']}"
+    ]
     if "input" in r:
         lines += _throughput_lines(r)
     m = r.get("memory_e")
@@ -712,6 +770,15 @@ def _throughput_lines(r: dict[str, Any]) -> list[str]:
     help="Latency phases to run (repeatable; default all).",
 )
 @click.option("--results-dir", type=click.Path(path_type=Path), default=Path("bench/results"))
+@click.option(
+    "--broker",
+    "engine",
+    type=click.Choice(["tansu", "kafka", "both"]),
+    default="tansu",
+    show_default=True,
+    help="The broker the run starts: embedded Tansu, single-node Apache Kafka (needs Java), "
+    "or both one after the other (one results file, side by side).",
+)
 def command(
     json_path: Path,
     input_s: float,
@@ -727,6 +794,7 @@ def command(
     latency_only: bool,
     latency_configs: tuple[str, ...],
     results_dir: Path,
+    engine: str,
 ) -> None:
     """Worker throughput vs its ceiling and a naive Faust agent; memory; start-to-ready."""
     opts = {
@@ -743,18 +811,20 @@ def command(
         "latency_only": latency_only,
         "latency_configs": list(latency_configs),
     }
-    with (
-        tempfile.TemporaryDirectory(prefix="ks-bench-") as tmp,
-        EmbeddedBroker(Path(tmp)) as broker,
-    ):
-        result = asyncio.run(_bench(opts, Path(tmp), broker))
-    result["options"] = opts
-    table = _table(result)
+    engines = ["tansu", "kafka"] if engine == "both" else [engine]
+    results = {e: _run_on(e, opts) for e in engines}
+    if engine == "both":
+        result = {"date": results["tansu"]["date"], "brokers": results, "options": opts}
+        table = _side_by_side(results) + "\n\n" + "\n\n".join(map(_table, results.values()))
+    else:
+        result = results[engine]
+        table = _table(result)
     click.echo(table)
     text = json.dumps(result, indent=1, default=str)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(text)
     name = "pipeline-latency" if latency_only else "pipeline"
+    name += {"tansu": "", "kafka": "-kafka", "both": "-brokers"}[engine]
     stem = dated_stem(results_dir, name, result["date"])
     Path(f"{stem}.json").write_text(text)
     Path(f"{stem}.txt").write_text(table + "\n")
