@@ -205,6 +205,13 @@ def test_to_topic_filter_that_matches_nothing_is_an_error(settings: Settings) ->
     source = f"{settings.topic_launches}.nomatch"
 
     async def produce() -> None:
+        # created first: Apache Kafka, as deployed, does not create topics on produce
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(source, 1, 1)])
+        finally:
+            await admin.close()
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
         await producer.start()
         try:
