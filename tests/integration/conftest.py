@@ -155,6 +155,8 @@ def make_settings(
         data_dir=tmp_path / "worker",
         node_state_dir=tmp_path / "nodes",
         web_port=free_port(),
+        # a node started by a test serves no metrics unless it asks (6067 may be taken)
+        node_metrics_port=0,
         partitions=partitions,
         node_id=f"node-{tag}",
         signing_private_key=SecretStr(signing_keys[0]),
