@@ -27,7 +27,7 @@ def _env() -> dict[str, str]:
 
 
 def _broker_alive(port: str) -> bool:
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
     return any("tansu" in line and f":{port}" in line for line in out.splitlines())
 
 
