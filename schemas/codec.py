@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from kernelstream.schemas.binary import is_binary, read_launch_batch
 from kernelstream.schemas.errors import SchemaError
-from kernelstream.schemas.records import RECORD_TYPES, Record
+from kernelstream.schemas.records import RECORD_TYPES, Record, record_type
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -169,6 +169,10 @@ def _error_code(err: dict[str, object]) -> str:
         return "out_of_range"
     if kind == "value_error" and "columns differ" in str(err.get("msg")):
         return "truncated"
+    if kind == "value_error" and "(added in /" in str(err.get("msg")):
+        return "unknown_field"
+    if kind == "value_error" and "impossible" in str(err.get("msg")):
+        return "out_of_range"
     return "wrong_type"
 
 
@@ -178,7 +182,7 @@ def _validate(cls: type[R], obj: object) -> R:
             f"expected a JSON object for {cls.SCHEMA}, got {type(obj).__name__}", "not_object"
         )
     found = obj.get("schema")
-    if found != cls.SCHEMA:
+    if found != cls.SCHEMA and record_type(found) is not cls:
         raise SchemaError(
             f"unknown or unexpected schema {found!r}: this topic carries {cls.SCHEMA!r}",
             "unknown_schema",
@@ -215,7 +219,7 @@ def decode_any(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Record:
     obj = _loads(data, max_bytes)
     if not isinstance(obj, dict):
         raise SchemaError(f"expected a JSON object, got {type(obj).__name__}", "not_object")
-    cls = RECORD_TYPES.get(str(obj.get("schema")))
+    cls = record_type(obj.get("schema"))
     if cls is None:
         raise SchemaError(
             f"unknown schema {obj.get('schema')!r}; known: {sorted(RECORD_TYPES)}",

@@ -42,7 +42,7 @@ from kernelstream.schemas.codec import (
     json_problem,
 )
 from kernelstream.schemas.errors import SchemaError
-from kernelstream.schemas.records import LaunchBatch
+from kernelstream.schemas.records import CopyColumns, LaunchBatch
 
 __all__ = ["WIRE_COLUMNS", "LaunchColumns", "decode_launch_columns"]
 
@@ -65,6 +65,10 @@ class LaunchColumns:
     ok: npt.NDArray[np.bool_]
     # (earliest, latest) end time when the decoder already knows it, else None.
     known_t_range: tuple[float, float] | None = None
+    # Version 2 telemetry, None when the producer sent none (version 1).
+    host_gap_us: npt.NDArray[np.float64] | None = None
+    host_waited: npt.NDArray[np.bool_] | None = None
+    copies: CopyColumns | None = None
 
     def __len__(self) -> int:
         return int(self.t_end.size)
@@ -86,30 +90,58 @@ class LaunchColumns:
     def from_batch(cls, batch: LaunchBatch) -> LaunchColumns:
         """Columns of an already validated batch (tests, replay)."""
         return cls(
-            batch,
+            batch.model_copy(update={"host_gap_us": None, "host_waited": None, "copies": None}),
             np.asarray(batch.t_end, dtype=np.float64),
             np.asarray(batch.duration_us, dtype=np.float64),
             np.asarray(batch.ok, dtype=bool),
+            None,
+            None if batch.host_gap_us is None else np.asarray(batch.host_gap_us, dtype=float),
+            None if batch.host_waited is None else np.asarray(batch.host_waited, dtype=bool),
+            batch.copies,
         )
 
     def drop_first(self, k: int) -> LaunchColumns:
-        """The batch without its first ``k`` launches (numbered from ``seq_start + k``)."""
+        """The batch without its first ``k`` launches (numbered from ``seq_start + k``).
+
+        Copies that ended before the first kept launch are dropped with the launches.
+        """
+        copies = self.copies
+        if copies is not None and k > 0:
+            copies = _copies_after(copies, float(self.t_end[k - 1]))
         return LaunchColumns(
             self.meta.model_copy(update={"seq_start": self.meta.seq_start + k}),
             self.t_end[k:],
             self.duration_us[k:],
             self.ok[k:],
+            None,
+            None if self.host_gap_us is None else self.host_gap_us[k:],
+            None if self.host_waited is None else self.host_waited[k:],
+            copies,
         )
 
     def to_batch(self) -> LaunchBatch:
         """The full record again (slow: rebuilds the Python lists)."""
+        v2: dict[str, Any] = {"copies": self.copies}
+        if self.host_gap_us is not None:
+            v2["host_gap_us"] = self.host_gap_us.tolist()
+        if self.host_waited is not None:
+            v2["host_waited"] = self.host_waited.astype(int).tolist()
         return self.meta.model_copy(
             update={
                 "t_end": self.t_end.tolist(),
                 "duration_us": self.duration_us.tolist(),
                 "ok": self.ok.astype(int).tolist(),
+                **v2,
             }
         )
+
+
+def _copies_after(copies: CopyColumns, t: float) -> CopyColumns | None:
+    keep = [i for i, end in enumerate(copies.t_end) if end > t]
+    if not keep:
+        return None
+    cols = copies.model_dump()
+    return CopyColumns.model_validate({k: [v[i] for i in keep] for k, v in cols.items()})
 
 
 def _wire_columns() -> list[tuple[str, str]]:
@@ -132,8 +164,8 @@ WIRE_COLUMNS: list[tuple[str, str]] = _wire_columns()
 
 
 def decode_launch_columns(data: bytes) -> LaunchColumns:
-    """Parse and validate one ``ks.launch_batch/1`` message, JSON or binary
-    (:mod:`schemas.binary`); raise :class:`SchemaError` if bad."""
+    """Parse and validate one ``ks.launch_batch`` message (version 1 or 2), JSON or
+    binary (:mod:`schemas.binary`); raise :class:`SchemaError` if bad."""
     if len(data) > MAX_MESSAGE_BYTES:
         raise SchemaError(
             f"message of {len(data)} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit",
@@ -150,12 +182,52 @@ def decode_launch_columns(data: bytes) -> LaunchColumns:
     if cols is None:
         return LaunchColumns.from_batch(decode(data, LaunchBatch))  # slow path, exact verdict
     try:
+        v2 = _v2_columns(obj, len(cols[0]), data)
         meta = _validated_meta(obj)
     except Exception:
         decode(data, LaunchBatch)  # raises with the full, precise message
         raise
     t, d, ok, t_range = cols
-    return LaunchColumns(meta, t, d, ok, t_range)
+    if v2 is None:
+        return LaunchColumns.from_batch(decode(data, LaunchBatch))
+    return LaunchColumns(meta, t, d, ok, t_range, *v2)
+
+
+_V2 = ("host_gap_us", "host_waited", "copies")
+_V2Columns = tuple[npt.NDArray[np.float64] | None, npt.NDArray[np.bool_] | None, CopyColumns | None]
+
+
+def _v2_columns(obj: dict[str, Any], n: int, data: bytes) -> _V2Columns | None:
+    """Take the version 2 columns out of ``obj``, checked; None when unsure (slow path).
+
+    Raises as the model does for bad copies, so the caller asks the full decoder why.
+    """
+    found = {k: obj.pop(k) for k in _V2 if k in obj}
+    if not found or all(v is None for v in found.values()):
+        return None, None, None
+    if obj.get("schema") != LaunchBatch.SCHEMA:
+        return None
+    gaps, waited = found.get("host_gap_us"), found.get("host_waited")
+    gap_arr = waited_arr = None
+    columns = [c for c in (gaps, waited) if type(c) is list]
+    if _has_bool(data, *columns):
+        return None  # ``true`` is not 1: the slow path says so
+    if gaps is not None:
+        if type(gaps) is not list or len(gaps) != n:
+            return None
+        try:
+            gap_arr = _floats(gaps, n)
+        except (struct.error, TypeError, ValueError, OverflowError):
+            return None
+        if not (gap_arr.min() >= 0.0 and gap_arr.max() <= _MAX_DURATION_US):
+            return None
+    if waited is not None:
+        if type(waited) is not list or len(waited) != n or waited.count(1) + waited.count(0) != n:
+            return None
+        waited_arr = np.fromiter((w == 1 for w in waited), dtype=bool, count=n)
+    raw = found.get("copies")
+    copies = None if raw is None else CopyColumns.model_validate(raw)
+    return gap_arr, waited_arr, copies
 
 
 # Per-batch fields already validated, by their exact JSON encoding (seq_start and the
@@ -193,8 +265,12 @@ def _validated_meta(obj: dict[str, Any]) -> LaunchBatch:
 
 
 def _plain_batch(obj: object) -> bool:
-    """A JSON object that names this schema (no field may be left to its default)."""
-    return isinstance(obj, dict) and obj.get("schema") == LaunchBatch.SCHEMA
+    """A JSON object that names a version of this schema (no field may be left to its
+    default)."""
+    return isinstance(obj, dict) and obj.get("schema") in _VERSIONS
+
+
+_VERSIONS = ("ks.launch_batch/1", LaunchBatch.SCHEMA)
 
 
 # The end of a JSON ``true`` or ``false`` value: no number ends in 'e', and a key's
@@ -287,6 +363,10 @@ def _binary_columns(bb: BinaryBatch) -> LaunchColumns:
     """Columns of a binary batch: frombuffer views, checked with vectorized comparisons;
     anything the checks do not pass goes through the model, whose verdict is final."""
     cols = bb.columns
+    if _v2_in_header(bb.meta_json):
+        # Host gaps, waits and copies travel in the header as JSON: the model checks them
+        # with the columns (exact, slower; batches without them keep the fast path).
+        return LaunchColumns.from_batch(_validate(LaunchBatch, bb.to_wire()))
     t_range = _plain_binary(cols, bb.n)
     if t_range is None:
         _validate(LaunchBatch, bb.to_wire())  # raises with the model's message
@@ -302,7 +382,15 @@ def _binary_columns(bb: BinaryBatch) -> LaunchColumns:
             _BIN_META[bb.meta_json] = meta
     meta = meta.model_copy(update={"seq_start": bb.seq_start})
     ok = cols.pop("ok").view(np.bool_)
-    return LaunchColumns(meta=meta, ok=ok, known_t_range=t_range, **cols)
+    # _plain_binary passed: the columns are exactly t_end, duration_us and ok
+    return LaunchColumns(meta, cols["t_end"], cols["duration_us"], ok, t_range)
+
+
+def _v2_in_header(meta_json: bytes) -> bool:
+    """Whether a binary header names a version 2 field with a value other than null."""
+    return any(
+        f'"{k}"'.encode() in meta_json and f'"{k}":null'.encode() not in meta_json for k in _V2
+    )
 
 
 def _plain_binary(cols: dict[str, npt.NDArray[Any]], n: int) -> tuple[float, float] | None:

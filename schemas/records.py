@@ -1,13 +1,15 @@
 """Versioned record types carried on kernelstream's topics.
 
 Every record has a ``schema`` field naming its type and version, e.g.
-``"ks.launch_batch/1"``. The wire format is JSON (orjson). The pydantic models
+``"ks.launch_batch/2"``. The wire format is JSON (orjson). The pydantic models
 below are the single definition of each record: the JSON Schema files under
 ``schemas/json/`` are generated from them (``python -m kernelstream.schemas.export``) and a
 test keeps the two in sync.
 
 Launch telemetry travels columnar: one :class:`LaunchBatch` carries many launches
-of one kernel with one configuration on one device, as parallel arrays.
+of one kernel with one configuration on one device, as parallel arrays, and (from
+version 2) the host-side gap before each launch and the batch's host<->device copies
+(:class:`CopyColumns`). A reader of version 2 accepts version 1 messages unchanged.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ __all__ = [
     "RECORD_TYPES",
     "Alert",
     "Classification",
+    "CopyColumns",
+    "CopyDirection",
     "DeadLetter",
     "DeviceSample",
     "Finding",
@@ -31,6 +35,7 @@ __all__ = [
     "ReconfigOutcome",
     "Record",
     "WindowAggregate",
+    "record_type",
 ]
 
 ParamValue = int | float | str | bool
@@ -45,6 +50,7 @@ Classification = Literal[
     "balanced",
     "roofline_unknown",
 ]
+CopyDirection = Literal["h2d", "d2h", "d2d"]
 OutcomeStatus = Literal["applied", "kept", "rolled_back", "rejected"]
 AlertState = Literal["raised", "withdrawn", "crossed"]
 AlertScope = Literal["stream", "fleet_group"]
@@ -83,6 +89,68 @@ class DeviceSample(BaseModel):
     dram_bw_util_pct: _NonNegFloat | None = None
 
 
+def _flags(v: Any) -> Any:
+    """A 0/1 column as numbers: Literal[0, 1] takes True as 1 even in strict mode."""
+    if isinstance(v, list) and any(type(x) is bool for x in v):
+        raise ValueError("the column holds booleans; it must be the numbers 0 and 1")
+    return v
+
+
+# No copy moves data faster than the fastest memory it touches: HBM3e peaks at 8 TB/s
+# (NVIDIA B200 datasheet) and NVLink 5 at 1.8 TB/s per GPU (NVIDIA Blackwell datasheet).
+# A copy reported faster than 20 TB/s is a clock or unit error, not a measurement.
+_MAX_COPY_GBS = 20_000.0
+_MAX_COPY_BYTES = 1 << 44  # 16 TiB: more than any GPU's memory
+_Duration = Annotated[float, Field(ge=0.0, le=3.6e9, allow_inf_nan=False)]
+_Flag = Literal[0, 1]
+
+
+class CopyColumns(BaseModel):
+    """Host<->device (and device-to-device) copies of one stream, columnar.
+
+    Per copy: the node's clock at its completion (``t_end``), its ``direction``
+    (``h2d``, ``d2h`` or ``d2d``), ``bytes``, ``duration_us`` (CUDA events on a GPU),
+    ``pinned`` (1 when the host buffer was page-locked; 1 for ``d2d``) and the CUDA
+    ``stream`` it was queued on (0 is the legacy default stream).
+    """
+
+    # Strict, as the launch batch: ``true`` is not 1, ``"5"`` is not 5.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+
+    t_end: list[_FiniteFloat] = Field(min_length=1, max_length=100_000)
+    direction: list[CopyDirection]
+    bytes: list[Annotated[int, Field(ge=0, le=_MAX_COPY_BYTES)]]
+    duration_us: list[_Duration]
+    pinned: list[_Flag]
+    stream: list[Annotated[int, Field(ge=0, le=(1 << 63) - 1)]]
+
+    def __len__(self) -> int:
+        return len(self.t_end)
+
+    @field_validator("pinned", mode="before")
+    @classmethod
+    def _no_booleans(cls, v: Any) -> Any:
+        return _flags(v)
+
+    @model_validator(mode="after")
+    def _possible(self) -> CopyColumns:
+        n = len(self.t_end)
+        lengths = {
+            name: len(getattr(self, name))
+            for name in ("direction", "bytes", "duration_us", "pinned", "stream")
+        }
+        if any(v != n for v in lengths.values()):
+            shown = ", ".join(f"{k}={v}" for k, v in lengths.items())
+            raise ValueError(f"columns differ in length: t_end={n}, {shown}")
+        for i, (b, d) in enumerate(zip(self.bytes, self.duration_us, strict=True)):
+            if b > 0 and (d <= 0.0 or b / (d * 1e3) > _MAX_COPY_GBS):
+                raise ValueError(
+                    f"impossible copy {i}: {b} bytes in {d} us is faster than "
+                    f"{_MAX_COPY_GBS:.0f} GB/s, above any GPU link or memory"
+                )
+        return self
+
+
 class LaunchBatch(Record):
     """Many launches of one kernel, one config, one device; columnar.
 
@@ -95,8 +163,10 @@ class LaunchBatch(Record):
     # Strict: numbers must be JSON numbers (``true`` is not 1, ``"5"`` is not 5).
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
-    SCHEMA: ClassVar[str] = "ks.launch_batch/1"
-    schema_: Literal["ks.launch_batch/1"] = Field(default="ks.launch_batch/1", alias="schema")
+    SCHEMA: ClassVar[str] = "ks.launch_batch/2"
+    schema_: Literal["ks.launch_batch/1", "ks.launch_batch/2"] = Field(
+        default="ks.launch_batch/2", alias="schema"
+    )
 
     node: _Name
     device_index: int = Field(ge=0, le=1024)
@@ -128,6 +198,12 @@ class LaunchBatch(Record):
     duration_us: list[Annotated[float, Field(ge=0.0, le=3.6e9, allow_inf_nan=False)]]
     ok: list[Literal[0, 1]]
     samples: list[DeviceSample] = Field(default_factory=list, max_length=1000)
+    # Version 2: per launch, the host's time between the previous launch on this stream
+    # returning and this one being queued, and 1 when the host waited on the device
+    # (a synchronize, a blocking copy) in that gap; the stream's copies.
+    host_gap_us: list[_Duration] | None = None
+    host_waited: list[_Flag] | None = None
+    copies: CopyColumns | None = None
 
     @property
     def device_key(self) -> str:
@@ -139,13 +215,11 @@ class LaunchBatch(Record):
         """Kafka key of launches and windows: ``device_key/kernel``."""
         return stream_key(self.node, self.device_index, self.kernel)
 
-    @field_validator("ok", mode="before")
+    @field_validator("ok", "host_waited", mode="before")
     @classmethod
     def _no_booleans(cls, v: Any) -> Any:
         # Literal[0, 1] takes True as 1 even in strict mode: the column is numbers.
-        if isinstance(v, list) and any(type(x) is bool for x in v):
-            raise ValueError("ok holds booleans; it must be the numbers 0 and 1")
-        return v
+        return _flags(v)
 
     @model_validator(mode="after")
     def _columns_agree(self) -> LaunchBatch:
@@ -155,7 +229,18 @@ class LaunchBatch(Record):
                 f"columns differ in length: t_end={n}, duration_us={len(self.duration_us)}, "
                 f"ok={len(self.ok)}"
             )
+        for name in _V2_COLUMNS:
+            column = getattr(self, name)
+            if column is not None and len(column) != n:
+                raise ValueError(f"columns differ in length: t_end={n}, {name}={len(column)}")
+        if self.schema_ == "ks.launch_batch/1":
+            extra = [f for f in (*_V2_COLUMNS, "copies") if getattr(self, f) is not None]
+            if extra:
+                raise ValueError(f"ks.launch_batch/1 has no {', '.join(extra)} (added in /2)")
         return self
+
+
+_V2_COLUMNS = ("host_gap_us", "host_waited")
 
 
 class WindowAggregate(Record):
@@ -386,3 +471,13 @@ RECORD_TYPES: dict[str, type[Record]] = {
         Alert,
     )
 }
+
+# Older versions a current model still reads unchanged; their JSON Schema files stay in
+# schemas/json/ as they were published.
+_OLDER_VERSIONS: dict[str, type[Record]] = {"ks.launch_batch/1": LaunchBatch}
+
+
+def record_type(schema: object) -> type[Record] | None:
+    """The model that reads records of ``schema`` (a current or an older version)."""
+    key = str(schema)
+    return RECORD_TYPES.get(key) or _OLDER_VERSIONS.get(key)

@@ -126,7 +126,7 @@ def bad_inputs(template: LaunchBatch, now: float) -> list[BadInput]:
             "unknown schema version",
             "unknown_schema",
             key,
-            js(_wire(template, schema="ks.launch_batch/2")),
+            js(_wire(template, schema="ks.launch_batch/9")),
         ),
         ("empty object", "unknown_schema", key, b"{}"),
         (
@@ -169,6 +169,94 @@ def bad_inputs(template: LaunchBatch, now: float) -> list[BadInput]:
         ("no key", "bad_key", None, good),
         ("not an object", "not_object", key, b"[1, 2, 3]"),
         ("JSON null", "not_object", key, b"null"),
+        *_bad_transfers(template, key, n),
+    ]
+
+
+def _copies(t: float, **changes: Any) -> dict[str, Any]:
+    cols: dict[str, Any] = {
+        "t_end": [t],
+        "direction": ["h2d"],
+        "bytes": [1 << 20],
+        "duration_us": [80.0],
+        "pinned": [0],
+        "stream": [0],
+    }
+    cols.update(changes)
+    return cols
+
+
+def _bad_transfers(template: LaunchBatch, key: bytes, n: int) -> list[BadInput]:
+    """Bad copy and host-gap telemetry (version 2 fields)."""
+    t = template.t_end[0]
+
+    def js(obj: Any) -> bytes:
+        return orjson.dumps(obj)
+
+    return [
+        (
+            "negative copy bytes",
+            "out_of_range",
+            key,
+            js(_wire(template, copies=_copies(t, bytes=[-4096]))),
+        ),
+        (
+            "copy bytes beyond any memory",
+            "out_of_range",
+            key,
+            js(_wire(template, copies=_copies(t, bytes=[1 << 50]))),
+        ),
+        (
+            "negative copy duration",
+            "out_of_range",
+            key,
+            js(_wire(template, copies=_copies(t, duration_us=[-1.0]))),
+        ),
+        (
+            "copy of unknown direction",
+            "wrong_type",
+            key,
+            js(_wire(template, copies=_copies(t, direction=["sideways"]))),
+        ),
+        # 1 GiB in 1 us is 1,074 TB/s: no link or memory moves data that fast.
+        (
+            "impossible copy bandwidth",
+            "out_of_range",
+            key,
+            js(_wire(template, copies=_copies(t, bytes=[1 << 30], duration_us=[1.0]))),
+        ),
+        (
+            "copy bytes in no time",
+            "out_of_range",
+            key,
+            js(_wire(template, copies=_copies(t, duration_us=[0.0]))),
+        ),
+        (
+            "copy columns differ",
+            "truncated",
+            key,
+            js(_wire(template, copies=_copies(t, pinned=[0, 1]))),
+        ),
+        ("negative host gap", "out_of_range", key, js(_wire(template, host_gap_us=[-3.0] * n))),
+        (
+            "host gap column short",
+            "truncated",
+            key,
+            js(_wire(template, host_gap_us=[3.0] * (n - 1))),
+        ),
+        (
+            "copy pinned as booleans",
+            "wrong_type",
+            key,
+            js(_wire(template, copies=_copies(t, pinned=[True]))),
+        ),
+        ("host waited not a flag", "wrong_type", key, js(_wire(template, host_waited=[2] * n))),
+        (
+            "transfer fields on version 1",
+            "unknown_field",
+            key,
+            js(_wire(template, schema="ks.launch_batch/1", host_gap_us=[3.0] * n)),
+        ),
     ]
 
 

@@ -84,7 +84,7 @@ def test_column_values_get_the_models_verdict(column: str, value: Any) -> None:
 @pytest.mark.parametrize(
     ("changes", "code"),
     [
-        ({"schema": "ks.launch_batch/2"}, "unknown_schema"),
+        ({"schema": "ks.launch_batch/9"}, "unknown_schema"),
         ({"occupancy": 1.5}, "out_of_range"),
         ({"surprise": 1}, "unknown_field"),
         ({"columns": [["t_end", "<f8"], ["duration_us", "<f8"]]}, "unknown_field"),
