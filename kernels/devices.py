@@ -4,6 +4,8 @@ Peaks come from NVIDIA datasheets; per-SM limits from the CUDA C++ Programming
 Guide, "Features and Technical Specifications" table (per compute capability).
 ``launch_overhead_us`` is not a datasheet number: it is the commonly measured
 few-microsecond launch latency of a CUDA kernel, used as a modelling constant.
+Links (``pcie_gbs``, ``nvlink_gbs``) are theoretical peaks per direction: PCIe from
+the lane rate of its generation, NVLink from the datasheets (see ``_LINKS``).
 
 >>> spec = get_device_spec("A100-SXM4-80GB")
 >>> theoretical_occupancy(spec, threads_per_block=256, regs_per_thread=32, smem_per_block=0)
@@ -59,6 +61,20 @@ class DeviceSpec:
     # Registers are allocated per warp in units of 256 (CUDA occupancy calculator).
     reg_alloc_unit: int = 256
     source: str = ""
+
+    @property
+    def pcie_gbs(self) -> float:
+        """Host link (PCIe x16) peak per direction, GB/s; 0 when not known."""
+        return _link_of(self.name)[0]
+
+    @property
+    def nvlink_gbs(self) -> float:
+        """GPU-to-GPU NVLink peak per direction, GB/s; 0 when the model has none."""
+        return _link_of(self.name)[1]
+
+    @property
+    def link_source(self) -> str:
+        return _link_of(self.name)[2]
 
     @property
     def max_warps_per_sm(self) -> int:
@@ -359,6 +375,38 @@ DEVICE_SPECS: dict[str, DeviceSpec] = {
         ),
     )
 }
+
+# Per direction, x16: 8, 16 and 32 GT/s a lane with 128b/130b encoding (PCI Express Base
+# Specification 3.0, 4.0, 5.0) give 15.75, 31.5 and 63.0 GB/s.
+_PCIE_GBS = {3: 15.75, 4: 31.5, 5: 63.0}
+# (PCIe generation of the host interface, NVLink GB/s per direction: half the datasheet's
+# bidirectional total, 0 when the model has none), from each model's datasheet.
+_LINKS: dict[str, tuple[int, float, str]] = {
+    "A100-SXM4-80GB": (4, 300.0, "A100 datasheet: PCIe Gen4, NVLink 600 GB/s"),
+    "A100-PCIE-40GB": (4, 300.0, "A100 datasheet: PCIe Gen4, NVLink bridge 600 GB/s"),
+    "H100-SXM5-80GB": (5, 450.0, "H100 datasheet: PCIe Gen5, NVLink 900 GB/s"),
+    "H200-SXM-141GB": (5, 450.0, "H200 datasheet: PCIe Gen5, NVLink 900 GB/s"),
+    "RTX-A4000": (4, 0.0, "RTX A4000 datasheet: PCIe Gen4 x16, no NVLink"),
+    "L4": (4, 0.0, "L4 datasheet: PCIe Gen4 x16, no NVLink"),
+    "RTX-A6000": (4, 56.25, "RTX A6000 datasheet: PCIe Gen4, NVLink 112.5 GB/s"),
+    "A40": (4, 56.25, "A40 datasheet: PCIe Gen4, NVLink 112.5 GB/s"),
+    "RTX-3090": (4, 56.25, "GeForce RTX 3090 specifications: PCIe Gen4, NVLink 112.5 GB/s"),
+    "RTX-4090": (4, 0.0, "GeForce RTX 4090 specifications: PCIe Gen4, no NVLink"),
+    "RTX-2080-Ti": (3, 50.0, "Turing whitepaper: PCIe Gen3, NVLink 100 GB/s"),
+    "TITAN-RTX": (3, 50.0, "TITAN RTX specifications: PCIe Gen3, NVLink 100 GB/s"),
+    "T4": (3, 0.0, "T4 datasheet: PCIe Gen3 x16, no NVLink"),
+    "V100-SXM2": (3, 150.0, "V100 datasheet: PCIe Gen3, NVLink 300 GB/s"),
+    "V100-PCIE": (3, 0.0, "V100 datasheet: PCIe Gen3 x16, no NVLink"),
+}
+
+
+def _link_of(name: str) -> tuple[float, float, str]:
+    """(PCIe GB/s, NVLink GB/s, source) of a model; zeros for a model not in the table."""
+    known = _LINKS.get(name)
+    if known is None:
+        return 0.0, 0.0, "links not known"
+    gen, nvlink, source = known
+    return _PCIE_GBS[gen], nvlink, source
 
 
 # What may follow a known model's name in a driver's name for the same model (after

@@ -24,7 +24,9 @@ from typing import Any
 import numpy as np
 
 from kernelstream.kernels.space import Config
+from kernelstream.kernels.transfers import HostPattern, HostTimeline, simulate_host
 from kernelstream.schemas import DeviceSample, LaunchBatch
+from kernelstream.schemas.records import CopyColumns
 
 __all__ = ["LaunchBatcher", "LaunchChunk", "WorkloadRunner"]
 
@@ -52,6 +54,10 @@ class LaunchChunk:
     t_end: np.ndarray
     duration_us: np.ndarray
     ok: np.ndarray
+    # Host side, when the kernel runs with a host pattern: per launch, and its copies.
+    host_gap_us: np.ndarray | None = None
+    host_waited: np.ndarray | None = None
+    copies: dict[str, list[Any]] | None = None
 
 
 @dataclass
@@ -61,6 +67,7 @@ class _KernelState:
     config_id: str
     seq: int = 0
     mean_us: float = 0.0
+    host: HostPattern | None = None
 
 
 class WorkloadRunner:
@@ -79,6 +86,7 @@ class WorkloadRunner:
         start_configs: Mapping[str, Config] | None = None,
         max_launches_per_s: float = 20_000.0,
         max_iterations_per_tick: int = 5_000,
+        host_patterns: Mapping[str, HostPattern] | None = None,
     ) -> None:
         self.device = device
         self.max_launches_per_s = max_launches_per_s
@@ -87,7 +95,8 @@ class WorkloadRunner:
         self.kernels: dict[str, _KernelState] = {}
         for w in workloads:
             cfg = dict((start_configs or {}).get(w.name) or w.space.start_config())
-            self.kernels[w.name] = _KernelState(w, cfg, w.space.config_id(cfg))
+            host = (host_patterns or {}).get(w.name)
+            self.kernels[w.name] = _KernelState(w, cfg, w.space.config_id(cfg), host=host)
 
     def config_of(self, kernel: str) -> Config:
         return dict(self.kernels[kernel].config)
@@ -118,6 +127,8 @@ class WorkloadRunner:
             n = 1
         durations = np.empty((n, len(names)))
         oks = np.empty((n, len(names)), dtype=bool)
+        lead = np.full((n, len(names)), _HOST_GAP_US)
+        hosts: dict[str, HostTimeline] = {}
         for j, name in enumerate(names):
             s = self.kernels[name]
             res = self.device.launch(s.workload, s.config, n)
@@ -125,12 +136,17 @@ class WorkloadRunner:
             oks[:, j] = res.ok
             if res.ok.any():
                 s.mean_us = float(res.duration_us[res.ok].mean())
-        # Lay the launches out back to back: gap, kernel, gap, kernel, ...; pad each
-        # iteration with idle time when the launch-rate cap asks for it.
-        step = durations + _HOST_GAP_US
+            if s.host is not None:
+                spec = self.device.spec
+                hosts[name] = simulate_host(spec, s.host.with_config(s.config), res.duration_us)
+                lead[:, j] = hosts[name].lead_us
+        # Lay the launches out back to back: lead (host gap, exposed copies), kernel,
+        # lead, kernel, ...; pad each iteration with idle time when the launch-rate cap
+        # asks for it.
+        step = durations + lead
         pad = np.maximum(0.0, min_iter_us - step.sum(axis=1))
         step[:, -1] += pad
-        ends_us = np.cumsum(step.ravel()).reshape(n, len(names)) - (step - durations - _HOST_GAP_US)
+        ends_us = np.cumsum(step.ravel()).reshape(n, len(names)) - (step - durations - lead)
         t_end = self._clock + ends_us / 1e6
         if getattr(self.device, "realtime", False):
             # A real GPU ran these launches just now: end the layout at the real clock
@@ -152,6 +168,7 @@ class WorkloadRunner:
                     t_end[:, j].copy(),
                     durations[:, j].copy(),
                     oks[:, j].copy(),
+                    *_host_columns(hosts.get(name), t_end[:, j]),
                 )
             )
             s.seq += n
@@ -163,12 +180,32 @@ class WorkloadRunner:
         return self._clock
 
 
+def _host_columns(
+    host: HostTimeline | None, t_end: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray | None, dict[str, list[Any]] | None]:
+    """A kernel's host gaps, waits and copies (with their end times) for one tick."""
+    if host is None:
+        return None, None, None
+    copies = None
+    if len(host.copy_launch):
+        ends = t_end[host.copy_launch] + host.copy_end_us / 1e6
+        copies = dict(
+            host.copies,
+            t_end=np.round(ends, _T_END_DECIMALS).tolist(),
+            launch=host.copy_launch.tolist(),
+        )
+    return host.host_gap_us.copy(), host.host_waited.copy(), copies
+
+
 @dataclass
 class _Pending:
     chunk_meta: LaunchChunk
     t_end: list[np.ndarray] = field(default_factory=list)
     duration_us: list[np.ndarray] = field(default_factory=list)
     ok: list[np.ndarray] = field(default_factory=list)
+    host_gap_us: list[np.ndarray] = field(default_factory=list)
+    host_waited: list[np.ndarray] = field(default_factory=list)
+    copies: dict[str, list[Any]] = field(default_factory=dict)
     seq_start: int = 0
     count: int = 0
     opened_at: float = 0.0
@@ -212,6 +249,7 @@ class LaunchBatcher:
             p.t_end.append(chunk.t_end[start : start + take])
             p.duration_us.append(chunk.duration_us[start : start + take])
             p.ok.append(chunk.ok[start : start + take])
+            _take_host(p, chunk, start, take)
             p.count += take
             start += take
             if p.count >= self.max_launches:
@@ -262,4 +300,32 @@ class LaunchBatcher:
             duration_us=np.round(np.concatenate(p.duration_us), _DURATION_DECIMALS).tolist(),
             ok=np.concatenate(p.ok).astype(int).tolist(),
             samples=samples,
+            **_host_fields(p),
         )
+
+
+def _take_host(p: _Pending, chunk: LaunchChunk, start: int, take: int) -> None:
+    """Carry launches ``start:start+take`` of a chunk's host columns into a batch."""
+    if chunk.host_gap_us is None or chunk.host_waited is None:
+        return
+    p.host_gap_us.append(chunk.host_gap_us[start : start + take])
+    p.host_waited.append(chunk.host_waited[start : start + take])
+    if not chunk.copies:
+        return
+    # Copies go with the batch of the launch they served.
+    pick = [i for i, j in enumerate(chunk.copies["launch"]) if start <= j < start + take]
+    for name, column in chunk.copies.items():
+        if name != "launch":
+            p.copies.setdefault(name, []).extend(column[i] for i in pick)
+
+
+def _host_fields(p: _Pending) -> dict[str, Any]:
+    if not p.host_gap_us:
+        return {}
+    out: dict[str, Any] = {
+        "host_gap_us": np.round(np.concatenate(p.host_gap_us), _DURATION_DECIMALS).tolist(),
+        "host_waited": np.concatenate(p.host_waited).astype(int).tolist(),
+    }
+    if p.copies.get("t_end"):
+        out["copies"] = CopyColumns(**p.copies)
+    return out

@@ -86,3 +86,15 @@ def test_cupy_backend_without_cupy_names_the_extra() -> None:
         open_device("cupy")
     with pytest.raises(UnknownDeviceError):
         open_device("opencl")
+
+
+def test_every_model_has_its_links_with_a_source() -> None:
+    from kernelstream.kernels.devices import DEVICE_SPECS, DeviceSpec
+
+    for spec in DEVICE_SPECS.values():
+        assert spec.pcie_gbs in (15.75, 31.5, 63.0), spec.name
+        assert spec.nvlink_gbs >= 0
+        assert "PCIe Gen" in spec.link_source and "NVLink" in spec.link_source, spec.name
+    h100 = DEVICE_SPECS["H100-SXM5-80GB"]
+    assert (h100.pcie_gbs, h100.nvlink_gbs) == (63.0, 450.0)  # Gen5 x16; 900 GB/s both ways
+    assert DeviceSpec.unknown("MI250X").pcie_gbs == 0.0
