@@ -414,6 +414,8 @@ class WindowIngest(Service):
         if stats.first_batch_at is None:
             stats.first_batch_at = now
         keys.add(key)
+        if self.detector is not None:
+            self.detector.on_batch(cols)
         t1 = time.perf_counter()
         late = self.windower.add_columns(cols, now)
         for too_late in late:

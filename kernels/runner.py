@@ -58,6 +58,9 @@ class LaunchChunk:
     host_gap_us: np.ndarray | None = None
     host_waited: np.ndarray | None = None
     copies: dict[str, list[Any]] | None = None
+    # Each launch's share of the step (host gap, exposed copies, kernel): what a change
+    # of the host side (pinned buffers, streams, batching) is measured by.
+    step_us: np.ndarray | None = None
 
 
 @dataclass
@@ -168,7 +171,7 @@ class WorkloadRunner:
                     t_end[:, j].copy(),
                     durations[:, j].copy(),
                     oks[:, j].copy(),
-                    *_host_columns(hosts.get(name), t_end[:, j]),
+                    *_host_columns(hosts.get(name), t_end[:, j], durations[:, j]),
                 )
             )
             s.seq += n
@@ -181,11 +184,11 @@ class WorkloadRunner:
 
 
 def _host_columns(
-    host: HostTimeline | None, t_end: np.ndarray
-) -> tuple[np.ndarray | None, np.ndarray | None, dict[str, list[Any]] | None]:
-    """A kernel's host gaps, waits and copies (with their end times) for one tick."""
+    host: HostTimeline | None, t_end: np.ndarray, duration_us: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray | None, dict[str, list[Any]] | None, np.ndarray | None]:
+    """A kernel's host gaps, waits, copies (with their end times) and steps for one tick."""
     if host is None:
-        return None, None, None
+        return None, None, None, None
     copies = None
     if len(host.copy_launch):
         ends = t_end[host.copy_launch] + host.copy_end_us / 1e6
@@ -194,7 +197,7 @@ def _host_columns(
             t_end=np.round(ends, _T_END_DECIMALS).tolist(),
             launch=host.copy_launch.tolist(),
         )
-    return host.host_gap_us.copy(), host.host_waited.copy(), copies
+    return host.host_gap_us.copy(), host.host_waited.copy(), copies, duration_us + host.lead_us
 
 
 @dataclass

@@ -49,6 +49,11 @@ Classification = Literal[
     "regression",
     "balanced",
     "roofline_unknown",
+    # ks.finding/2: data movement and host stalls (agents.logic.transfers)
+    "transfer_bound",
+    "pageable_copies",
+    "no_overlap",
+    "host_sync",
 ]
 CopyDirection = Literal["h2d", "d2h", "d2d"]
 OutcomeStatus = Literal["applied", "kept", "rolled_back", "rejected"]
@@ -302,8 +307,8 @@ class WindowAggregate(Record):
 class Finding(Record):
     """A classification of one window aggregate, with its evidence."""
 
-    SCHEMA: ClassVar[str] = "ks.finding/1"
-    schema_: Literal["ks.finding/1"] = Field(default="ks.finding/1", alias="schema")
+    SCHEMA: ClassVar[str] = "ks.finding/2"
+    schema_: Literal["ks.finding/1", "ks.finding/2"] = Field(default="ks.finding/2", alias="schema")
 
     id: _Name
     node: _Name
@@ -324,6 +329,17 @@ class Finding(Record):
     count: int = Field(ge=0, default=0)
     failures: int = Field(ge=0, default=0)
     duration_mean_us: _NonNegFloat = 0.0
+
+    @model_validator(mode="after")
+    def _known_in_version(self) -> Finding:
+        if self.schema_ == "ks.finding/1" and self.classification in _FINDING_V2_CLASSES:
+            raise ValueError(
+                f"ks.finding/1 has no classification {self.classification!r} (added in /2)"
+            )
+        return self
+
+
+_FINDING_V2_CLASSES = ("transfer_bound", "pageable_copies", "no_overlap", "host_sync")
 
 
 class Recommendation(Record):
@@ -474,7 +490,10 @@ RECORD_TYPES: dict[str, type[Record]] = {
 
 # Older versions a current model still reads unchanged; their JSON Schema files stay in
 # schemas/json/ as they were published.
-_OLDER_VERSIONS: dict[str, type[Record]] = {"ks.launch_batch/1": LaunchBatch}
+_OLDER_VERSIONS: dict[str, type[Record]] = {
+    "ks.launch_batch/1": LaunchBatch,
+    "ks.finding/1": Finding,
+}
 
 
 def record_type(schema: object) -> type[Record] | None:

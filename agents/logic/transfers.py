@@ -31,6 +31,7 @@ import numpy.typing as npt
 from kernelstream.kernels.devices import DeviceSpec
 from kernelstream.kernels.space import ParamValue, SearchSpace
 from kernelstream.kernels.transfers import copy_us
+from kernelstream.schemas import Finding, WindowAggregate
 from kernelstream.schemas.columnar import LaunchColumns
 
 __all__ = [
@@ -38,6 +39,10 @@ __all__ = [
     "TransferFinding",
     "TransferSummary",
     "TransferThresholds",
+    "TransferWindows",
+    "finding_records",
+    "is_host_finding",
+    "merge",
     "summarize",
     "transfer_findings",
 ]
@@ -374,3 +379,124 @@ def _knob(
     if value is None or value == config[name]:
         return None
     return {**config, name: value}
+
+
+def merge(a: TransferSummary, b: TransferSummary) -> TransferSummary:
+    """Two summaries of one stream as one (their copies overlap kernels of their own)."""
+    legs = dict(a.legs)
+    for key, leg in b.legs.items():
+        legs[key] = legs.get(key, _Leg()).plus(leg.bytes, leg.us)
+    return TransferSummary(
+        a.launches + b.launches,
+        a.kernel_us + b.kernel_us,
+        a.gap_us + b.gap_us,
+        a.waited + b.waited,
+        a.copy_us + b.copy_us,
+        a.overlap_us + b.overlap_us,
+        legs,
+        tuple(sorted({*a.streams, *b.streams})),
+    )
+
+
+def _slice(cols: LaunchColumns, lo: float, hi: float) -> LaunchColumns:
+    """The launches (and copies) of ``cols`` that ended in ``[lo, hi)``."""
+    keep = (cols.t_end >= lo) & (cols.t_end < hi)
+    copies = cols.copies
+    if copies is not None:
+        idx = [i for i, t in enumerate(copies.t_end) if lo <= t < hi]
+        copies = (
+            copies.model_validate({k: [v[i] for i in idx] for k, v in copies.model_dump().items()})
+            if idx
+            else None
+        )
+    return LaunchColumns(
+        cols.meta,
+        cols.t_end[keep],
+        cols.duration_us[keep],
+        cols.ok[keep],
+        None,
+        None if cols.host_gap_us is None else cols.host_gap_us[keep],
+        None if cols.host_waited is None else cols.host_waited[keep],
+        copies,
+    )
+
+
+class TransferWindows:
+    """Host-side summaries per (stream, configuration, event-time window).
+
+    Fed the same batches as the launch windows (:meth:`add`); a launch window's
+    close (:meth:`close`) turns the matching summary into findings. Holds at most
+    ``max_open`` open summaries: the oldest go first (a stream whose windows never
+    close, e.g. one that moved to another worker).
+    """
+
+    def __init__(self, size_s: float, max_open: int = 50_000) -> None:
+        self.size_s = size_s
+        self.max_open = max_open
+        self._open: dict[tuple[str, str, int], TransferSummary] = {}
+
+    def add(self, cols: LaunchColumns) -> None:
+        """Take a batch's host telemetry (a version 1 batch has none: nothing to do)."""
+        if (cols.host_gap_us is None and cols.copies is None) or len(cols) == 0:
+            return
+        first, last = (int(np.floor(t / self.size_s)) for t in cols.t_range())
+        for w in range(first, last + 1):
+            part = cols if first == last else _slice(cols, w * self.size_s, (w + 1) * self.size_s)
+            s = summarize([part])
+            if s is None or s.launches == 0:
+                continue
+            key = (cols.meta.stream_key, cols.meta.config_id, w)
+            self._open[key] = merge(self._open[key], s) if key in self._open else s
+        while len(self._open) > self.max_open:
+            self._open.pop(next(iter(self._open)))
+
+    def close(self, agg: WindowAggregate) -> TransferSummary | None:
+        """The summary of the window ``agg`` closes (removed), or None."""
+        w = int(np.floor((agg.window_start + self.size_s / 2) / self.size_s))
+        return self._open.pop((agg.stream_key, agg.config_id, w), None)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+
+def finding_records(
+    agg: WindowAggregate, findings: Sequence[TransferFinding], finding_id: str
+) -> list[Finding]:
+    """The findings of one window as ``ks.finding/2`` records.
+
+    A configuration change travels in the evidence (``knob_param``, ``knob_value``)
+    for the tuner to recommend; ``advice`` says what to do otherwise.
+    """
+    out = []
+    for f in findings:
+        ev = dict(f.evidence, host_side=True, advice=f.advice)
+        if f.knob is not None:
+            (param,) = [k for k, v in f.knob.items() if agg.config.get(k) != v]
+            ev.update(knob_param=param, knob_value=f.knob[param])
+        out.append(
+            Finding(
+                id=f"{finding_id}/{f.classification}",
+                node=agg.node,
+                device_index=agg.device_index,
+                device_model=agg.device_model,
+                kernel=agg.kernel,
+                workload=agg.workload,
+                problem_size=list(agg.problem_size),
+                config=dict(agg.config),
+                config_id=agg.config_id,
+                window_start=agg.window_start,
+                window_end=agg.window_end,
+                classification=f.classification,
+                evidence=ev,
+                summary=f.summary,
+                count=agg.count,
+                failures=agg.failures,
+                duration_mean_us=agg.duration_mean_us,
+            )
+        )
+    return out
+
+
+def is_host_finding(finding: Finding) -> bool:
+    """Whether a finding came from :func:`finding_records` (the host side of a window)."""
+    return finding.evidence.get("host_side") is True

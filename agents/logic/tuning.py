@@ -537,6 +537,34 @@ class Tuner:
             cur.mean_us / m.mean_us - 1.0,
         )
 
+    def recommend_knob(
+        self, finding: Finding, space: SearchSpace, now: float
+    ) -> Recommendation | None:
+        """The configuration change a host-side finding carries, or None.
+
+        The change (``knob_param``/``knob_value`` in the evidence, e.g. pinned buffers
+        or a second stream) goes through the same outstanding/barred bookkeeping as a
+        search step, so the node measures it and keeps it or rolls it back.
+        """
+        param, value = finding.evidence.get("knob_param"), finding.evidence.get("knob_value")
+        if not isinstance(param, str) or value is None:
+            return None
+        slot = self._slot(_slot_of(finding))
+        if slot.outstanding is not None and now < slot.outstanding.expires_at:
+            return None
+        slot.outstanding = None
+        config = {**dict(finding.config), param: value}
+        if set(config) != set(space.names) or not space.is_valid(config):
+            return None
+        if slot.barred(space.config_id(config)):
+            return None
+        gain = float(finding.evidence.get("expected_gain", 0.0))
+        reason = f"{finding.classification}: {finding.summary}"
+        g = self._group(group_of(finding))
+        cur = g.configs.get(finding.config_id)
+        proposal = Proposal(config, reason, gain)
+        return self._issue(finding, space, slot, g, cur, finding.config_id, proposal, now)
+
     def _issue(
         self,
         finding: Finding,

@@ -50,6 +50,16 @@ def _device(r: dict[str, Any]) -> str:
     return f"{r.get('node')}:{r.get('device_index')}"
 
 
+_FINDING_COLUMNS: Sequence[Column] = (
+    ("window", 12, _time("window_start")),
+    ("device", 18, _device),
+    ("model", 15, _k("device_model")),
+    ("kernel", 14, _k("kernel")),
+    ("class", 18, _k("classification")),
+    ("mean us", 9, _f("duration_mean_us", ".1f")),
+    ("summary", 0, _k("summary")),
+)
+
 _COLUMNS: dict[str, Sequence[Column]] = {
     "ks.recommendation/1": (
         ("issued", 12, _time("issued_at")),
@@ -60,15 +70,8 @@ _COLUMNS: dict[str, Sequence[Column]] = {
         ("to config", 48, _k("config_id")),
         ("reason", 0, _k("reason")),
     ),
-    "ks.finding/1": (
-        ("window", 12, _time("window_start")),
-        ("device", 18, _device),
-        ("model", 15, _k("device_model")),
-        ("kernel", 14, _k("kernel")),
-        ("class", 18, _k("classification")),
-        ("mean us", 9, _f("duration_mean_us", ".1f")),
-        ("summary", 0, _k("summary")),
-    ),
+    "ks.finding/1": _FINDING_COLUMNS,
+    "ks.finding/2": _FINDING_COLUMNS,
     "ks.window/1": (
         ("window", 12, _time("window_start")),
         ("device", 18, _device),

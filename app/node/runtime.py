@@ -367,7 +367,10 @@ class _Node:
             if current is not None and self._config_id(chunk.kernel, current) == chunk.config_id:
                 # Launches of a configuration the kernel has left (made before a switch,
                 # drained after it) are telemetry, not evidence about the one in trial.
-                self.reconf.observe(chunk.kernel, chunk.duration_us, chunk.ok)
+                # A kernel with host telemetry is measured by its whole step, so a
+                # host-side change (pinned buffers, streams, batching) shows its effect.
+                step = chunk.step_us if chunk.step_us is not None else chunk.duration_us
+                self.reconf.observe(chunk.kernel, step, chunk.ok)
             batches += self.batcher.add(chunk, now)
             if len(chunk.t_end):
                 t = float(np.max(chunk.t_end))

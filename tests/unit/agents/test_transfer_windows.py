@@ -1,0 +1,114 @@
+"""Host-side findings per launch window, and the tuner turning them into changes."""
+
+from __future__ import annotations
+
+from kernelstream.agents.logic.detection import finding_id
+from kernelstream.agents.logic.transfers import (
+    TransferWindows,
+    finding_records,
+    is_host_finding,
+    transfer_findings,
+)
+from kernelstream.agents.logic.tuning import Tuner
+from kernelstream.agents.logic.windowing import Windower, WindowSpec
+from kernelstream.kernels.devices import get_device_spec
+from kernelstream.kernels.space import SearchSpace
+from kernelstream.kernels.transfers import HostPattern
+from kernelstream.schemas import Finding, ReconfigOutcome, WindowAggregate, decode, encode
+from tests.unit.agents.test_logic_transfers import A100, MIB, run
+
+
+def windows(pattern: HostPattern) -> list[tuple[WindowAggregate, list[Finding]]]:
+    """Each launch window of one second of the pattern with the host findings it closes."""
+    spec = WindowSpec(size_s=0.25)
+    windower, host = Windower(spec), TransferWindows(spec.size_s)
+    for cols in run(pattern):
+        host.add(cols)
+        windower.add_columns(cols, 0.0)
+    out = []
+    for agg in windower.flush_all():
+        s = host.close(agg)
+        found = [] if s is None else transfer_findings(s, get_device_spec(A100), agg.config)
+        out.append((agg, finding_records(agg, found, finding_id(agg))))
+    assert len(host) == 0  # every summary closed with its window
+    return out
+
+
+def test_every_window_of_a_pageable_one_stream_step_has_its_findings() -> None:
+    result = windows(HostPattern(64 * MIB, 16 * MIB, pinned=False))
+    assert len(result) >= 4
+    for agg, found in result:
+        assert {f.classification for f in found} == {
+            "transfer_bound",
+            "pageable_copies",
+            "no_overlap",
+        }, agg.window_start
+        for f in found:
+            assert is_host_finding(f) and f.evidence["advice"]
+            assert decode(encode(f), Finding) == f  # valid ks.finding/2 on the wire
+            assert f.id.startswith(finding_id(agg))
+
+
+def test_a_healthy_step_has_windows_and_no_host_finding() -> None:
+    result = windows(HostPattern(MIB, MIB, pinned=True, streams=2))
+    assert result and all(found == [] for _, found in result)
+
+
+SPACE = SearchSpace(
+    "staged",
+    {"tile": (8, 16), "pinned": (0, 1), "streams": (1, 2, 4)},
+    {"tile": 8, "pinned": 0, "streams": 1},
+)
+
+
+def knob_finding(classification: str, param: str, value: int) -> Finding:
+    (agg, found), *_ = windows(HostPattern(64 * MIB, 16 * MIB, pinned=False))
+    config = {"tile": 8, "pinned": 0, "streams": 1}
+    agg = agg.model_copy(update={"config": config, "config_id": SPACE.config_id(config)})
+    (f,) = [f for f in found if f.classification == classification]
+    ev = dict(f.evidence, knob_param=param, knob_value=value)
+    return f.model_copy(update={"config": config, "config_id": agg.config_id, "evidence": ev})
+
+
+def test_tuner_recommends_the_change_a_host_finding_carries() -> None:
+    tuner = Tuner(ttl_s=30.0)
+    f = knob_finding("pageable_copies", "pinned", 1)
+    rec = tuner.recommend_knob(f, SPACE, now=10.0)
+    assert rec is not None
+    assert rec.config == {"tile": 8, "pinned": 1, "streams": 1}
+    assert rec.expected_gain == f.evidence["expected_gain"]
+    assert rec.reason.startswith("pageable_copies: ")
+    # one change at a time per kernel instance: the next finding waits for the outcome
+    assert tuner.recommend_knob(knob_finding("no_overlap", "streams", 2), SPACE, now=11.0) is None
+
+
+def test_a_rolled_back_host_change_is_not_recommended_again() -> None:
+    tuner = Tuner(ttl_s=30.0)
+    f = knob_finding("pageable_copies", "pinned", 1)
+    rec = tuner.recommend_knob(f, SPACE, now=10.0)
+    assert rec is not None
+    tuner.observe_outcome(
+        ReconfigOutcome(
+            id="o1",
+            recommendation_id=rec.id,
+            node=rec.node,
+            device_index=rec.device_index,
+            device_model=rec.device_model,
+            kernel=rec.kernel,
+            workload=rec.workload,
+            problem_size=rec.problem_size,
+            status="rolled_back",
+            reason="slower",
+            before_config=f.config,
+            before_config_id=f.config_id,
+            after_config=rec.config,
+            after_config_id=rec.config_id,
+            at=20.0,
+        )
+    )
+    assert tuner.recommend_knob(f, SPACE, now=21.0) is None
+
+
+def test_a_change_outside_the_declared_space_is_advice_only() -> None:
+    f = knob_finding("no_overlap", "streams", 8)  # streams 8 is not declared
+    assert Tuner().recommend_knob(f, SPACE, now=1.0) is None
