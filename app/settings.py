@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
+import orjson
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
@@ -26,6 +27,7 @@ from pydantic_settings import (
 
 from kernelstream.agents.context import LaunchLimits
 from kernelstream.agents.logic.sequencing import SeqLimits
+from kernelstream.kernels.transfers import HostPattern
 from kernelstream.schemas.codec import MAX_MESSAGE_BYTES
 
 __all__ = ["Settings", "load_settings"]
@@ -241,6 +243,19 @@ class Settings(BaseSettings):
     )
     batch_max_delay_s: float = Field(default=0.1, gt=0)
     max_launches_per_s: float = Field(default=20_000.0, gt=0)
+    problem_scale: float = Field(
+        default=1.0,
+        gt=0,
+        le=1.0,
+        description="Scale of the built-in workloads' total work on sim and cupy nodes "
+        "(e.g. 0.0001 for the microsecond kernels of the transfers demo).",
+    )
+    host_pattern: str | None = Field(
+        default=None,
+        description="What a sim node's host does around each launch, as a JSON object with "
+        "any of h2d_bytes, d2h_bytes, pinned, streams, batch, sync_every "
+        "(kernels.transfers.HostPattern): its batches then carry copies and host gaps.",
+    )
     rollback_min_launches: int = Field(default=30, ge=1)
     max_step: int = Field(default=8, ge=1, description="Largest per-parameter move a node accepts.")
     node_state_dir: Path = Field(
@@ -345,6 +360,12 @@ class Settings(BaseSettings):
         """True when no bootstrap is configured: the CLI starts the embedded broker."""
         return not self.bootstrap
 
+    @model_validator(mode="after")
+    def _host_pattern_parses(self) -> Settings:
+        if self.host_pattern is not None:
+            host_pattern_of(self.host_pattern)
+        return self
+
     def kafka_client_kwargs(self) -> dict[str, Any]:
         """Security keyword arguments shared by aiokafka producers, consumers and admin.
 
@@ -390,3 +411,21 @@ class Settings(BaseSettings):
 def load_settings(**overrides: Any) -> Settings:
     """Build the settings from the environment (and TOML file), then explicit overrides."""
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def host_pattern_of(text: str) -> HostPattern:
+    """Parse the ``host_pattern`` setting; ValueError with what is wrong."""
+    try:
+        fields = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"host_pattern is not JSON: {exc}") from exc
+    if not isinstance(fields, dict):
+        raise ValueError("host_pattern must be a JSON object")
+    unknown = set(fields) - set(HostPattern.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"host_pattern has unknown fields {sorted(unknown)}")
+    if any(not isinstance(v, int) or v < 0 for v in fields.values()):
+        raise ValueError("host_pattern values must be integers >= 0")
+    if fields.get("streams", 1) < 1 or fields.get("batch", 1) < 1:
+        raise ValueError("host_pattern streams and batch must be >= 1")
+    return HostPattern(**fields)

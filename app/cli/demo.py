@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from kernelstream.app.cli.demo_transfers import TRANSFER_NODES, HostFindingTally
 from kernelstream.app.kafka.embedded import EmbeddedBroker, die_with_parent, free_port
 from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.replay.series import series_summary
@@ -47,6 +48,7 @@ class DemoOptions:
     run_dir: Path = Path("var/demo")
     cupy: bool = False
     cupy_device_index: int = 0
+    scenario: str = "tuning"  # or "transfers" (app.cli.demo_transfers)
 
 
 class SummaryBuilder:
@@ -61,10 +63,13 @@ class SummaryBuilder:
         self.windows: list[WindowAggregate] = []
         self.outcomes: list[ReconfigOutcome] = []
         self.classification: dict[tuple[str, int, str], str] = {}
+        self.host = HostFindingTally()
 
     def add(self, record: Any) -> None:
         if isinstance(record, WindowAggregate):
             self.windows.append(record)
+        elif isinstance(record, Finding) and self.host.add(record):
+            return
         elif isinstance(record, Finding):
             key = (record.node, record.device_index, record.kernel)
             self.classification[key] = record.classification
@@ -393,7 +398,9 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
             KERNELSTREAM_WEB_PORT=str(free_port()),
             KERNELSTREAM_APP_ID=f"kernelstream-demo-{os.getpid()}",
         )
-        for node_id, model in SIM_NODES:
+        if opts.scenario == "transfers":
+            _spawn_transfer_nodes(children)
+        for node_id, model in SIM_NODES if opts.scenario == "tuning" else ():
             children.spawn(
                 node_id,
                 [
@@ -425,7 +432,7 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
                 KERNELSTREAM_NODE_METRICS_PORT=str(free_port()),
             )
             print(f"cupy node runs the workloads on {gpu_name}", flush=True)
-        if trace is not None:
+        if trace is not None and opts.scenario == "tuning":
             children.spawn(
                 "trace-node",
                 ["node", "--node-id", "trace-1", "--backend", "trace", "--trace-file", str(trace)],
@@ -444,6 +451,8 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
             broker.stop(timeout_s=1.0)
     rows = builder.rows()
     _print_summary(rows)
+    if opts.scenario == "transfers":
+        _print_host_findings(builder.host)
     if opts.json_path:
         opts.json_path.parent.mkdir(parents=True, exist_ok=True)
         opts.json_path.write_bytes(
@@ -453,6 +462,21 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
             )
         )
     return 130 if interrupted else 0
+
+
+def _spawn_transfer_nodes(children: _Children) -> None:
+    for n in TRANSFER_NODES:
+        args = ["node", "--node-id", n.node_id, "--backend", "sim", "--model", n.model]
+        children.spawn(n.node_id, args, KERNELSTREAM_NODE_METRICS_PORT=str(free_port()), **n.env())
+
+
+def _print_host_findings(tally: HostFindingTally) -> None:
+    print("\nhost-side findings (copies, host gaps, synchronizations):")
+    for line in tally.lines() or ["  none"]:
+        print(f"  {line}")
+    missing = tally.missing()
+    if missing:
+        print(f"  not seen in this run: {', '.join(missing)} (a longer --duration shows them)")
 
 
 def _print_summary(rows: list[dict[str, Any]]) -> None:

@@ -125,6 +125,14 @@ def main(verbose: bool) -> None:
 @click.option("--cupy-device", type=int, default=0, show_default=True, help="CUDA device index.")
 @click.option("--no-live", is_flag=True, help="No live table; print progress lines instead.")
 @click.option(
+    "--scenario",
+    type=click.Choice(["tuning", "transfers"]),
+    default="tuning",
+    show_default=True,
+    help="tuning: sim and trace nodes get tuned. transfers: sim nodes whose copies, "
+    "launch gaps and synchronizations hold the GPU back, and the findings about them.",
+)
+@click.option(
     "--run-dir",
     type=click.Path(path_type=Path),
     default=Path("var/demo"),
@@ -147,6 +155,7 @@ def demo(
     cupy: bool,
     cupy_device: int,
     no_live: bool,
+    scenario: str,
     run_dir: Path,
     scenario: str,
 ) -> None:
@@ -177,6 +186,7 @@ def demo(
         run_dir=run_dir,
         cupy=cupy,
         cupy_device_index=cupy_device,
+        scenario=scenario,
     )
     try:
         code = run_demo(settings, opts)

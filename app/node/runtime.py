@@ -40,7 +40,7 @@ from kernelstream.agents.logic.reconfiguration import ReconfigPolicy, Reconfigur
 from kernelstream.agents.reconfig_agent import RecommendationInbox, outcome_record
 from kernelstream.app.kafka.partitioner import CachedKeyPartitioner
 from kernelstream.app.node.outbox import DurableSeenIds, NodeStore, Outbox, OutboxSender
-from kernelstream.app.settings import Settings
+from kernelstream.app.settings import Settings, host_pattern_of
 from kernelstream.kernels import open_device
 from kernelstream.kernels.runner import LaunchBatcher, WorkloadRunner
 from kernelstream.schemas import DeviceSample, LaunchBatch, Recommendation, ReconfigOutcome, encode
@@ -87,6 +87,7 @@ def _open(settings: Settings) -> tuple[Any, list[Any]]:
         device_index=settings.device_index,
         seed=settings.seed,
         trace_file=settings.trace_file,
+        problem_scale=settings.problem_scale,
     )
     workloads = device.workloads()
     if settings.backend != "trace":
@@ -179,8 +180,12 @@ class _Node:
         self.s = settings
         if parts is None:
             self.device, workloads = _open(settings)
+            host = None if settings.host_pattern is None else host_pattern_of(settings.host_pattern)
             self.runner: Any = WorkloadRunner(
-                self.device, workloads, max_launches_per_s=settings.max_launches_per_s
+                self.device,
+                workloads,
+                max_launches_per_s=settings.max_launches_per_s,
+                host_patterns=None if host is None else {w.name: host for w in workloads},
             )
         else:
             self.device, workloads, self.runner = parts

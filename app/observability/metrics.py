@@ -215,6 +215,34 @@ METRICS: tuple[MetricSpec, ...] = (
         "reason",
     ),
     _n(
+        "kernelstream_node_copy_bytes",
+        "counter",
+        "Bytes copied by the node's kernels' steps, by direction and pinned (1) or pageable (0).",
+        "kernel",
+        "direction",
+        "pinned",
+    ),
+    _n(
+        "kernelstream_node_copy_seconds",
+        "counter",
+        "Time spent in copies (CUDA events on a GPU), by direction and pinned or pageable.",
+        "kernel",
+        "direction",
+        "pinned",
+    ),
+    _n(
+        "kernelstream_node_host_gap_seconds",
+        "counter",
+        "Host time between a kernel's launches (its launch calls, waits, Python).",
+        "kernel",
+    ),
+    _n(
+        "kernelstream_node_host_waits",
+        "counter",
+        "Launches before which the host waited on the device (a synchronization).",
+        "kernel",
+    ),
+    _n(
         "kernelstream_node_tick_lag_seconds",
         "gauge",
         f"Worst overrun of the launch loop's 50 ms tick in the last {TICK_LAG_WINDOW_S:.0f} s.",
@@ -386,6 +414,7 @@ class NodeMetrics(Collector):
     def __init__(self) -> None:
         self.node: Any = None
         self.speed: KernelSpeed | None = None
+        self.host = HostTally()
         self.registry = _registry(self)
 
     def attach(self, node: Any) -> None:
@@ -398,6 +427,7 @@ class NodeMetrics(Collector):
         if self.speed is not None:
             for ch in chunks:
                 self.speed.observe(ch.kernel, ch.config_id, ch.duration_us, ch.ok)
+                self.host.observe(ch)
 
     def ready(self) -> bool:
         """Connected to the broker both ways: the outbox producer and the inbox consumer."""
@@ -435,6 +465,7 @@ class NodeMetrics(Collector):
         yield _dead_letters("kernelstream_node_dead_letters", nid, NODE_DEAD_LETTERS, dead)
         lag_s = max(0.0, node.tick_lag.value(time.monotonic()))
         yield _gauge("kernelstream_node_tick_lag_seconds", lag_s, nid)
+        yield from self.host.families(nid)
 
     def _kernels(self, node: Any, nid: list[str]) -> Iterator[Metric]:
         duration = _family("kernelstream_node_kernel_duration_seconds")
@@ -452,6 +483,53 @@ class NodeMetrics(Collector):
                 speedup.add_metric(labels, s)
         yield duration
         yield speedup
+
+
+class HostTally:
+    """Copies, host gaps and waits of a node's launches, summed for its counters."""
+
+    def __init__(self) -> None:
+        self.copy_bytes: dict[tuple[str, str, str], float] = {}
+        self.copy_s: dict[tuple[str, str, str], float] = {}
+        self.gap_s: dict[str, float] = {}
+        self.waits: dict[str, int] = {}
+
+    def observe(self, chunk: Any) -> None:
+        """Add one chunk of launches (a :class:`kernels.runner.LaunchChunk`)."""
+        k = chunk.kernel
+        if chunk.host_gap_us is not None:
+            self.gap_s[k] = self.gap_s.get(k, 0.0) + float(chunk.host_gap_us.sum()) / 1e6
+        if chunk.host_waited is not None:
+            self.waits[k] = self.waits.get(k, 0) + int(chunk.host_waited.sum())
+        copies = chunk.copies or {}
+        for d, b, us, pin in zip(
+            copies.get("direction", ()),
+            copies.get("bytes", ()),
+            copies.get("duration_us", ()),
+            copies.get("pinned", ()),
+            strict=True,
+        ):
+            key = (k, d, str(int(pin)))
+            self.copy_bytes[key] = self.copy_bytes.get(key, 0.0) + b
+            self.copy_s[key] = self.copy_s.get(key, 0.0) + us / 1e6
+
+    def families(self, nid: list[str]) -> Iterator[Metric]:
+        for name, values in (
+            ("kernelstream_node_copy_bytes", self.copy_bytes),
+            ("kernelstream_node_copy_seconds", self.copy_s),
+        ):
+            fam = _family(name)
+            for key, v in sorted(values.items()):
+                fam.add_metric([*nid, *key], v)
+            yield fam
+        for name, per_kernel in (
+            ("kernelstream_node_host_gap_seconds", self.gap_s),
+            ("kernelstream_node_host_waits", self.waits),
+        ):
+            fam = _family(name)
+            for kernel, v in sorted(per_kernel.items()):
+                fam.add_metric([*nid, kernel], v)
+            yield fam
 
 
 # --- helpers ------------------------------------------------------------------

@@ -76,5 +76,9 @@ def test_dashboard_shows_what_an_operator_watches() -> None:
         "kernelstream_node_tick_lag_seconds",
         "kernelstream_worker_window_latency_seconds_bucket",
         "kernelstream_node_recommendation_latency_seconds_bucket",
+        "kernelstream_node_copy_bytes_total",  # achieved copy bandwidth
+        "kernelstream_node_copy_seconds_total",
+        "kernelstream_node_host_gap_seconds_total",
+        "kernelstream_node_host_waits_total",
     ):
         assert name in used, name
