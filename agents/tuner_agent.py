@@ -16,7 +16,6 @@ import time
 from typing import Any
 
 from kernelstream.agents.context import WorkerContext
-from kernelstream.agents.logic.transfers import is_host_finding
 from kernelstream.agents.logic.tuning import Tuner
 from kernelstream.kernels.resolve import SpaceResolver
 from kernelstream.schemas import Finding, Recommendation, ReconfigOutcome, encode
@@ -69,10 +68,7 @@ def register(app: Any, ctx: WorkerContext) -> Tuner:
         out = []
         for finding, space in todo:
             tuner.observe_finding(finding)
-            if is_host_finding(finding):  # a host-side change, or advice only
-                rec = tuner.recommend_knob(finding, space, time.time())
-            else:
-                rec = tuner.recommend(finding, space, time.time())
+            rec = tuner.recommend_for(finding, space, time.time())
             if rec is not None:
                 out.append(rec)
         return out

@@ -45,6 +45,7 @@ import numpy as np
 from scipy import stats
 
 from kernelstream.agents.logic.errors import LogicSettingsError
+from kernelstream.agents.logic.transfers import is_host_finding
 from kernelstream.schemas import Alert, Finding
 from kernelstream.schemas.keys import group_key
 from kernelstream.schemas.records import AlertScope, AlertState
@@ -161,7 +162,13 @@ class Forecaster:
 
     def observe(self, finding: Finding) -> tuple[list[Alert], AlertProblem | None]:
         """Feed one finding; the alerts it raises, withdraws or closes, and why the
-        finding was refused (None when it was used)."""
+        finding was refused (None when it was used).
+
+        A host-side finding (copies, host gaps) repeats the measurement of its window's
+        own finding: it is skipped, neither used nor refused.
+        """
+        if is_host_finding(finding):
+            return [], None
         problem = _measurement_problem(finding)
         if problem is not None:
             return [], problem

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kernelstream.agents.logic.errors import LogicSettingsError, SnapshotError
+from kernelstream.agents.logic.transfers import is_host_finding
 from kernelstream.kernels.space import Config, SearchSpace
 from kernelstream.schemas.records import (
     Finding,
@@ -536,6 +537,15 @@ class Tuner:
             f"{m.count} launches",
             cur.mean_us / m.mean_us - 1.0,
         )
+
+    def recommend_for(
+        self, finding: Finding, space: SearchSpace, now: float
+    ) -> Recommendation | None:
+        """:meth:`recommend_knob` for a host-side finding, :meth:`recommend` otherwise
+        (the live tuner agent and replay both decide through this)."""
+        if is_host_finding(finding):
+            return self.recommend_knob(finding, space, now)
+        return self.recommend(finding, space, now)
 
     def recommend_knob(
         self, finding: Finding, space: SearchSpace, now: float

@@ -457,7 +457,12 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
         opts.json_path.parent.mkdir(parents=True, exist_ok=True)
         opts.json_path.write_bytes(
             orjson.dumps(
-                {"duration_s": opts.duration_s, "interrupted": interrupted, "series": rows},
+                {
+                    "duration_s": opts.duration_s,
+                    "interrupted": interrupted,
+                    "series": rows,
+                    "host_findings": builder.host.as_dict(),
+                },
                 option=orjson.OPT_INDENT_2,
             )
         )

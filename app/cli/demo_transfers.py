@@ -78,6 +78,10 @@ class HostFindingTally:
         self.latest[key] = finding
         return True
 
+    def as_dict(self) -> dict[str, int]:
+        """``node/classification`` -> findings seen (for the demo's JSON summary)."""
+        return {f"{n}/{c}": k for (n, c), k in sorted(self.counts.items())}
+
     def missing(self) -> list[str]:
         """``node: classification`` the scenario expects and the run did not show."""
         return [

@@ -125,14 +125,6 @@ def main(verbose: bool) -> None:
 @click.option("--cupy-device", type=int, default=0, show_default=True, help="CUDA device index.")
 @click.option("--no-live", is_flag=True, help="No live table; print progress lines instead.")
 @click.option(
-    "--scenario",
-    type=click.Choice(["tuning", "transfers"]),
-    default="tuning",
-    show_default=True,
-    help="tuning: sim and trace nodes get tuned. transfers: sim nodes whose copies, "
-    "launch gaps and synchronizations hold the GPU back, and the findings about them.",
-)
-@click.option(
     "--run-dir",
     type=click.Path(path_type=Path),
     default=Path("var/demo"),
@@ -141,11 +133,13 @@ def main(verbose: bool) -> None:
 )
 @click.option(
     "--scenario",
-    type=click.Choice(["tuning", "drift"]),
+    type=click.Choice(["tuning", "drift", "transfers"]),
     default="tuning",
     show_default=True,
     help="tuning: the live loop above. drift: three hours of a kernel slowing down, "
-    "written at once; shows the predictive alert and, later, the detector's regression.",
+    "written at once; shows the predictive alert and, later, the detector's regression. "
+    "transfers: sim nodes whose copies, launch gaps and synchronizations hold the GPU "
+    "back, and the findings about them.",
 )
 def demo(
     duration: float,
@@ -155,7 +149,6 @@ def demo(
     cupy: bool,
     cupy_device: int,
     no_live: bool,
-    scenario: str,
     run_dir: Path,
     scenario: str,
 ) -> None:

@@ -17,6 +17,10 @@ by partition in offset order, and does what the worker did with them:
 * the findings, in (window end, id) order, feed a
   :class:`~agents.logic.forecast.Forecaster` as the alert agent does, giving the
   predictive alerts of the range (and the findings it refused, by reason);
+* the host side of version 2 batches (copies, host gaps, waits) is summarized per
+  window by :class:`~agents.logic.transfers.TransferWindows` and classified when the
+  window closes, as the worker's inline detector does (``host_windows`` keeps the
+  summaries for the report's timeline);
 * the findings, with the recorded reconfiguration outcomes interleaved by time, drive
   a :class:`~agents.logic.tuning.Tuner` whose clock is the finding's window end, so
   its recommendations are a deterministic function of the input.
@@ -41,11 +45,18 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from kernelstream.agents.context import ConfigCheck, LaunchLimits, launch_batch_problem
-from kernelstream.agents.logic.detection import Detector
+from kernelstream.agents.logic.detection import Detector, finding_id
 from kernelstream.agents.logic.forecast import Forecaster
 from kernelstream.agents.logic.sequencing import SeqLimits, judge_sequence
+from kernelstream.agents.logic.transfers import (
+    TransferSummary,
+    TransferWindows,
+    finding_records,
+    transfer_findings,
+)
 from kernelstream.agents.logic.tuning import Tuner
 from kernelstream.agents.logic.windowing import Windower, WindowSpec
+from kernelstream.kernels.devices import device_spec_for_name
 from kernelstream.schemas import (
     Alert,
     Finding,
@@ -134,6 +145,8 @@ class AnalysisResult:
     launches: int = 0
     launch_messages: int = 0
     skipped_messages: int = 0  # filtered out
+    # (window, host-side summary) of every window whose batches carried host telemetry
+    host_windows: list[tuple[WindowAggregate, TransferSummary]] = field(default_factory=list)
 
 
 class OfflineAnalysis:
@@ -168,6 +181,7 @@ class OfflineAnalysis:
     ) -> None:
         self.windower = Windower(spec)
         self.detector = Detector()
+        self.transfers = TransferWindows(spec.size_s)
         self.tuner = tuner if tuner is not None else Tuner()
         self.forecaster = forecaster if forecaster is not None else Forecaster()
         self.known_workload = known_workload
@@ -225,6 +239,7 @@ class OfflineAnalysis:
         cols = verdict.cols
         res.launch_messages += 1
         res.launches += len(cols)
+        self.transfers.add(cols)
         # ``now`` only drives idle flushes, which replay leaves to the end of the range.
         for too_late in self.windower.add_columns(cols, msg.timestamp_ms / 1000.0):
             res.late_launches += len(too_late.t_end)
@@ -235,6 +250,13 @@ class OfflineAnalysis:
             self.result.windows.append(agg)
             finding = self.detector.classify(agg)
             self._findings_by_key[agg.stream_key].append(finding)
+            host = self.transfers.close(agg)
+            if host is not None:
+                self.result.host_windows.append((agg, host))
+                found = transfer_findings(host, device_spec_for_name(agg.device_model), agg.config)
+                self._findings_by_key[agg.stream_key] += finding_records(
+                    agg, found, finding_id(agg)
+                )
 
     # -- other topics -------------------------------------------------------------
 
@@ -262,6 +284,7 @@ class OfflineAnalysis:
         self._take_windows(self.windower.flush_all())
         res = self.result
         res.windows.sort(key=_window_order)
+        res.host_windows.sort(key=lambda wh: _window_order(wh[0]))
         findings = [f for fs in self._findings_by_key.values() for f in fs]
         res.findings = sorted(findings, key=lambda f: (f.window_end, f.id))
         res.recorded_recommendations.sort(key=lambda r: (r.issued_at, r.id))
@@ -293,7 +316,7 @@ class OfflineAnalysis:
             except (LookupError, ValueError):
                 continue
             self.tuner.observe_finding(rec)
-            proposed = self.tuner.recommend(rec, space, when)
+            proposed = self.tuner.recommend_for(rec, space, when)
             if proposed is not None:
                 out.append(proposed)
         return out

@@ -30,6 +30,7 @@ import orjson
 
 from kernelstream.app.replay.alerts_report import alerts_section, alerts_summary
 from kernelstream.app.replay.analysis import AnalysisResult
+from kernelstream.app.replay.host_timeline import host_section, host_timeline, render_host_plots
 from kernelstream.app.replay.series import series_summary
 from kernelstream.app.replay.whatif import fleet_sweep, trace_what_if
 from kernelstream.schemas import Finding, Recommendation, ReconfigOutcome, WindowAggregate
@@ -303,6 +304,7 @@ def build_summary(
         "gpu_time": _gpu_time(res.windows),
         "roofline": _roofline(res.windows),
         "timeline": _timeline(res.windows, res.recorded_outcomes, res.recorded_recommendations),
+        "host_timeline": host_timeline(res.host_windows),
         "findings": _findings(res.findings),
         "recommendations": _recommendations(
             res.recorded_recommendations, res.recorded_outcomes, res.windows
@@ -344,6 +346,7 @@ def write_report(
     (out_dir / "recommendations.jsonl").write_bytes(_jsonl(res.recommendations))
     (out_dir / "alerts.jsonl").write_bytes(_jsonl(res.alerts))
     plots = render_plots(summary, out_dir / "plots")
+    plots["host"] = render_host_plots(summary, out_dir / "plots")
     page = out_dir / "index.html"
     page.write_text(render_html(summary, plots), encoding="utf-8")
     (out_dir / "run.json").write_bytes(dumps(run_info))
@@ -451,6 +454,7 @@ def render_html(summary: dict[str, Any], plots: dict[str, list[tuple[str, Path]]
     parts += _roofline_section(summary, plots)
     parts += _timeline_section(plots)
     parts += alerts_section(summary)
+    parts += host_section(summary, plots)
     parts += _findings_section(summary)
     parts += _recommendation_section(summary)
     parts += _what_if_section(summary)

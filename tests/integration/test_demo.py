@@ -152,3 +152,53 @@ def test_ctrl_c_stops_everything_and_keeps_the_run(tmp_path: Path) -> None:
     assert not _broker_alive(port)
     left = {pid: args for pid, args in children.items() if _alive(pid)}
     assert not left, f"the demo left these running: {left}"
+
+
+def test_transfers_scenario_shows_each_host_finding_and_replay_agrees(tmp_path: Path) -> None:
+    out = tmp_path / "summary.json"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "kernelstream.app.cli", "demo", "--scenario", "transfers"),
+            *("--duration", "25", "--no-live", "--json", str(out)),
+            *("--run-dir", str(tmp_path / "run")),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    live = orjson.loads(out.read_bytes())["host_findings"]
+    expected = {
+        "copy-a100/transfer_bound",
+        "copy-a100/pageable_copies",
+        "copy-a100/no_overlap",
+        "sync-h100/launch_bound",
+        "sync-h100/host_sync",
+    }
+    assert set(live) == expected, proc.stdout
+    assert "host-side findings" in proc.stdout and "advice: " in proc.stdout
+    report = tmp_path / "report"
+    replay = subprocess.run(
+        [
+            *(sys.executable, "-m", "kernelstream.app.cli", "replay", "--no-progress"),
+            *("--recording", str(tmp_path / "run" / "recording"), "--report", str(report)),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    offline: dict[str, int] = {}
+    for line in (report / "findings.jsonl").read_bytes().splitlines():
+        f = orjson.loads(line)
+        if f["evidence"].get("host_side"):
+            key = f"{f['node']}/{f['classification']}"
+            offline[key] = offline.get(key, 0) + 1
+    assert set(offline) == expected
+    # Replay also closes the windows still open when the demo stopped: never fewer.
+    for key, n in live.items():
+        assert offline[key] >= n, key
+    page = (report / "index.html").read_text()
+    assert "Copies and host gaps" in page and "copy-a100:0/matmul" in page

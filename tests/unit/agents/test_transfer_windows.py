@@ -112,3 +112,13 @@ def test_a_rolled_back_host_change_is_not_recommended_again() -> None:
 def test_a_change_outside_the_declared_space_is_advice_only() -> None:
     f = knob_finding("no_overlap", "streams", 8)  # streams 8 is not declared
     assert Tuner().recommend_knob(f, SPACE, now=1.0) is None
+
+
+def test_the_forecaster_skips_host_findings_without_refusing_them() -> None:
+    from kernelstream.agents.logic.forecast import Forecaster
+
+    (agg, found), *_ = windows(HostPattern(64 * MIB, 16 * MIB, pinned=False))
+    assert found
+    forecaster = Forecaster()
+    for f in found:  # the window's own finding was not seen: still neither used nor refused
+        assert forecaster.observe(f) == ([], None)
