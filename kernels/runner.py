@@ -309,10 +309,9 @@ class LaunchBatcher:
 
 def _take_host(p: _Pending, chunk: LaunchChunk, start: int, take: int) -> None:
     """Carry launches ``start:start+take`` of a chunk's host columns into a batch."""
-    if chunk.host_gap_us is None or chunk.host_waited is None:
-        return
-    p.host_gap_us.append(chunk.host_gap_us[start : start + take])
-    p.host_waited.append(chunk.host_waited[start : start + take])
+    if chunk.host_gap_us is not None and chunk.host_waited is not None:
+        p.host_gap_us.append(chunk.host_gap_us[start : start + take])
+        p.host_waited.append(chunk.host_waited[start : start + take])
     if not chunk.copies:
         return
     # Copies go with the batch of the launch they served.
@@ -323,12 +322,11 @@ def _take_host(p: _Pending, chunk: LaunchChunk, start: int, take: int) -> None:
 
 
 def _host_fields(p: _Pending) -> dict[str, Any]:
-    if not p.host_gap_us:
-        return {}
-    out: dict[str, Any] = {
-        "host_gap_us": np.round(np.concatenate(p.host_gap_us), _DURATION_DECIMALS).tolist(),
-        "host_waited": np.concatenate(p.host_waited).astype(int).tolist(),
-    }
+    out: dict[str, Any] = {}
+    # Gaps only when every launch of the batch has one (columns of equal length).
+    if p.host_gap_us and sum(len(g) for g in p.host_gap_us) == p.count:
+        out["host_gap_us"] = np.round(np.concatenate(p.host_gap_us), _DURATION_DECIMALS).tolist()
+        out["host_waited"] = np.concatenate(p.host_waited).astype(int).tolist()
     if p.copies.get("t_end"):
         out["copies"] = CopyColumns(**p.copies)
     return out

@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from kernelstream.kernels.backends.base import LaunchPlan
 from kernelstream.kernels.backends.user import ConfigState, KernelDevice, LaunchRecord
 from kernelstream.kernels.errors import (
@@ -157,6 +159,7 @@ class TunableKernel:
         self._states: dict[str, ConfigState] = {first.config_id: first}
         self._arity = self.workload.arity
         self._log: deque[LaunchRecord] | None = None
+        self._copies: deque[CopyRecord] | None = None
         self.failures: dict[str, str] = {}
         self.dropped = 0
         self._register()
@@ -204,6 +207,33 @@ class TunableKernel:
                 out.append(record)
             else:
                 self.dropped += 1
+
+    def record_copy(
+        self,
+        direction: str,
+        nbytes: int,
+        duration_us: float,
+        *,
+        pinned: bool,
+        stream: int = 0,
+        t_end: float | None = None,
+    ) -> None:
+        """Report a copy this kernel's step made (``h2d``, ``d2h`` or ``d2d``).
+
+        ``duration_us`` as measured (on a GPU: CUDA events around the copy on its
+        stream), ``pinned`` whether the host buffer was page-locked, ``t_end`` the
+        copy's end on the host clock (now when omitted). The node sends it with the
+        kernel's launches (``ks.launch_batch/2``), where the worker weighs it against the
+        kernels (see docs/guide/transfers.md). Without a node this does nothing.
+
+        """
+        problem = _copy_problem(direction, nbytes, duration_us, stream)
+        if problem:
+            raise KernelArgumentError(f"kernel {self.name!r}: {problem}")
+        out = self._copies
+        if out is not None and len(out) < MAX_PENDING:
+            at = time.time() if t_end is None else t_end
+            out.append((at, direction, int(nbytes), float(duration_us), int(pinned), stream))
 
     def _fall_back(self, state: ConfigState, out: deque[LaunchRecord] | None) -> ConfigState:
         """Record a failed launch of ``state`` and run the last configuration that worked."""
@@ -284,10 +314,12 @@ class TunableKernel:
         if self._log is not None:
             raise KernelDefinitionError(f"kernel {self.name!r} is already run by a node")
         self._log = deque()
+        self._copies = deque()
         return self._log
 
     def _detach(self) -> None:
         self._log = None
+        self._copies = None
 
     def _switch(self, config: Mapping[str, ParamValue]) -> None:
         """Prepare ``config`` (compile it) and swap it in: the next call runs it."""
@@ -363,11 +395,48 @@ class KernelRunner:
                     )
                 )
                 a.seq += stop - start
+            _attach_copies(a.kernel._copies, chunks[-1])
         return chunks
 
     @property
     def clock(self) -> float | None:
         return None
+
+
+CopyRecord = tuple[float, str, int, float, int, int]  # t_end, direction, bytes, us, pinned, stream
+_DIRECTIONS = ("h2d", "d2h", "d2d")
+
+
+def _copy_problem(direction: str, nbytes: int, duration_us: float, stream: int) -> str:
+    """Why a reported copy is not a copy, or ""."""
+    if direction not in _DIRECTIONS:
+        return f"copy direction {direction!r} is not one of {', '.join(_DIRECTIONS)}"
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+        return f"copy size {nbytes!r} is not a byte count >= 0"
+    if not (isinstance(duration_us, int | float) and 0.0 <= duration_us <= 3.6e9):
+        return f"copy duration {duration_us!r} us is not between 0 and one hour"
+    if not isinstance(stream, int) or stream < 0:
+        return f"copy stream {stream!r} is not a stream number >= 0"
+    return ""
+
+
+def _attach_copies(copies: deque[CopyRecord] | None, chunk: LaunchChunk) -> None:
+    """Give the copies reported so far to ``chunk`` (the kernel's latest launches),
+    each assigned to the launch it ended before (or the last)."""
+    if not copies:
+        return
+    taken = [copies.popleft() for _ in range(len(copies))]
+    ends = [c[0] for c in taken]
+    launch = np.minimum(np.searchsorted(chunk.t_end, ends), len(chunk.t_end) - 1)
+    chunk.copies = {
+        "t_end": [round(t, 6) for t in ends],
+        "direction": [c[1] for c in taken],
+        "bytes": [c[2] for c in taken],
+        "duration_us": [round(c[3], 3) for c in taken],
+        "pinned": [c[4] for c in taken],
+        "stream": [c[5] for c in taken],
+        "launch": launch.tolist(),
+    }
 
 
 class _Attached:

@@ -232,3 +232,48 @@ def test_a_declared_space_reaches_the_worker_resolver_over_a_cache(
     assert broken.space_for("toy", (1024,)).size() == 12  # skipped with its reason
     with pytest.raises(LookupError, match=r"toy\.space\.json: not a readable declared-space"):
         broken.space_for("nope", (1,))
+
+
+def test_copies_a_kernel_reports_travel_with_its_launches(cache: Path) -> None:
+    from kernelstream.kernels.runner import LaunchBatcher
+    from kernelstream.schemas import encode
+    from kernelstream.schemas.columnar import decode_launch_columns
+
+    k = toy(cache)
+    k.record_copy("h2d", 1 << 20, 80.0, pinned=False)  # no node yet: nothing kept
+    runner = KernelRunner(k.device)
+    runner.add(k)
+    for _ in range(3):
+        k.record_copy("h2d", 1 << 20, 80.0, pinned=False)
+        k(0, 0, 0)
+        k.record_copy("d2h", 4096, 2.0, pinned=True, stream=3)
+    (chunk,) = runner.tick(0.0)
+    assert chunk.copies is not None
+    # each copy goes with the first launch that ends after it (the trace device queues
+    # launches ahead of the host clock, as a GPU does)
+    launch = chunk.copies["launch"]
+    assert launch == sorted(launch) and max(launch) < 3
+    batcher = LaunchBatcher(runner.device, "n1")
+    batcher.add(chunk, 0.0)
+    (batch,) = batcher.flush()
+    cols = decode_launch_columns(encode(batch))
+    assert cols.copies is not None and cols.host_gap_us is None
+    assert cols.copies.direction == ["h2d", "d2h"] * 3
+    assert cols.copies.stream == [0, 3] * 3 and cols.copies.pinned == [0, 1] * 3
+    runner.detach_all()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("sideways", 1, 1.0), "copy direction 'sideways'"),
+        (("h2d", -1, 1.0), "copy size -1"),
+        (("h2d", 1, -2.0), "copy duration -2.0"),
+        (("h2d", 1, float("nan")), "copy duration nan"),
+    ],
+)
+def test_a_copy_that_is_not_one_is_refused_at_the_call(
+    cache: Path, args: tuple[str, int, float], needle: str
+) -> None:
+    with pytest.raises(KernelArgumentError, match=needle):
+        toy(cache).record_copy(*args, pinned=True)
