@@ -143,6 +143,8 @@ class WorkloadRunner:
                 spec = self.device.spec
                 hosts[name] = simulate_host(spec, s.host.with_config(s.config), res.duration_us)
                 lead[:, j] = hosts[name].lead_us
+            elif res.host_gap_us is not None and res.host_waited is not None:
+                hosts[name] = _measured(res.host_gap_us, res.host_waited)
         # Lay the launches out back to back: lead (host gap, exposed copies), kernel,
         # lead, kernel, ...; pad each iteration with idle time when the launch-rate cap
         # asks for it.
@@ -183,6 +185,12 @@ class WorkloadRunner:
         return self._clock
 
 
+def _measured(gap_us: np.ndarray, waited: np.ndarray) -> HostTimeline:
+    """A real device's measured host gaps and waits, as a timeline with no copies."""
+    n = len(gap_us)
+    return HostTimeline(gap_us, waited, np.zeros(n), {}, np.empty(0, dtype=np.int64), np.empty(0))
+
+
 def _host_columns(
     host: HostTimeline | None, t_end: np.ndarray, duration_us: np.ndarray
 ) -> tuple[np.ndarray | None, np.ndarray | None, dict[str, list[Any]] | None, np.ndarray | None]:
@@ -197,7 +205,9 @@ def _host_columns(
             t_end=np.round(ends, _T_END_DECIMALS).tolist(),
             launch=host.copy_launch.tolist(),
         )
-    return host.host_gap_us.copy(), host.host_waited.copy(), copies, duration_us + host.lead_us
+    # Measured gaps are already on the device's timeline: its step is the kernel.
+    step = duration_us + host.lead_us if host.lead_us.any() else None
+    return host.host_gap_us.copy(), host.host_waited.copy(), copies, step
 
 
 @dataclass

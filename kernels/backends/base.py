@@ -56,6 +56,10 @@ class LaunchResult:
 
     duration_us: np.ndarray
     ok: np.ndarray
+    # Measured by a real device (cupy): per launch, the host's time since the previous
+    # launch call on the stream returned, and whether the host waited on the device then.
+    host_gap_us: np.ndarray | None = None
+    host_waited: np.ndarray | None = None
 
     @classmethod
     def failed(cls, n: int) -> LaunchResult:

@@ -20,8 +20,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import math
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from time import perf_counter as _clock
 from types import ModuleType
 from typing import Any
 
@@ -176,6 +178,7 @@ class CupyDevice:
         self._functions: dict[_Key, Any] = {}
         self._plans: dict[_Key, LaunchPlan] = {}
         self._failed: dict[_Key, str] = {}
+        self._last_return = math.nan  # host clock when the stream's last launch call returned
         self._arrays: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
         self._events: list[Any] = []
         self.occupancy_source = "driver"
@@ -311,16 +314,36 @@ class CupyDevice:
             with self._device:
                 stream = cp.cuda.get_current_stream()
                 events = self._event_pool(2 * n)
+                # Host clock around each call, no device query: the gap is the host's
+                # time between the stream's previous launch call returning and this one.
+                starts, returns = np.empty(n), np.empty(n)
                 for i in range(n):
+                    starts[i] = _clock()
                     events[2 * i].record(stream)
                     fn(geo.grid, geo.block, args, shared_mem=geo.dynamic_smem_bytes)
                     events[2 * i + 1].record(stream)
+                    returns[i] = _clock()
                 events[2 * n - 1].synchronize()  # the one synchronisation of the batch
                 ms = [cp.cuda.get_elapsed_time(events[2 * i], events[2 * i + 1]) for i in range(n)]
         except Exception as ex:  # compile or launch error: this config cannot run here
             self._failed[key] = f"{type(ex).__name__}: {ex}"
             return LaunchResult.failed(n)
-        return LaunchResult(np.asarray(ms, dtype=np.float64) * 1000.0, np.ones(n, dtype=bool))
+        gaps, waited = self._host_gaps(starts, returns)
+        return LaunchResult(
+            np.asarray(ms, dtype=np.float64) * 1000.0, np.ones(n, dtype=bool), gaps, waited
+        )
+
+    def _host_gaps(self, starts: np.ndarray, returns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per launch the host gap (us) and whether the host waited on the device in it:
+        the first launch of a batch follows the previous batch's synchronisation."""
+        prev = np.concatenate([[self._last_return], returns[:-1]])
+        waited = np.zeros(len(starts), dtype=bool)
+        if math.isfinite(self._last_return):
+            waited[0] = True
+        else:
+            prev[0] = starts[0]  # the stream's first launch: no previous one
+        self._last_return = float(returns[-1])
+        return np.maximum(starts - prev, 0.0) * 1e6, waited
 
     def failure_reason(self, workload: Workload, config: Mapping[str, ParamValue]) -> str | None:
         """Why ``config`` failed to compile or launch here, if it did."""

@@ -147,3 +147,15 @@ def test_sweep_of_a_small_space_loads_as_a_trace(dev: CupyDevice, tmp_path: Path
     (tw,) = trace.workloads()
     assert trace.launch(tw, tw.default, 4).ok.all()
     assert np.isfinite(trace.plan(tw, tw.default).occupancy)
+
+
+def test_host_gaps_are_measured_per_launch(dev: CupyDevice) -> None:
+    """The host's gap before each launch and the wait after a batch's synchronisation."""
+    w = next(x for x in dev.workloads() if x.name == "transpose")
+    dev.launch(w, w.default, 3)
+    r = dev.launch(w, w.default, 50)
+    assert r.host_gap_us is not None and r.host_waited is not None
+    assert len(r.host_gap_us) == 50 and (r.host_gap_us >= 0).all()
+    assert r.host_waited.tolist() == [True] + [False] * 49
+    # back-to-back calls from Python: the host gaps between them are microseconds
+    assert float(np.median(r.host_gap_us[1:])) < 1000.0

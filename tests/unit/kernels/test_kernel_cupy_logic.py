@@ -199,3 +199,19 @@ def test_a_user_kernels_plan_reads_its_loaded_module(monkeypatch: pytest.MonkeyP
     assert dev.plan(k.workload, k.config) is plan  # planned once per configuration
     other = dev.plan(k.workload, {"block_size_x": 128})  # not compiled on the GPU yet
     assert other.resources_source != "cupy module"
+
+
+def test_host_gaps_are_timed_on_the_host_clock_without_another_synchronisation(fake: Any) -> None:
+    dev, log = fake()
+    w = next(x for x in dev.workloads() if x.name == "transpose")
+    first = dev.launch(w, w.default, 4)
+    second = dev.launch(w, w.default, 3)
+    assert [e[0] for e in log.entries].count("sync") == 2  # still one per batch
+    assert first.host_gap_us is not None and first.host_waited is not None
+    assert second.host_gap_us is not None and second.host_waited is not None
+    assert len(first.host_gap_us) == 4 and len(second.host_gap_us) == 3
+    assert (first.host_gap_us >= 0).all() and (second.host_gap_us >= 0).all()
+    # the stream's first launch follows nothing; a batch's first follows a synchronisation
+    assert first.host_gap_us[0] == 0.0 and first.host_waited.tolist() == [False] * 4
+    assert second.host_waited.tolist() == [True, False, False]
+    dev.close()
