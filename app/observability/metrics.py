@@ -465,7 +465,7 @@ class NodeMetrics(Collector):
         yield _dead_letters("kernelstream_node_dead_letters", nid, NODE_DEAD_LETTERS, dead)
         lag_s = max(0.0, node.tick_lag.value(time.monotonic()))
         yield _gauge("kernelstream_node_tick_lag_seconds", lag_s, nid)
-        yield from self.host.families(nid)
+        yield from self.host.families(nid, node.runner.kernels)
 
     def _kernels(self, node: Any, nid: list[str]) -> Iterator[Metric]:
         duration = _family("kernelstream_node_kernel_duration_seconds")
@@ -483,6 +483,9 @@ class NodeMetrics(Collector):
                 speedup.add_metric(labels, s)
         yield duration
         yield speedup
+
+
+_DIRECTIONS = ("h2d", "d2h", "d2d")
 
 
 class HostTally:
@@ -513,22 +516,26 @@ class HostTally:
             self.copy_bytes[key] = self.copy_bytes.get(key, 0.0) + b
             self.copy_s[key] = self.copy_s.get(key, 0.0) + us / 1e6
 
-    def families(self, nid: list[str]) -> Iterator[Metric]:
+    def families(self, nid: list[str], kernels: Iterable[str]) -> Iterator[Metric]:
+        """The four families; every kernel of the node, direction and memory kind is
+        exported from the first scrape (at 0 until it happens)."""
+        names = sorted({*kernels, *self.gap_s, *(k for k, _, _ in self.copy_bytes)})
+        keys = [(k, d, pin) for k in names for d in _DIRECTIONS for pin in ("0", "1")]
         for name, values in (
             ("kernelstream_node_copy_bytes", self.copy_bytes),
             ("kernelstream_node_copy_seconds", self.copy_s),
         ):
             fam = _family(name)
-            for key, v in sorted(values.items()):
-                fam.add_metric([*nid, *key], v)
+            for key in sorted({*keys, *values}):
+                fam.add_metric([*nid, *key], values.get(key, 0.0))
             yield fam
         for name, per_kernel in (
             ("kernelstream_node_host_gap_seconds", self.gap_s),
             ("kernelstream_node_host_waits", self.waits),
         ):
             fam = _family(name)
-            for kernel, v in sorted(per_kernel.items()):
-                fam.add_metric([*nid, kernel], v)
+            for kernel in names:
+                fam.add_metric([*nid, kernel], per_kernel.get(kernel, 0))
             yield fam
 
 

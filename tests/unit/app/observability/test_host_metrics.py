@@ -19,7 +19,7 @@ class _Tally:
         self.tally = tally
 
     def collect(self) -> Iterator[Metric]:
-        yield from self.tally.families(["n1"])
+        yield from self.tally.families(["n1"], ["transpose", "matmul"])
 
 
 def test_copies_gaps_and_waits_are_counted_per_kernel_and_direction() -> None:
@@ -44,5 +44,8 @@ def test_copies_gaps_and_waits_are_counted_per_kernel_and_direction() -> None:
         "kernelstream_node_host_waits_total", {"node": "n1", "kernel": "transpose"}
     )
     assert waits == launches
+    # known label values are exported at 0 before anything happens
+    idle = {"node": "n1", "kernel": "matmul", "direction": "d2d", "pinned": "1"}
+    assert reg.get_sample_value("kernelstream_node_copy_bytes_total", idle) == 0
     for name in ("copy_bytes", "copy_seconds", "host_gap_seconds", "host_waits"):
         assert f"kernelstream_node_{name}_total" in exported_names()
