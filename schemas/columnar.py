@@ -42,7 +42,7 @@ from kernelstream.schemas.codec import (
     json_problem,
 )
 from kernelstream.schemas.errors import SchemaError
-from kernelstream.schemas.records import CopyColumns, LaunchBatch
+from kernelstream.schemas.records import _MAX_COPY_BYTES, _MAX_COPY_GBS, CopyColumns, LaunchBatch
 
 __all__ = ["WIRE_COLUMNS", "LaunchColumns", "decode_launch_columns"]
 
@@ -209,9 +209,10 @@ def _v2_columns(obj: dict[str, Any], n: int, data: bytes) -> _V2Columns | None:
         return None
     gaps, waited = found.get("host_gap_us"), found.get("host_waited")
     gap_arr = waited_arr = None
-    columns = [c for c in (gaps, waited) if type(c) is list]
-    if _has_bool(data, *columns):
-        return None  # ``true`` is not 1: the slow path says so
+    # ``true`` is not 1: a message that spells a boolean anywhere takes the model's path
+    # for its version 2 columns (one scan of the text for all of them).
+    if _BOOL_END.search(data) is not None:
+        return None
     if gaps is not None:
         if type(gaps) is not list or len(gaps) != n:
             return None
@@ -224,10 +225,63 @@ def _v2_columns(obj: dict[str, Any], n: int, data: bytes) -> _V2Columns | None:
     if waited is not None:
         if type(waited) is not list or len(waited) != n or waited.count(1) + waited.count(0) != n:
             return None
-        waited_arr = np.fromiter((w == 1 for w in waited), dtype=bool, count=n)
+        waited_arr = np.asarray(waited, dtype=np.int8) == 1  # 0 and 1 only, checked above
     raw = found.get("copies")
-    copies = None if raw is None else CopyColumns.model_validate(raw)
+    copies = None if raw is None else _copy_columns(raw)
     return gap_arr, waited_arr, copies
+
+
+_DIRECTIONS = frozenset(("h2d", "d2h", "d2d"))
+_COPY_FIELDS = frozenset(CopyColumns.model_fields)
+
+
+def _copy_columns(raw: Any) -> CopyColumns:
+    """The copies, checked with vectorized comparisons where they plainly pass the
+    model's rules, else validated by the model (whose verdict is final).
+
+    A 2,000-launch batch with 4,000 copies (210 KB) decoded in 1,450-1,620 us with the
+    model validating the copies and in 990-1,340 us through here, where the JSON parse
+    is 500-800 us of it and these checks ~0.1 us a copy (best of 7 x 100 decodes, load
+    average 6.5 on 2 cores; a 2,000-launch version 1 batch took 118-129 us before and
+    after this path was added).
+    Booleans never reach here: the caller sends any message spelling one to the model.
+    """
+    if _copies_plainly_valid(raw):
+        return CopyColumns.model_construct(**raw)
+    return CopyColumns.model_validate(raw)
+
+
+def _copies_plainly_valid(raw: Any) -> bool:
+    if type(raw) is not dict or raw.keys() != _COPY_FIELDS:
+        return False
+    cols = [raw[k] for k in ("t_end", "direction", "bytes", "duration_us", "pinned", "stream")]
+    if any(type(c) is not list for c in cols):
+        return False
+    t, direction, nbytes, dur, pinned, stream = cols
+    n = len(t)
+    if not (1 <= n <= _MAX_LAUNCHES and all(len(c) == n for c in cols)):
+        return False
+    if not set(direction) <= _DIRECTIONS:
+        return False
+    try:
+        ta, da = _floats(t, n), _floats(dur, n)
+        ba = np.frombuffer(_ints_of(n).pack(*nbytes), dtype=np.int64)
+        sa = np.frombuffer(_ints_of(n).pack(*stream), dtype=np.int64)
+    except (struct.error, TypeError, ValueError, OverflowError):
+        return False  # e.g. a float byte count: the model says why
+    if not (np.isfinite(ta).all() and da.min() >= 0.0 and da.max() <= _MAX_DURATION_US):
+        return False
+    if ba.min() < 0 or ba.max() > _MAX_COPY_BYTES or sa.min() < 0:
+        return False
+    if pinned.count(1) + pinned.count(0) != n:
+        return False
+    moving = ba > 0
+    return not (moving & ((da <= 0.0) | (ba / np.maximum(da, 1e-300) / 1e3 > _MAX_COPY_GBS))).any()
+
+
+@lru_cache(maxsize=64)
+def _ints_of(n: int) -> struct.Struct:
+    return struct.Struct(f"@{n}q")  # int64: floats and strings raise struct.error
 
 
 # Per-batch fields already validated, by their exact JSON encoding (seq_start and the
