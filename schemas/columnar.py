@@ -418,9 +418,7 @@ def _binary_columns(bb: BinaryBatch) -> LaunchColumns:
     anything the checks do not pass goes through the model, whose verdict is final."""
     cols = bb.columns
     if _v2_in_header(bb.meta_json):
-        # Host gaps, waits and copies travel in the header as JSON: the model checks them
-        # with the columns (exact, slower; batches without them keep the fast path).
-        return LaunchColumns.from_batch(_validate(LaunchBatch, bb.to_wire()))
+        return _binary_v2(bb)
     t_range = _plain_binary(cols, bb.n)
     if t_range is None:
         _validate(LaunchBatch, bb.to_wire())  # raises with the model's message
@@ -438,6 +436,26 @@ def _binary_columns(bb: BinaryBatch) -> LaunchColumns:
     ok = cols.pop("ok").view(np.bool_)
     # _plain_binary passed: the columns are exactly t_end, duration_us and ok
     return LaunchColumns(meta, cols["t_end"], cols["duration_us"], ok, t_range)
+
+
+def _binary_v2(bb: BinaryBatch) -> LaunchColumns:
+    """A binary batch whose header carries host gaps, waits or copies (as JSON): the
+    checks of the JSON path for them, the model's verdict for anything they do not pass."""
+    cols = bb.columns
+    t_range = _plain_binary(cols, bb.n)
+    obj = bb.meta()
+    v2: _V2Columns | None = None
+    if t_range is not None and obj.get("schema") == LaunchBatch.SCHEMA:
+        try:
+            v2 = _v2_columns(obj, bb.n, bb.meta_json)
+            meta = _validate(LaunchBatch, obj | _PLACEHOLDER)
+        except (SchemaError, ValueError):
+            v2 = None
+    if v2 is None or t_range is None:
+        return LaunchColumns.from_batch(_validate(LaunchBatch, bb.to_wire()))  # exact verdict
+    meta = meta.model_copy(update={"seq_start": bb.seq_start})
+    ok = cols["ok"].view(np.bool_)
+    return LaunchColumns(meta, cols["t_end"], cols["duration_us"], ok, t_range, *v2)
 
 
 def _v2_in_header(meta_json: bytes) -> bool:

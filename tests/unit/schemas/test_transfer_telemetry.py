@@ -89,7 +89,12 @@ def test_the_binary_wire_form_carries_gaps_waits_and_copies() -> None:
     assert cols.to_batch() == v2_batch()
     plain = decode_launch_columns(encode_launch_batch(launch_batch()))
     assert plain.copies is None and plain.host_gap_us is None and len(plain) == 3
-    bad = v2_batch().model_copy(update={"host_gap_us": [-1.0, 2.0, 3.0]})
-    with pytest.raises(SchemaError) as err:
-        decode_launch_columns(encode_launch_batch(bad))
-    assert err.value.code == "out_of_range"
+    assert decode_launch_columns(encode_launch_batch(v2_batch())).known_t_range == (1.0, 1.2)
+    fast = COPIES.model_copy(update={"duration_us": [0.001, 95.0, 12.0]})  # 64 MiB in 1 ns
+    for bad in (
+        v2_batch().model_copy(update={"host_gap_us": [-1.0, 2.0, 3.0]}),
+        v2_batch().model_copy(update={"copies": fast}),
+    ):
+        with pytest.raises(SchemaError) as err:
+            decode_launch_columns(encode_launch_batch(bad))
+        assert err.value.code == "out_of_range"
