@@ -117,7 +117,7 @@ def test_a_change_outside_the_declared_space_is_advice_only() -> None:
 def test_the_forecaster_skips_host_findings_without_refusing_them() -> None:
     from kernelstream.agents.logic.forecast import Forecaster
 
-    (agg, found), *_ = windows(HostPattern(64 * MIB, 16 * MIB, pinned=False))
+    (_, found), *_ = windows(HostPattern(64 * MIB, 16 * MIB, pinned=False))
     assert found
     forecaster = Forecaster()
     for f in found:  # the window's own finding was not seen: still neither used nor refused
