@@ -461,11 +461,15 @@ class OutboxSender:
                 self.connected.set()
                 self._retry_log.recovered()
                 return
-            except Exception as exc:
-                self._retry_log.failed(exc)
+            except BaseException as exc:
+                # Also on cancellation (the node stopping while the broker is away): a
+                # producer left unstopped warns "Unclosed AIOKafkaProducer" at exit.
                 if producer is not None:
                     with contextlib.suppress(Exception):
                         await producer.stop()
+                if not isinstance(exc, Exception):
+                    raise
+                self._retry_log.failed(exc)
                 await asyncio.sleep(self.retry_backoff_s)
 
     async def _run(self) -> None:

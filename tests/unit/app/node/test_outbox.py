@@ -149,6 +149,39 @@ def test_sender_replaces_a_producer_the_broker_rejects(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+class _HangingProducer(FakeProducer):
+    """A producer whose start never finishes (a broker that does not answer)."""
+
+    stopped = False
+
+    async def start(self) -> None:
+        await asyncio.Event().wait()
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+def test_a_sender_stopped_while_connecting_stops_its_producer(tmp_path: Path) -> None:
+    """The node stopping during an outage: the producer still starting is stopped too,
+    instead of aiokafka warning "Unclosed AIOKafkaProducer" at exit."""
+
+    async def scenario() -> None:
+        box = Outbox(NodeStore(tmp_path / "n"))
+        made: list[_HangingProducer] = []
+
+        async def make() -> Any:
+            made.append(_HangingProducer())
+            return made[-1]
+
+        sender = OutboxSender(box, make, retry_backoff_s=0.01)
+        sender.start()
+        await asyncio.sleep(0.05)
+        await sender.stop()
+        assert len(made) == 1 and made[0].stopped
+
+    asyncio.run(scenario())
+
+
 def test_seen_ids_remember_their_first_offset(tmp_path: Path) -> None:
     seen = DurableSeenIds(NodeStore(tmp_path / "n"))
     seen.add("r1", expires_at=100.0, offset=7)
