@@ -167,8 +167,29 @@ def _is_pair(c: object) -> bool:
 def _columns(data: bytes, meta_json: bytes, pos: int, n: int) -> dict[str, npt.NDArray[Any]]:
     declared = _declared(meta_json)
     plan = _plan(tuple(declared))
+    end = pos + _columns_bytes(plan, n)
+    if end != len(data):
+        _check_lengths(data, plan, pos, n)  # raises, naming the column that is cut off
+        raise SchemaError(
+            f"binary launch batch has {len(data) - end} bytes after its last column", "truncated"
+        )
     out: dict[str, npt.NDArray[Any]] = {}
     for name, dtype, itemsize in plan:
+        out[name] = np.frombuffer(data, dtype=dtype, count=n, offset=pos)
+        size = itemsize * n
+        pos += size + _pad8(size)
+    return out
+
+
+def _columns_bytes(plan: list[tuple[str, np.dtype[Any], int]], n: int) -> int:
+    """Bytes of ``n`` launches' columns, each padded to a multiple of 8."""
+    return sum(itemsize * n + _pad8(itemsize * n) for _, _, itemsize in plan)
+
+
+def _check_lengths(
+    data: bytes, plan: list[tuple[str, np.dtype[Any], int]], pos: int, n: int
+) -> None:
+    for name, _, itemsize in plan:
         size = itemsize * n
         if pos + size > len(data):
             raise SchemaError(
@@ -176,13 +197,7 @@ def _columns(data: bytes, meta_json: bytes, pos: int, n: int) -> dict[str, npt.N
                 f"{pos + size} needed for {n} launches",
                 "truncated",
             )
-        out[name] = np.frombuffer(data, dtype=dtype, count=n, offset=pos)
         pos += size + _pad8(size)
-    if pos != len(data):
-        raise SchemaError(
-            f"binary launch batch has {len(data) - pos} bytes after its last column", "truncated"
-        )
-    return out
 
 
 @lru_cache(maxsize=8)

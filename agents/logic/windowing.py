@@ -214,7 +214,7 @@ class Windower:
         st.last_seen = now
         st.seq_hi = max(st.seq_hi, batch.seq_start + n - 1)
         self.metrics.launches_in += n
-        if n > 1 and not bool((t[1:] >= t[:-1]).all()):
+        if n > 1 and not (cols.known_in_order or bool((t[1:] >= t[:-1]).all())):
             return self._add_unordered(st, cols)
         spec = self.spec
         # In completion order the largest time seen before launch i is max(st.max_t,

@@ -60,6 +60,13 @@ _VALUES: list[tuple[str, Any]] = [
     ("duration_us", [3.0, 3.6e9]),
     ("duration_us", [3.0, 3.7e9]),
     ("duration_us", [3.0, float("nan")]),
+    ("duration_us", [3.0, -0.0]),
+    ("duration_us", [3.0, float("-inf")]),
+    ("duration_us", [3.0, -5e-324]),
+    ("duration_us", [float("inf"), 0.0]),
+    ("t_end", [2.5, 1.5]),
+    ("t_end", [float("nan"), 2.5]),
+    ("t_end", [float("-inf"), 2.5]),
     ("ok", [1, 2]),
     ("ok", [0, 255]),
     ("ok", [0, 0]),
@@ -165,3 +172,27 @@ def test_a_repeated_header_key_is_refused_as_in_json() -> None:
         with pytest.raises(SchemaError) as got:
             decode_launch_columns(raw)
         assert got.value.code == "duplicate_key"
+
+
+@pytest.mark.parametrize(
+    ("t", "in_order", "backstep"),
+    [([1.5, 2.5, 2.5, 3.0], True, 0.0), ([1.5, 2.5, 2.0, 3.0], False, 0.5), ([4.0], True, 0.0)],
+)
+def test_order_found_by_the_decoder_is_the_columns_order(
+    t: list[float], in_order: bool, backstep: float
+) -> None:
+    n = len(t)
+    cols = decode_launch_columns(_binary(t, [3.0] * n, [1] * n))
+    assert cols.known_in_order is in_order
+    assert cols.max_backstep() == backstep
+    assert cols.t_range() == (min(t), max(t))
+    assert cols.drop_first(1).known_in_order is (in_order if n > 1 else True)
+
+
+def test_decoded_meta_is_the_models_copy_with_its_seq_start() -> None:
+    first = decode_launch_columns(_binary([1.5], [3.0], [1], seq=11)).meta
+    second = decode_launch_columns(_binary([2.5], [3.0], [1], seq=12)).meta
+    assert second == first.model_copy(update={"seq_start": 12})
+    assert second.model_fields_set == first.model_fields_set
+    assert second.model_dump() == first.model_dump() | {"seq_start": 12}
+    assert first.seq_start == 11  # the cached fields were not changed in place
