@@ -31,6 +31,7 @@ from aiokafka import codec
 from kernelstream.agents.logic.snapshot_codec import pack
 from kernelstream.agents.logic.windowing import Windower, WindowSpec
 from kernelstream.bench.pipeline_input import FleetSpec, encoded, fleet_batches, recent_t0
+from kernelstream.schemas.binary import encode_launch_batch
 from kernelstream.schemas.columnar import decode_launch_columns
 
 __all__ = ["command", "measure"]
@@ -52,18 +53,42 @@ def _ceiling_pass(messages: list[bytes]) -> int:
     return sum(len(orjson.loads(codec.zstd_decode(raw))["t_end"]) for raw in messages)
 
 
-def measure(seconds: float = 4.0, batch: int = 2000, rounds: int = 3) -> dict[str, Any]:
-    """Best-of-``rounds`` ns per launch of the worker path and of the ceiling path."""
-    fleet = FleetSpec(seconds=seconds, max_launches=batch, t0=recent_t0(seconds))
-    messages = [codec.zstd_encode(value) for _, value in encoded(list(fleet_batches(fleet)))]
-    launches = _ceiling_pass(messages)
+def measure(
+    seconds: float = 4.0,
+    batch: int = 2000,
+    rounds: int = 3,
+    *,
+    nodes: int = 16,
+    rate_per_kernel: float = 20_000.0,
+    wire: str = "json",
+) -> dict[str, Any]:
+    """Best-of-``rounds`` ns per launch of the worker path and of the ceiling path.
+
+    ``wire="binary"`` feeds the worker path the binary layout (:mod:`schemas.binary`);
+    the ceiling stays zstd + ``orjson.loads`` of the same batches as JSON.
+    """
+    fleet = FleetSpec(
+        nodes=nodes,
+        launches_per_s_per_kernel=rate_per_kernel,
+        seconds=seconds,
+        max_launches=batch,
+        t0=recent_t0(seconds),
+    )
+    batches = list(fleet_batches(fleet))
+    json_messages = [codec.zstd_encode(value) for _, value in encoded(batches)]
+    messages = (
+        [codec.zstd_encode(encode_launch_batch(b)) for b in batches]
+        if wire == "binary"
+        else json_messages
+    )
+    launches = _ceiling_pass(json_messages)
     per_checkpoint = max(1, round(len(messages) / seconds))  # ~one per second of input
     worker, ceiling = [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
         windows = _worker_pass(messages, per_checkpoint)
         t1 = time.perf_counter()
-        _ceiling_pass(messages)
+        _ceiling_pass(json_messages)
         t2 = time.perf_counter()
         worker.append((t1 - t0) / launches * 1e9)
         ceiling.append((t2 - t1) / launches * 1e9)
@@ -84,12 +109,24 @@ def measure(seconds: float = 4.0, batch: int = 2000, rounds: int = 3) -> dict[st
 @click.option("--seconds", type=float, default=4.0, show_default=True, help="Fleet input.")
 @click.option("--batch", type=int, default=2000, show_default=True, help="Launches per batch.")
 @click.option("--rounds", type=int, default=3, show_default=True)
+@click.option("--nodes", type=int, default=16, show_default=True)
+@click.option("--rate-per-kernel", type=float, default=20_000.0, show_default=True)
+@click.option("--wire", type=click.Choice(["json", "binary"]), default="json", show_default=True)
 @click.option("--profile", is_flag=True, help="Also print the top of a cProfile of the path.")
-def command(seconds: float, batch: int, rounds: int, profile: bool) -> None:
+def command(
+    seconds: float,
+    batch: int,
+    rounds: int,
+    nodes: int,
+    rate_per_kernel: float,
+    wire: str,
+    profile: bool,
+) -> None:
     """Worker CPU per launch (decode, window, checkpoint) vs zstd + orjson alone."""
-    r = measure(seconds, batch, rounds)
+    r = measure(seconds, batch, rounds, nodes=nodes, rate_per_kernel=rate_per_kernel, wire=wire)
     click.echo(
-        f"{r['launches']:,} launches in {r['messages']:,} messages -> {r['windows']} windows\n"
+        f"{r['launches']:,} launches in {r['messages']:,} messages "
+        f"({wire}) -> {r['windows']} windows\n"
         f"worker path   {r['worker_ns_per_launch']:6.0f} ns/launch "
         f"({1e3 / r['worker_ns_per_launch']:.2f}M launches/s on one core)\n"
         f"zstd + orjson {r['ceiling_ns_per_launch']:6.0f} ns/launch\n"
