@@ -149,7 +149,8 @@ class ConfigCheck:
                 self._verdicts.clear()
             self._verdicts[key] = self._judge(batch, space)
         verdict = self._verdicts[key]
-        if len(self._by_id) >= 4096:  # batches with device samples: a new object each
+        # Bounded: batches carrying device samples are decoded anew, a new object each.
+        if len(self._by_id) >= 4096:
             self._by_id.clear()
         self._by_id[id(batch.config)] = (batch.config, batch.problem_size, batch.workload, verdict)
         return verdict
