@@ -53,7 +53,7 @@ REASON_CODES = (
     "unordered",  # end times of a batch that go back further than a device's streams can
     "internal_error",  # the stage failed on the message (a defect): skipped, not retried
     "series_gap",  # a window the forecast cannot use: no measurement, or after a silence
-    "out_of_order",  # a window at or before its series' last point
+    "out_of_order",  # no longer produced (repeated windows are skipped); kept for old records
 )
 
 

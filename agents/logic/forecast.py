@@ -122,6 +122,10 @@ class AlertProblem:
     reason: str
 
 
+#: The marker of a window its stream already passed (skipped; never dead-lettered).
+_REPEATED = AlertProblem("repeated", "a window its stream already passed")
+
+
 @dataclass(frozen=True)
 class _Fit:
     level: float  # the line's value at the last point
@@ -159,6 +163,8 @@ class Forecaster:
         self.settings = settings or ForecastSettings()
         self._series: dict[str, _Series] = {}
         self._last_expiry = -math.inf
+        #: windows skipped because their stream had already passed them (repeats)
+        self.repeated = 0
 
     def observe(self, finding: Finding) -> tuple[list[Alert], AlertProblem | None]:
         """Feed one finding; the alerts it raises, withdraws or closes, and why the
@@ -186,9 +192,10 @@ class Forecaster:
             alerts += out
             if prob is not None:
                 problems.append(prob)
-                if prob.code == "out_of_order":
+                if prob is _REPEATED:
                     break
         alerts += self._expire(finding.window_end)
+        problems = [p for p in problems if p is not _REPEATED]
         return alerts, problems[0] if problems else None
 
     def active_alerts(self) -> list[tuple[str, str, float | None]]:
@@ -221,11 +228,12 @@ class Forecaster:
     ) -> tuple[list[Alert], AlertProblem | None]:
         t, y = finding.window_end, finding.duration_mean_us
         if s.scope == "stream" and t <= s.last_t:
-            return [], AlertProblem(
-                "out_of_order",
-                f"window ending {t:.3f} is not after the series' last point {s.last_t:.3f} "
-                f"({s.key}, config {finding.config_id}): repeated or out of order",
-            )
+            # A window its stream already passed: a worker that restarts from its
+            # checkpoint publishes its windows again (at least once; consumers dedupe
+            # by the window's identity). Skipped and counted, never used twice, and not
+            # a dead letter: after a crash it is the expected case, not bad input.
+            self.repeated += 1
+            return [], _REPEATED
         out: list[Alert] = []
         if t - s.last_t > self.settings.max_gap_s and s.bins:
             gap = t - s.last_t
