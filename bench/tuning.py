@@ -811,10 +811,13 @@ def command(
     """Tuner vs random search and Kernel Tuner's strategies on measured search spaces."""
     from kernelstream.kernels.backends.trace import default_tuning_spaces_dir
 
-    try:
-        import kernel_tuner  # noqa: F401
-    except ImportError as exc:
-        raise click.UsageError("the peers need Kernel Tuner: pip install -e '.[bench]'") from exc
+    if any(strategies.split(",")):
+        try:
+            import kernel_tuner  # noqa: F401
+        except ImportError as exc:
+            raise click.UsageError(
+                "the peers need Kernel Tuner: pip install -e '.[bench]' (or --strategies '')"
+            ) from exc
     report = run_benchmark(
         spaces_dir or default_tuning_spaces_dir(),
         seeds=seeds,
