@@ -192,6 +192,48 @@ def test_a_stalled_search_draws_at_random_instead_of_polishing_its_plateau() -> 
         assert p is not None and "(local)" in p.reason
 
 
+def test_a_long_stall_gives_the_sample_slot_to_random_search() -> None:
+    # The exploration floor: once the best is ``floor_after`` evaluations old, the
+    # Thompson sample (trees sure of a plateau) gives way to a uniform draw.
+    configs = [c for c in SPACE if c["use_smem"] == 0][:12]
+    f = SimpleNamespace(classification="x")
+    s = ModelGuidedSearch(
+        seed=0, n_init=1, acquisitions=("sample",), stall=0, floor_after=8, floor_plateau=0
+    )
+    stalled = _measured(configs[:9])  # the best is the first measured: 8 evaluations old
+    p = s.propose(f, SPACE, stalled, configs[0], lambda c: True)  # type: ignore[arg-type]
+    assert p is not None and "(random)" in p.reason
+    # a shorter stall: the sample step
+    short = _measured(configs[:9], best=1)
+    p = s.propose(f, SPACE, short, configs[1], lambda c: True)  # type: ignore[arg-type]
+    assert p is not None and "(sample)" in p.reason
+    # off: the sample step however long the stall
+    off = ModelGuidedSearch(seed=0, n_init=1, acquisitions=("sample",), stall=0, floor_after=0)
+    p = off.propose(f, SPACE, stalled, configs[0], lambda c: True)  # type: ignore[arg-type]
+    assert p is not None and "(sample)" in p.reason
+    with pytest.raises(ValueError, match="floor_after"):
+        ModelGuidedSearch(floor_after=-1)
+
+
+def test_the_floor_waits_for_a_plateau_when_asked_to() -> None:
+    # floor_plateau: the floor acts only where the local steps keep finding configs as
+    # good as the best and none better (many within 2% of it), not on a lone best.
+    configs = [c for c in SPACE if c["use_smem"] == 0][:12]
+    f = SimpleNamespace(classification="x")
+    s = ModelGuidedSearch(seed=0, n_init=1, acquisitions=("sample",), stall=0, floor_after=8)
+    assert ModelGuidedSearch().floor_after > 0 and s.floor_plateau > 0  # on by default
+    s.floor_plateau = 5
+    lone = _measured(configs[:9])  # the best 3x faster than every other
+    p = s.propose(f, SPACE, lone, configs[0], lambda c: True)  # type: ignore[arg-type]
+    assert p is not None and "(sample)" in p.reason
+    plateau = GroupStats()
+    for k, c in enumerate(configs[:9]):
+        us = 100.0 if k == 0 else (101.0 if k < 5 else 300.0)  # the best and 4 within 2%
+        plateau.configs[SPACE.config_id(c)] = Measurement(dict(c), 10, 10 * us, 1)
+    p = s.propose(f, SPACE, plateau, configs[0], lambda c: True)  # type: ignore[arg-type]
+    assert p is not None and "(random)" in p.reason
+
+
 def test_every_kth_step_is_random_with_an_exploration_floor() -> None:
     configs = list(SPACE)[:12]
     f = SimpleNamespace(classification="x")
