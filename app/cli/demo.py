@@ -33,7 +33,7 @@ from kernelstream.app.settings import Settings
 from kernelstream.schemas import Finding, ReconfigOutcome, SchemaError, WindowAggregate, decode_any
 from kernelstream.schemas.signing import write_keypair
 
-__all__ = ["DemoFailedError", "DemoOptions", "SummaryBuilder", "run_demo"]
+__all__ = ["ChildProcesses", "DemoFailedError", "DemoOptions", "SummaryBuilder", "run_demo"]
 
 SIM_NODES = (("sim-a100", "A100-SXM4-80GB"), ("sim-h100", "H100-SXM5-80GB"))
 
@@ -163,7 +163,7 @@ def _trace_node_file(settings: Settings, opts: DemoOptions) -> Path | None:
     return trace
 
 
-class _Children:
+class ChildProcesses:
     """Child processes of the demo; stopped in reverse order, never orphaned."""
 
     def __init__(self, run_dir: Path, env: dict[str, str]) -> None:
@@ -241,7 +241,7 @@ class DemoFailedError(Exception):
 
 
 async def _wait_run(
-    opts: DemoOptions, builder: SummaryBuilder, children: _Children, live: Any
+    opts: DemoOptions, builder: SummaryBuilder, children: ChildProcesses, live: Any
 ) -> bool:
     """Show progress until the duration is over or Ctrl-C; True when interrupted."""
     interrupted = asyncio.Event()
@@ -274,7 +274,7 @@ async def _monitor(
     bootstrap: str,
     opts: DemoOptions,
     builder: SummaryBuilder,
-    children: _Children,
+    children: ChildProcesses,
 ) -> bool:
     """Follow the run to its end; True when it was interrupted (Ctrl-C or SIGTERM)."""
     stop = asyncio.Event()
@@ -370,7 +370,7 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
     shutil.rmtree(run_dir, ignore_errors=True)  # the embedded broker starts empty: so does state
     run_dir.mkdir(parents=True)
     broker: EmbeddedBroker | None = None
-    children: _Children | None = None
+    children: ChildProcesses | None = None
     builder = SummaryBuilder()
     interrupted = False
     try:
@@ -389,7 +389,7 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
             "KERNELSTREAM_NODE_STATE_DIR": str(run_dir / "nodes"),
         }
         worker_keys = _demo_keys(settings, run_dir, env)
-        children = _Children(run_dir, env)
+        children = ChildProcesses(run_dir, env)
         children.spawn(
             "worker",
             ["worker"],
@@ -469,7 +469,7 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
     return 130 if interrupted else 0
 
 
-def _spawn_transfer_nodes(children: _Children) -> None:
+def _spawn_transfer_nodes(children: ChildProcesses) -> None:
     for n in TRANSFER_NODES:
         args = ["node", "--node-id", n.node_id, "--backend", "sim", "--model", n.model]
         children.spawn(n.node_id, args, KERNELSTREAM_NODE_METRICS_PORT=str(free_port()), **n.env())

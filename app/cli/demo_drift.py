@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from kernelstream.agents.logic.windowing import make_example_batch
-from kernelstream.app.cli.demo import DemoFailedError, _Children
+from kernelstream.app.cli.demo import ChildProcesses, DemoFailedError
 from kernelstream.app.kafka.embedded import EmbeddedBroker, free_port
 from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.settings import Settings
@@ -173,7 +173,7 @@ def run_drift_demo(settings: Settings, run_dir: Path, timeout_s: float = 180.0) 
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     broker: EmbeddedBroker | None = None
-    children: _Children | None = None
+    children: ChildProcesses | None = None
     try:
         if settings.bootstrap:
             bootstrap = settings.bootstrap
@@ -183,7 +183,7 @@ def run_drift_demo(settings: Settings, run_dir: Path, timeout_s: float = 180.0) 
         print(f"broker: {bootstrap}; logs and state in {run_dir}", flush=True)
         asyncio.run(ensure_topics(settings, bootstrap))
         env = {**os.environ, "KAFKA_BOOTSTRAP": bootstrap, "PYTHONUNBUFFERED": "1"}
-        children = _Children(run_dir, env)
+        children = ChildProcesses(run_dir, env)
         children.spawn(
             "worker",
             ["worker"],

@@ -28,6 +28,7 @@ from pydantic import SecretStr
 from kernelstream.app.errors import BrokerError
 from kernelstream.app.kafka.apache import KafkaCluster
 from kernelstream.app.kafka.embedded import EmbeddedBroker, free_port
+from kernelstream.app.sdk.local import settings_env
 from kernelstream.app.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -163,24 +164,6 @@ def make_settings(
         signing_public_key=signing_keys[1],
         **topics,
     )
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The environment that gives a child process exactly these settings."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELSTREAM_")}
-    env["KAFKA_BOOTSTRAP"] = str(settings.bootstrap)
-    for name, value in settings.model_dump(exclude={"bootstrap"}).items():
-        if value is None:
-            continue
-        if isinstance(value, SecretStr):
-            value = value.get_secret_value()
-        env[f"KERNELSTREAM_{name.upper()}"] = (
-            "[" + ",".join(f'"{v}"' for v in value) + "]"
-            if isinstance(value, tuple)
-            else str(value)
-        )
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 @pytest.fixture
