@@ -47,13 +47,22 @@ class TopicReader:
                 except SchemaError:
                     self.records[m.topic].append(None)
 
-    async def until(self, cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+    async def until(
+        self,
+        cond: Callable[[], bool],
+        timeout_s: float,
+        what: str,
+        detail: Callable[[], str] | None = None,
+    ) -> None:
+        """Poll until ``cond()``; on timeout say what was read (and ``detail()``)."""
         deadline = time.monotonic() + timeout_s
         while not cond():
             if time.monotonic() > deadline:
                 counts = {t: len(v) for t, v in self.records.items()}
+                extra = f"; {detail()}" if detail is not None else ""
                 raise AssertionError(
-                    f"timed out after {timeout_s} s waiting for {what}; records so far: {counts}"
+                    f"timed out after {timeout_s} s waiting for {what}; "
+                    f"records so far: {counts}{extra}"
                 )
             await self.poll()
 
