@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kernelstream.agents.latency import WINDOW_BUCKETS_S, LatencyHistogram
 from kernelstream.agents.logic.sequencing import SeqLimits
+from kernelstream.kernels.transfers import host_declared
 from kernelstream.schemas import DeadLetter, LaunchBatch, Record, SchemaError, decode, encode
 from kernelstream.schemas.codec import check_key
 
@@ -157,7 +158,8 @@ class ConfigCheck:
 
     @staticmethod
     def _judge(batch: LaunchBatch, space: Any) -> str | None:
-        problems = space.violations(batch.config)
+        # A kernel run under a host pattern declares its host knobs in its configuration.
+        problems = host_declared(space, batch.config).violations(batch.config)
         if not problems:
             return None
         return (

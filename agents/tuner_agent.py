@@ -18,6 +18,7 @@ from typing import Any
 from kernelstream.agents.context import WorkerContext
 from kernelstream.agents.logic.tuning import Tuner
 from kernelstream.kernels.resolve import SpaceResolver
+from kernelstream.kernels.transfers import host_declared
 from kernelstream.schemas import Finding, Recommendation, ReconfigOutcome, encode
 from kernelstream.schemas.signing import signer_from_settings
 
@@ -83,6 +84,7 @@ def register(app: Any, ctx: WorkerContext) -> Tuner:
                     continue
                 try:
                     space = spaces.space_for(finding.workload, tuple(finding.problem_size))
+                    space = host_declared(space, finding.config)
                 except (LookupError, ValueError) as exc:  # unknown workload, or a bad size
                     await ctx.dead_letter("tuner", event, str(exc), "unknown_kernel")
                     continue

@@ -27,7 +27,7 @@ from pydantic_settings import (
 
 from kernelstream.agents.context import LaunchLimits
 from kernelstream.agents.logic.sequencing import SeqLimits
-from kernelstream.kernels.transfers import HostPattern
+from kernelstream.kernels.transfers import HOST_KNOB_VALUES, HostPattern
 from kernelstream.schemas.codec import MAX_MESSAGE_BYTES
 
 __all__ = ["Settings", "load_settings"]
@@ -426,6 +426,12 @@ def host_pattern_of(text: str) -> HostPattern:
         raise ValueError(f"host_pattern has unknown fields {sorted(unknown)}")
     if any(not isinstance(v, int) or v < 0 for v in fields.values()):
         raise ValueError("host_pattern values must be integers >= 0")
-    if fields.get("streams", 1) < 1 or fields.get("batch", 1) < 1:
-        raise ValueError("host_pattern streams and batch must be >= 1")
+    if "pinned" in fields and fields["pinned"] not in (0, 1):
+        raise ValueError("host_pattern pinned must be 0 or 1")
+    for name in ("streams", "batch", "sync_every"):
+        if name in fields and fields[name] not in HOST_KNOB_VALUES[name]:
+            raise ValueError(
+                f"host_pattern {name} must be one of {list(HOST_KNOB_VALUES[name])} "
+                "(the values a node declares for it)"
+            )
     return HostPattern(**fields)

@@ -37,8 +37,18 @@ import numpy as np
 import numpy.typing as npt
 
 from kernelstream.kernels.devices import DeviceSpec
+from kernelstream.kernels.space import ParamValue, SearchSpace
 
-__all__ = ["HOST_KNOBS", "HostPattern", "HostTimeline", "copy_us", "simulate_host"]
+__all__ = [
+    "HOST_KNOBS",
+    "HOST_KNOB_VALUES",
+    "HostPattern",
+    "HostTimeline",
+    "copy_us",
+    "host_declared",
+    "simulate_host",
+    "with_host_knobs",
+]
 
 _PINNED_EFFICIENCY = 0.85
 _PAGEABLE_FACTOR = 0.5
@@ -48,6 +58,18 @@ _BATCHED_GAP_US = 0.5  # launches inside one batched call or graph: the device's
 
 #: Configuration parameters a pattern reads, when a kernel's declared space has them.
 HOST_KNOBS = ("pinned", "streams", "batch", "sync_every")
+
+#: The values a kernel run under a host pattern declares for the knobs its own space
+#: lacks (:func:`with_host_knobs`); a worker reads the same values back off a
+#: configuration that names them (:func:`host_declared`), so both sides agree on the
+#: space without a file. ``pinned`` is 0 or 1 (not a bool: configurations travel as
+#: JSON numbers), ``sync_every`` 0 means never between launches.
+HOST_KNOB_VALUES: dict[str, tuple[int, ...]] = {
+    "pinned": (0, 1),
+    "streams": (1, 2, 4),
+    "batch": (1, 2, 4, 8, 16, 32, 64),
+    "sync_every": (0, 1, 2, 4, 8, 16, 32, 64),
+}
 
 
 @dataclass(frozen=True)
@@ -60,6 +82,15 @@ class HostPattern:
     streams: int = 1
     batch: int = 1
     sync_every: int = 0  # 0: never waits on the device between launches
+
+    def knobs(self) -> dict[str, int]:
+        """The pattern's knobs as configuration values (``HOST_KNOBS``)."""
+        return {
+            "pinned": int(self.pinned),
+            "streams": self.streams,
+            "batch": self.batch,
+            "sync_every": self.sync_every,
+        }
 
     def with_config(self, config: Mapping[str, Any]) -> HostPattern:
         """The pattern with the knobs a configuration sets (``HOST_KNOBS``)."""
@@ -154,3 +185,72 @@ def simulate_host(
         np.repeat(i, k),
         offsets.reshape(-1) if k else np.empty(0),
     )
+
+
+def with_host_knobs(space: SearchSpace, pattern: HostPattern) -> SearchSpace:
+    """``space`` with the host knobs it does not declare itself, starting at ``pattern``'s.
+
+    The knobs come after the kernel's own parameters (config ids keep their order);
+    their values are :data:`HOST_KNOB_VALUES`. Raises ValueError when a knob of the
+    pattern is not among them (the worker could not read it back).
+
+    >>> s = SearchSpace("k", {"block": (64, 128)}, {"block": 64})
+    >>> w = with_host_knobs(s, HostPattern(pinned=False, batch=4))
+    >>> w.config_id(w.start_config())
+    'block=64,pinned=0,streams=1,batch=4,sync_every=0'
+    """
+    knobs = pattern.knobs()
+    for name, value in knobs.items():
+        if value not in HOST_KNOB_VALUES[name]:
+            raise ValueError(
+                f"host pattern {name}={value} is not one of the declared values "
+                f"{list(HOST_KNOB_VALUES[name])}"
+            )
+    added = tuple(k for k in HOST_KNOBS if k not in space.params)
+    return _extend(space, added, knobs)
+
+
+def _extend(space: SearchSpace, added: tuple[str, ...], start: Mapping[str, int]) -> SearchSpace:
+    """``space`` with the knobs ``added`` (every value of each), defaults from ``start``."""
+    params: dict[str, tuple[ParamValue, ...]] = {p: tuple(v) for p, v in space.params.items()}
+    params.update({k: HOST_KNOB_VALUES[k] for k in added})
+    default = {**dict(space.default), **{k: start[k] for k in added}}
+    allowed = space.allowed
+    if allowed is not None and added:
+        # A listed space (a trace's measured points): each point with every knob value.
+        tails = [""]
+        for k in added:
+            tails = [f"{t},{k}={v}" for t in tails for v in HOST_KNOB_VALUES[k]]
+        allowed = frozenset(cid + t for cid in allowed for t in tails)
+    return SearchSpace(space.name, params, default, space.constraints, allowed)
+
+
+_DECLARED: dict[tuple[int, tuple[str, ...]], tuple[SearchSpace, SearchSpace]] = {}
+
+
+def host_declared(space: SearchSpace, config: Mapping[str, Any]) -> SearchSpace:
+    """The space a configuration declares: ``space`` plus the host knobs it names.
+
+    A node that runs a kernel under a host pattern adds the knobs to the kernel's own
+    space (:func:`with_host_knobs`) and sends them in every configuration; the worker's
+    tuner and its configuration check take the space the same way from any
+    configuration that names them. The default of an added knob is its first value.
+
+    >>> s = SearchSpace("k", {"block": (64, 128)}, {"block": 64})
+    >>> host_declared(s, {"block": 64}) is s
+    True
+    >>> host_declared(s, {"block": 64, "pinned": 1}).names
+    ('block', 'pinned')
+    """
+    added = tuple(k for k in HOST_KNOBS if k in config and k not in space.params)
+    if not added:
+        return space
+    key = (id(space), added)
+    hit = _DECLARED.get(key)
+    if hit is not None and hit[0] is space:
+        return hit[1]
+    wide = _extend(space, added, {k: v[0] for k, v in HOST_KNOB_VALUES.items()})
+    if len(_DECLARED) >= 1024:
+        _DECLARED.clear()
+    _DECLARED[key] = (space, wide)
+    return wide

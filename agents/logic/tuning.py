@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from kernelstream.agents.logic.errors import LogicSettingsError, SnapshotError
 from kernelstream.agents.logic.transfers import is_host_finding
 from kernelstream.kernels.space import Config, SearchSpace
+from kernelstream.kernels.transfers import HOST_KNOBS
 from kernelstream.schemas.records import (
     Finding,
     Recommendation,
@@ -264,10 +265,28 @@ class _Slot:
     outstanding: _Outstanding | None = None
     # Last window start seen per config: a redelivered window is not counted twice.
     last_window: dict[str, float] = field(default_factory=dict)
+    # A host-side change that came while a step was on trial: it goes before the next
+    # search step (not snapshotted: the next window's finding brings it again).
+    host_next: Finding | None = None
 
     def barred(self, config_id: str) -> bool:
         """Whether this node must not be sent ``config_id`` (rejected or rolled back)."""
         return config_id in self.excluded or config_id in self.rolled_back
+
+
+def _host_of(config: Mapping[str, Any]) -> Config:
+    """The host knobs (pinned buffers, streams, batching, syncs) of a configuration."""
+    return {k: config[k] for k in HOST_KNOBS if k in config}
+
+
+def _keeps_host(config: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
+    """Whether a search step leaves the host knobs as they are.
+
+    They change only through a host-side finding (:meth:`Tuner.recommend_knob`), which
+    the node measures by its whole step; the windows a search learns from time the
+    kernel alone, which the host knobs do not change.
+    """
+    return all(config.get(k) == v for k, v in _host_of(current).items())
 
 
 class Tuner:
@@ -470,6 +489,12 @@ class Tuner:
             if now < slot.outstanding.expires_at:
                 return None
             slot.outstanding = None
+        host, slot.host_next = slot.host_next, None
+        if host is not None:
+            # A host-side change (its gain measured, not guessed) before a search step.
+            rec = self.recommend_knob(host, space, now)
+            if rec is not None:
+                return rec
         g = self._group(group_of(finding))
         current = slot.current if slot.current is not None else dict(finding.config)
         cur_id = slot.current_id or finding.config_id
@@ -482,6 +507,7 @@ class Tuner:
             cid = space.config_id(config) if set(config) == set(space.names) else ""
             return (
                 bool(cid)
+                and _keeps_host(config, current)
                 and cid != cur_id
                 and cid not in g.failed
                 and not slot.barred(cid)
@@ -494,7 +520,8 @@ class Tuner:
             # are valid by construction; validity is checked once, on the proposal.
             cid = space.config_id(config)
             return (
-                cid != cur_id
+                _keeps_host(config, current)
+                and cid != cur_id
                 and cid not in g.failed
                 and not slot.barred(cid)
                 and g.trying.get(cid, -math.inf) <= now
@@ -508,8 +535,9 @@ class Tuner:
             proposal = self.strategy.propose(finding, space, g, current, untried, related)
         if proposal is None:
             proposal = self._share_best(g, cur, cur_id, cur_failed, allowed, 0)
-        if proposal is None and cur_failed and allowed(space.start_config()):
-            proposal = Proposal(space.start_config(), "current config fails: back to start", 0.0)
+        start = {**space.start_config(), **_host_of(current)}
+        if proposal is None and cur_failed and allowed(start):
+            proposal = Proposal(start, "current config fails: back to start", 0.0)
         if proposal is None or not allowed(proposal.config):
             return None
         return self._issue(finding, space, slot, g, cur, cur_id, proposal, now)
@@ -561,9 +589,16 @@ class Tuner:
             return None
         slot = self._slot(_slot_of(finding))
         if slot.outstanding is not None and now < slot.outstanding.expires_at:
+            slot.host_next = finding  # first in line once the step on trial is decided
             return None
         slot.outstanding = None
-        config = {**dict(finding.config), param: value}
+        slot.host_next = None
+        # The change goes onto what the node runs now (a search step kept since the
+        # finding's window leaves the knob as it was), unless the knob moved meanwhile.
+        base = slot.current if slot.current is not None else dict(finding.config)
+        if base.get(param) != finding.config.get(param):
+            return None
+        config = {**base, param: value}
         if set(config) != set(space.names) or not space.is_valid(config):
             return None
         if slot.barred(space.config_id(config)):
@@ -571,9 +606,9 @@ class Tuner:
         gain = float(finding.evidence.get("expected_gain", 0.0))
         reason = f"{finding.classification}: {finding.summary}"
         g = self._group(group_of(finding))
-        cur = g.configs.get(finding.config_id)
+        cur_id = slot.current_id or finding.config_id
         proposal = Proposal(config, reason, gain)
-        return self._issue(finding, space, slot, g, cur, finding.config_id, proposal, now)
+        return self._issue(finding, space, slot, g, g.configs.get(cur_id), cur_id, proposal, now)
 
     def _issue(
         self,

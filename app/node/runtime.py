@@ -43,6 +43,7 @@ from kernelstream.app.node.outbox import DurableSeenIds, NodeStore, Outbox, Outb
 from kernelstream.app.settings import Settings, host_pattern_of
 from kernelstream.kernels import open_device
 from kernelstream.kernels.runner import LaunchBatcher, WorkloadRunner
+from kernelstream.kernels.workloads.hosted import HostedWorkload
 from kernelstream.schemas import DeviceSample, LaunchBatch, Recommendation, ReconfigOutcome, encode
 from kernelstream.schemas.binary import encode_launch_batch
 from kernelstream.schemas.keys import group_key, stream_key
@@ -181,6 +182,10 @@ class _Node:
         if parts is None:
             self.device, workloads = _open(settings)
             host = None if settings.host_pattern is None else host_pattern_of(settings.host_pattern)
+            if host is not None:
+                # The host knobs join each kernel's declared space, so a host-side
+                # finding's change is applied, measured and kept or rolled back.
+                workloads = [HostedWorkload(w, host) for w in workloads]
             self.runner: Any = WorkloadRunner(
                 self.device,
                 workloads,

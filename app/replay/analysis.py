@@ -57,6 +57,7 @@ from kernelstream.agents.logic.transfers import (
 from kernelstream.agents.logic.tuning import Tuner
 from kernelstream.agents.logic.windowing import Windower, WindowSpec
 from kernelstream.kernels.devices import device_spec_for_name
+from kernelstream.kernels.transfers import host_declared
 from kernelstream.schemas import (
     Alert,
     Finding,
@@ -312,7 +313,9 @@ class OfflineAnalysis:
                 self.tuner.observe_outcome(rec)
                 continue
             try:
-                space = self.space_for(rec.workload, tuple(rec.problem_size))
+                space = host_declared(
+                    self.space_for(rec.workload, tuple(rec.problem_size)), rec.config
+                )
             except (LookupError, ValueError):
                 continue
             self.tuner.observe_finding(rec)

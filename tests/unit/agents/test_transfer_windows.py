@@ -122,3 +122,69 @@ def test_the_forecaster_skips_host_findings_without_refusing_them() -> None:
     forecaster = Forecaster()
     for f in found:  # the window's own finding was not seen: still neither used nor refused
         assert forecaster.observe(f) == ([], None)
+
+
+def _search_finding(config: dict[str, int]) -> Finding:
+    """The window's own finding of the same series (what a search step answers)."""
+    f = knob_finding("pageable_copies", "pinned", 1)
+    ev = {k: v for k, v in f.evidence.items() if k not in ("host_side", "knob_param")}
+    return f.model_copy(
+        update={
+            "id": f.id.rsplit("/", 1)[0],
+            "classification": "memory_bottleneck",
+            "evidence": ev,
+            "config": config,
+            "config_id": SPACE.config_id(config),
+        }
+    )
+
+
+def test_a_host_change_that_waited_for_a_search_step_goes_first_onto_the_kept_config() -> None:
+    tuner = Tuner(ttl_s=30.0)
+    step = tuner.recommend_knob(knob_finding("no_overlap", "streams", 2), SPACE, now=10.0)
+    assert step is not None  # something is on trial
+    pin = knob_finding("pageable_copies", "pinned", 1)
+    assert tuner.recommend_knob(pin, SPACE, now=11.0) is None  # waits its turn
+    kept = {"tile": 8, "pinned": 0, "streams": 2}
+    tuner.observe_outcome(
+        ReconfigOutcome(
+            id="o1",
+            recommendation_id=step.id,
+            node=step.node,
+            device_index=step.device_index,
+            device_model=step.device_model,
+            kernel=step.kernel,
+            workload=step.workload,
+            problem_size=step.problem_size,
+            status="kept",
+            reason="faster",
+            before_config=pin.config,
+            before_config_id=pin.config_id,
+            after_config=kept,
+            after_config_id=SPACE.config_id(kept),
+            at=20.0,
+        )
+    )
+    # The next window's own finding would start a search step: the waiting host change
+    # goes before it, onto the configuration the node runs now.
+    rec = tuner.recommend_for(_search_finding(kept), SPACE, now=21.0)
+    assert rec is not None and rec.reason.startswith("pageable_copies: ")
+    assert rec.config == {"tile": 8, "pinned": 1, "streams": 2}
+    assert rec.from_config_id == SPACE.config_id(kept)
+
+
+def test_a_search_step_never_changes_the_host_knobs() -> None:
+    from kernelstream.agents.logic.search import ModelGuidedSearch
+    from kernelstream.kernels.transfers import HOST_KNOBS
+
+    tuner = Tuner(ttl_s=1.0, min_windows=1, strategy=ModelGuidedSearch())
+    config = {"tile": 8, "pinned": 0, "streams": 1}
+    proposed = []
+    for k in range(20):
+        f = _search_finding(config).model_copy(update={"window_start": float(k)})
+        tuner.observe_finding(f)
+        rec = tuner.recommend_for(f, SPACE, now=10.0 * k)
+        if rec is not None:
+            proposed.append(rec.config)
+    assert proposed, "the search proposed nothing"
+    assert all(c[k] == config[k] for c in proposed for k in HOST_KNOBS if k in c), proposed

@@ -97,3 +97,18 @@ def test_the_tuner_is_built_from_settings_for_the_worker_and_replay(
     assert isinstance(default.strategy, ModelGuidedSearch) and not default.strategy.warm_start
     with pytest.raises(ValidationError):
         Settings(tuner_regression_restart=1.0)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [
+        ('{"batch": 3}', "batch must be one of"),
+        ('{"streams": 8}', "streams must be one of"),
+        ('{"pinned": 2}', "pinned must be 0 or 1"),
+        ('{"sync_every": 5}', "sync_every must be one of"),
+    ],
+)
+def test_a_host_pattern_must_start_inside_the_knobs_a_node_declares(pattern: str, why: str) -> None:
+    with pytest.raises(ValidationError, match=why):
+        Settings(host_pattern=pattern)
+    assert Settings(host_pattern='{"batch": 4, "sync_every": 1, "pinned": 0}').host_pattern

@@ -83,3 +83,34 @@ def test_reference_on_small_inputs(name: str) -> None:
     assert ref.dtype == np.float32 and np.isfinite(ref).all()
     assert len(small.kernel_args(inputs)) >= 3
     assert small.space.is_valid(small.default)
+
+
+def test_a_hosted_workload_declares_the_space_a_worker_reads_off_its_configs() -> None:
+    from kernelstream.kernels.transfers import HostPattern, host_declared
+    from kernelstream.kernels.workloads.hosted import HostedWorkload
+
+    for name in WORKLOAD_NAMES:
+        base = get_workload(name)
+        w = HostedWorkload(base, HostPattern(1 << 20, 0, pinned=False, batch=4, sync_every=1))
+        start = w.space.start_config()
+        assert {k: start[k] for k in ("pinned", "streams", "batch", "sync_every")} == {
+            "pinned": 0,
+            "streams": 1,
+            "batch": 4,
+            "sync_every": 1,
+        }
+        worker = host_declared(get_workload(name).space, start)
+        for config in (start, {**start, "pinned": 1}, {**start, "batch": 64, "streams": 4}):
+            assert worker.is_valid(config) and w.space.is_valid(config)
+            assert worker.config_id(config) == w.space.config_id(config)
+        # The kernel is the same whatever the knobs say.
+        assert w.geometry({**start, "pinned": 1}) == base.geometry(base.space.start_config())
+        assert not worker.is_valid({**start, "pinned": 2})
+        assert not worker.is_valid({**start, "batch": 3})
+
+
+def test_a_host_pattern_outside_the_declared_knob_values_is_refused() -> None:
+    from kernelstream.kernels.transfers import HostPattern, with_host_knobs
+
+    with pytest.raises(ValueError, match="batch=3"):
+        with_host_knobs(get_workload("matmul").space, HostPattern(batch=3))

@@ -1,0 +1,157 @@
+"""Host-side recommendations act, through Kafka: pinned buffers applied, measured, kept.
+
+A sim node copies 64 MiB in and 16 MiB out around every transpose, from pageable
+memory, on one stream. Running under a host pattern, its kernels declare the host
+knobs (pinned buffers, streams, launch batching, syncs) in their spaces. The real
+worker finds ``pageable_copies`` in its telemetry and recommends ``pinned=1``; the node
+applies it at a safe point, measures its step (copies included), and keeps it: the
+copies run at the pinned rate. A hand-made change back to pageable memory (signed by
+the recommender's key, so the node accepts it) makes the step slower and is rolled
+back. ``transfer_bound``, which no knob fixes, stays advice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from typing import Any
+
+import orjson
+import pytest
+
+from kernelstream.app.kafka.topics import ensure_topics
+from kernelstream.app.node.runtime import run_node
+from kernelstream.app.settings import Settings
+from kernelstream.schemas import Finding, Recommendation, ReconfigOutcome, encode
+from kernelstream.schemas.signing import signer_from_settings
+from tests.integration.helpers import TopicReader, produce
+
+pytestmark = pytest.mark.integration
+
+_MIB = 1 << 20
+_PATTERN = {"h2d_bytes": 64 * _MIB, "d2h_bytes": 16 * _MIB, "pinned": 0, "streams": 1}
+
+
+def _host(findings: list[Finding], cls: str, pinned: int) -> list[Finding]:
+    return [f for f in findings if f.classification == cls and f.config.get("pinned") == pinned]
+
+
+def _worse(kept: ReconfigOutcome, settings: Settings) -> Recommendation:
+    """Back to pageable memory from the kept configuration, signed by the recommender."""
+    now = time.time()
+    config = {**kept.after_config, "pinned": 0}
+    rec = Recommendation(
+        id=f"rec/test/{kept.node}/pageable",
+        node=kept.node,
+        device_index=kept.device_index,
+        device_model=kept.device_model,
+        kernel=kept.kernel,
+        workload=kept.workload,
+        problem_size=list(kept.problem_size),
+        from_config_id=kept.after_config_id,
+        config=config,
+        config_id=kept.after_config_id.replace("pinned=1", "pinned=0"),
+        reason="test: pageable host buffers again",
+        evidence={},
+        expected_gain=0.0,
+        issued_at=now,
+        expires_at=now + 120,
+    )
+    signer = signer_from_settings(settings)
+    assert signer is not None
+    return signer.sign(rec)
+
+
+async def _scenario(settings: Settings, worker: Any) -> None:
+    bootstrap = str(settings.bootstrap)
+    await ensure_topics(settings, bootstrap)
+    stop = asyncio.Event()
+    node_settings = settings.model_copy(
+        update={
+            "backend": "sim",
+            "device_model": "A100-SXM4-80GB",
+            "workloads": ["transpose"],
+            "host_pattern": orjson.dumps(_PATTERN).decode(),
+        }
+    )
+    node = asyncio.create_task(run_node(node_settings, bootstrap, stop=stop))
+    topics = (settings.topic_recommendations, settings.topic_reconfig, settings.topic_findings)
+    async with TopicReader(bootstrap, *topics) as r:
+
+        def outcomes() -> list[ReconfigOutcome]:
+            return [o for o in r.records[settings.topic_reconfig] if isinstance(o, ReconfigOutcome)]
+
+        def findings() -> list[Finding]:
+            return [f for f in r.records[settings.topic_findings] if isinstance(f, Finding)]
+
+        def pinned_kept() -> ReconfigOutcome | None:
+            return next(
+                (
+                    o
+                    for o in outcomes()
+                    if o.status == "kept"
+                    and o.before_config.get("pinned") == 0
+                    and o.after_config.get("pinned") == 1
+                ),
+                None,
+            )
+
+        await r.until(lambda: pinned_kept() is not None, 120, "pinned buffers kept")
+        kept = pinned_kept()
+        assert kept is not None
+        # The pinned configuration's windows show the copies at the pinned rate.
+        await r.until(
+            lambda: bool(_host(findings(), "transfer_bound", 1)), 60, "a window of pinned copies"
+        )
+        await produce(
+            bootstrap,
+            settings.topic_recommendations,
+            [(kept.node.encode(), encode(_worse(kept, settings)))],
+        )
+        await r.until(
+            lambda: any(
+                o.recommendation_id.endswith("/pageable") and o.status == "rolled_back"
+                for o in outcomes()
+            ),
+            60,
+            "the change back to pageable memory rolled back",
+        )
+        recs = [
+            x for x in r.records[settings.topic_recommendations] if isinstance(x, Recommendation)
+        ]
+        found = findings()
+    stop.set()
+    report = await node
+    assert worker.poll() is None, "the worker must keep running"
+
+    # The recommendation came from the finding, with its evidence and expected gain.
+    pin = next(x for x in recs if x.id == kept.recommendation_id)
+    assert pin.evidence["classification"] == "pageable_copies"
+    assert pin.config["pinned"] == 1 and pin.expected_gain > 0.3
+    # Kept for the step time it saved (the node measures copies, gaps and kernel) ...
+    assert kept.before_mean_us and kept.after_mean_us
+    assert kept.after_mean_us < 0.8 * kept.before_mean_us, kept
+    # ... because the copies ran at the pinned rate: about twice the pageable one.
+    before = _host(found, "transfer_bound", 0)[-1].evidence
+    after = _host(found, "transfer_bound", 1)[-1].evidence
+    assert float(after["h2d_gbs"]) > 1.8 * float(before["h2d_gbs"]), (before, after)
+    assert not _host(found, "pageable_copies", 1), "pinned copies are not pageable"
+    # The change back was slower and rolled back; the node ends where it was kept.
+    back = next(
+        o
+        for o in outcomes()
+        if o.recommendation_id.endswith("/pageable") and o.status == "rolled_back"
+    )
+    assert back.after_mean_us and back.before_mean_us
+    assert back.after_mean_us > 1.2 * back.before_mean_us
+    assert report.final_configs["transpose"]["pinned"] == 1
+    # A finding no knob fixes stays advice: no recommendation cites it.
+    assert _host(found, "transfer_bound", 0)[0].evidence.get("knob_param") is None
+    assert not [x for x in recs if x.evidence.get("classification") == "transfer_bound"]
+
+
+def test_pinned_buffers_are_applied_measured_and_kept(
+    settings: Settings, worker: subprocess.Popen[bytes]
+) -> None:
+    asyncio.run(_scenario(settings, worker))
