@@ -279,6 +279,12 @@ def _host_of(config: Mapping[str, Any]) -> Config:
     return {k: config[k] for k in HOST_KNOBS if k in config}
 
 
+def _gain(finding: Finding) -> float:
+    """The expected gain a host-side finding states (0 when it states none)."""
+    value = finding.evidence.get("expected_gain", 0.0)
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
 def _keeps_host(config: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
     """Whether a search step leaves the host knobs as they are.
 
@@ -589,7 +595,15 @@ class Tuner:
             return None
         slot = self._slot(_slot_of(finding))
         if slot.outstanding is not None and now < slot.outstanding.expires_at:
-            slot.host_next = finding  # first in line once the step on trial is decided
+            # First in line once the step on trial is decided; of one window's host
+            # findings, the one that expects to gain most.
+            waiting = slot.host_next
+            if (
+                waiting is None
+                or waiting.window_end != finding.window_end
+                or _gain(finding) > _gain(waiting)
+            ):
+                slot.host_next = finding
             return None
         slot.outstanding = None
         slot.host_next = None
@@ -603,7 +617,7 @@ class Tuner:
             return None
         if slot.barred(space.config_id(config)):
             return None
-        gain = float(finding.evidence.get("expected_gain", 0.0))
+        gain = _gain(finding)
         reason = f"{finding.classification}: {finding.summary}"
         g = self._group(group_of(finding))
         cur_id = slot.current_id or finding.config_id

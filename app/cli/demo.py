@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from kernelstream.app.cli.demo_transfers import TRANSFER_NODES, HostFindingTally
+from kernelstream.app.cli.demo_transfers import TRANSFER_NODES, HostFindingTally, host_changes
 from kernelstream.app.kafka.embedded import EmbeddedBroker, die_with_parent, free_port
 from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.replay.series import series_summary
@@ -451,8 +451,14 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
             broker.stop(timeout_s=1.0)
     rows = builder.rows()
     _print_summary(rows)
+    changes = host_changes(builder.outcomes)
     if opts.scenario == "transfers":
         _print_host_findings(builder.host)
+        print("\nhost-side changes (applied, measured by the whole step, kept or rolled back):")
+        for change in changes:
+            print(f"  {change.line()}")
+        if not changes:
+            print("  none")
     if opts.json_path:
         opts.json_path.parent.mkdir(parents=True, exist_ok=True)
         opts.json_path.write_bytes(
@@ -462,6 +468,7 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
                     "interrupted": interrupted,
                     "series": rows,
                     "host_findings": builder.host.as_dict(),
+                    "host_changes": {c.key(): c.status for c in changes},
                 },
                 option=orjson.OPT_INDENT_2,
             )

@@ -9,7 +9,11 @@ Two sim nodes whose host side holds the GPU back, each in its own way:
   and ``host_sync``.
 
 The worker finds them from the nodes' ``ks.launch_batch/2`` telemetry; the demo
-prints, per node, each finding with its evidence and the advice it carries.
+prints, per node, each finding with its evidence and the advice it carries. The nodes
+run under host patterns, so their kernels declare the host knobs: the changes the
+findings carry (pinned buffers, a second stream, batched launches, no sync after each
+launch) are applied, measured by the whole step and kept or rolled back, and the demo
+prints each with its outcome.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from dataclasses import dataclass, field
 import orjson
 
 from kernelstream.agents.logic.transfers import is_host_finding
-from kernelstream.schemas import Finding
+from kernelstream.kernels.transfers import HOST_KNOBS
+from kernelstream.schemas import Finding, ReconfigOutcome
 
-__all__ = ["TRANSFER_NODES", "HostFindingTally", "TransferNode"]
+__all__ = ["TRANSFER_NODES", "HostChange", "HostFindingTally", "TransferNode", "host_changes"]
 
 _MIB = 1 << 20
 
@@ -101,3 +106,50 @@ class HostFindingTally:
             out.append(f"    evidence {orjson.dumps(shown).decode()}")
             out.append(f"    advice: {f.evidence.get('advice')}")
         return out
+
+
+@dataclass(frozen=True)
+class HostChange:
+    """A change of a kernel's host knobs and how it ended (kept, rolled back, ...)."""
+
+    node: str
+    kernel: str
+    change: str  # e.g. "pinned 0 -> 1"
+    status: str
+    before_us: float | None
+    after_us: float | None
+
+    def line(self) -> str:
+        """``node kernel: change: status (step before -> after us)``."""
+        step = ""
+        if self.before_us and self.after_us:
+            step = f" (step {self.before_us:,.1f} -> {self.after_us:,.1f} us)"
+        return f"{self.node} {self.kernel}: {self.change}: {self.status}{step}"
+
+    def key(self) -> str:
+        return f"{self.node}/{self.kernel}/{self.change}"
+
+
+def host_changes(outcomes: list[ReconfigOutcome]) -> list[HostChange]:
+    """The host-knob changes among ``outcomes``, by their final verdict (kept or
+    rolled back; applied while the run ended on it)."""
+    final: dict[str, HostChange] = {}
+    for o in sorted(outcomes, key=lambda o: o.at):
+        moved = [
+            f"{k} {o.before_config[k]} -> {o.after_config[k]}"
+            for k in HOST_KNOBS
+            if k in o.after_config and o.before_config.get(k) != o.after_config[k]
+        ]
+        if not moved or o.status == "rejected":
+            continue
+        change = HostChange(
+            o.node,
+            o.kernel,
+            ", ".join(moved),
+            o.status,
+            o.before_mean_us,
+            o.after_mean_us,
+        )
+        if o.status != "applied" or o.recommendation_id not in final:
+            final[o.recommendation_id] = change
+    return list(final.values())

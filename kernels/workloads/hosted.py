@@ -84,3 +84,8 @@ class HostedWorkload:
 
     def traits(self, config: Mapping[str, ParamValue]) -> Traits:
         return self.inner.traits(self.kernel_config(config))
+
+    def defines(self, config: Mapping[str, ParamValue]) -> dict[str, int]:
+        """The kernel's compile-time macros: the host knobs are not the kernel's."""
+        defines: dict[str, int] = self.inner.defines(self.kernel_config(config))  # type: ignore[attr-defined]
+        return defines

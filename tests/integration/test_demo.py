@@ -159,13 +159,15 @@ def test_transfers_scenario_shows_each_host_finding_and_replay_agrees(tmp_path: 
     proc = subprocess.run(
         [
             *(sys.executable, "-m", "kernelstream.app.cli", "demo", "--scenario", "transfers"),
-            *("--duration", "25", "--no-live", "--json", str(out)),
+            # 45 s: the worker's tuner answers its first findings some 20 s into a run
+            # on a loaded two-core machine, and a change is kept a few seconds later.
+            *("--duration", "45", "--no-live", "--json", str(out)),
             *("--run-dir", str(tmp_path / "run")),
         ],
         env=_env(),
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     live = orjson.loads(out.read_bytes())["host_findings"]
@@ -178,6 +180,12 @@ def test_transfers_scenario_shows_each_host_finding_and_replay_agrees(tmp_path: 
     }
     assert set(live) == expected, proc.stdout
     assert "host-side findings" in proc.stdout and "advice: " in proc.stdout
+    # The changes the findings carry are applied, measured and kept: pinned buffers on
+    # the copying node, no synchronization after each launch on the other.
+    changes = orjson.loads(out.read_bytes())["host_changes"]
+    node_change = {(k.split("/", 2)[0], k.split("/", 2)[2]): v for k, v in changes.items()}
+    kept = {f"{node}/{change}" for (node, change), v in node_change.items() if v == "kept"}
+    assert {"copy-a100/pinned 0 -> 1", "sync-h100/sync_every 1 -> 0"} <= kept, changes
     report = tmp_path / "report"
     replay = subprocess.run(
         [

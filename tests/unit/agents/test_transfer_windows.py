@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kernelstream.agents.logic.detection import finding_id
 from kernelstream.agents.logic.transfers import (
     TransferWindows,
@@ -124,7 +126,7 @@ def test_the_forecaster_skips_host_findings_without_refusing_them() -> None:
         assert forecaster.observe(f) == ([], None)
 
 
-def _search_finding(config: dict[str, int]) -> Finding:
+def _search_finding(config: dict[str, Any]) -> Finding:
     """The window's own finding of the same series (what a search step answers)."""
     f = knob_finding("pageable_copies", "pinned", 1)
     ev = {k: v for k, v in f.evidence.items() if k not in ("host_side", "knob_param")}
@@ -188,3 +190,15 @@ def test_a_search_step_never_changes_the_host_knobs() -> None:
             proposed.append(rec.config)
     assert proposed, "the search proposed nothing"
     assert all(c[k] == config[k] for c in proposed for k in HOST_KNOBS if k in c), proposed
+
+
+def test_of_one_windows_waiting_host_changes_the_larger_expected_gain_goes_first() -> None:
+    tuner = Tuner(ttl_s=30.0)
+    pin = knob_finding("pageable_copies", "pinned", 1)
+    overlap = knob_finding("no_overlap", "streams", 2)
+    assert float(pin.evidence["expected_gain"]) > float(overlap.evidence["expected_gain"])
+    assert tuner.recommend_knob(knob_finding("no_overlap", "streams", 4), SPACE, now=1.0)
+    for f in (pin, overlap):  # the larger gain first, then the smaller: both wait
+        assert tuner.recommend_for(f, SPACE, now=2.0) is None
+    rec = tuner.recommend_for(_search_finding(pin.config), SPACE, now=100.0)  # trial expired
+    assert rec is not None and rec.reason.startswith("pageable_copies: ")
