@@ -51,6 +51,8 @@ log = logging.getLogger("kernelstream.kernels.user")
 #: past this, launches still run but are counted in ``dropped`` instead of logged.
 MAX_PENDING = 1_000_000
 
+_perf_counter = time.perf_counter
+
 _LIVE: weakref.WeakValueDictionary[str, TunableKernel] = weakref.WeakValueDictionary()
 _LISTENERS: list[Callable[[TunableKernel], None]] = []
 _LIVE_LOCK = threading.Lock()
@@ -160,6 +162,12 @@ class TunableKernel:
         self._arity = self.workload.arity
         self._log: deque[LaunchRecord] | None = None
         self._copies: deque[CopyRecord] | None = None
+        # Per logged launch, the host's gap before it (us) and whether the host waited
+        # on the device in that gap; appended before its launch record, so a reader
+        # that takes n records always finds their n entries here.
+        self._host: deque[float] | None = None
+        self._returned: float | None = None  # perf_counter() when the last call returned
+        self._waited = 0
         self.failures: dict[str, str] = {}
         self.dropped = 0
         self._register()
@@ -199,14 +207,48 @@ class TunableKernel:
             )
         state = self._state
         out = self._log
+        if out is None:  # no node: nothing to record
+            if state.failure is not None:
+                state = self._fall_back(state, out)
+            self.device.launch(state, args, False)
+            return
+        called = _perf_counter()
         if state.failure is not None:
             state = self._fall_back(state, out)
-        record = self.device.launch(state, args, out is not None)
-        if out is not None:
-            if len(out) < MAX_PENDING:
-                out.append(record)
+        record = self.device.launch(state, args, True)
+        host = self._host
+        if len(out) < MAX_PENDING and host is not None:
+            last = self._returned  # _gap, inlined: this is every call's path
+            if last is None or self._waited:
+                host.append(self._gap(called))
             else:
-                self.dropped += 1
+                host.append((called - last) * 1e6)
+            out.append(record)
+        else:
+            self.dropped += 1
+        self._returned = _perf_counter()
+
+    def _gap(self, called: float) -> float:
+        """The host's gap before a launch called at ``called``: since the last call on this
+        kernel returned (0 for the first), in us; stored as ``-gap - 1`` when
+        :meth:`record_wait` was called in it (one float per launch keeps the log small)."""
+        last = self._returned
+        gap = 0.0 if last is None else (called - last) * 1e6
+        if self._waited:
+            self._waited = 0
+            return -gap - 1.0
+        return gap
+
+    def record_wait(self) -> None:
+        """Report that the host waited on the device since this kernel's last launch.
+
+        Call it where your step synchronizes (``stream.synchronize()``, a blocking copy
+        such as ``.get()``): the next launch is sent marked ``host_waited``, and a kernel
+        whose every launch follows a wait gets the ``host_sync`` finding. The time between
+        launches (``host_gap_us``) is measured without it. Without a node this does nothing.
+        """
+        if self._host is not None:
+            self._waited = 1
 
     def record_copy(
         self,
@@ -246,7 +288,8 @@ class TunableKernel:
                 self._good.config_id,
                 state.failure,
             )
-        if out is not None:
+        if out is not None and self._host is not None:
+            self._host.append(self._gap(_perf_counter()))
             out.append((state.config_id, time.time(), None))
         return self._good
 
@@ -315,11 +358,14 @@ class TunableKernel:
             raise KernelDefinitionError(f"kernel {self.name!r} is already run by a node")
         self._log = deque()
         self._copies = deque()
+        self._host = deque()
+        self._returned, self._waited = None, 0
         return self._log
 
     def _detach(self) -> None:
         self._log = None
         self._copies = None
+        self._host = None
 
     def _switch(self, config: Mapping[str, ParamValue]) -> None:
         """Prepare ``config`` (compile it) and swap it in: the next call runs it."""
@@ -372,11 +418,16 @@ class KernelRunner:
             records = [popleft() for _ in range(len(a.log))]
             if not records:
                 continue
+            host = a.take_host(len(records))
             done, t_end, dur, ok = self.device.resolve(records)
             if done < len(records):  # not finished on the GPU yet: back to the front
                 a.log.extendleft(reversed(records[done:]))
+                a.put_back_host(host[done:])
             if not done:
                 continue
+            raw = np.asarray(host[:done], dtype=np.float64)
+            waits = raw < 0  # a gap after record_wait() is stored as -gap - 1
+            gaps = np.where(waits, -raw - 1.0, raw)
             ids = [r[0] for r in records[:done]]
             # A chunk per run of launches of one configuration (a switch starts a new run).
             cuts = [i for i in range(1, done) if ids[i] != ids[i - 1]]
@@ -392,6 +443,8 @@ class KernelRunner:
                         t_end[start:stop],
                         dur[start:stop],
                         ok[start:stop],
+                        host_gap_us=gaps[start:stop],
+                        host_waited=waits[start:stop],
                     )
                 )
                 a.seq += stop - start
@@ -442,6 +495,19 @@ def _attach_copies(copies: deque[CopyRecord] | None, chunk: LaunchChunk) -> None
 class _Attached:
     def __init__(self, kernel: TunableKernel, log: deque[LaunchRecord]) -> None:
         self.kernel, self.log, self.seq = kernel, log, 0
+
+    def take_host(self, n: int) -> list[float]:
+        """The host entries of the ``n`` launch records just taken (see ``_host``)."""
+        host = self.kernel._host
+        if host is None:
+            return [0.0] * n
+        popleft = host.popleft
+        return [popleft() for _ in range(n)]
+
+    def put_back_host(self, entries: list[float]) -> None:
+        host = self.kernel._host
+        if host is not None:
+            host.extendleft(reversed(entries))
 
     @property
     def config_id(self) -> str:

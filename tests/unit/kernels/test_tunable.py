@@ -257,9 +257,50 @@ def test_copies_a_kernel_reports_travel_with_its_launches(cache: Path) -> None:
     batcher.add(chunk, 0.0)
     (batch,) = batcher.flush()
     cols = decode_launch_columns(encode(batch))
-    assert cols.copies is not None and cols.host_gap_us is None
+    assert cols.copies is not None and cols.host_gap_us is not None
     assert cols.copies.direction == ["h2d", "d2h"] * 3
     assert cols.copies.stream == [0, 3] * 3 and cols.copies.pinned == [0, 1] * 3
+    runner.detach_all()
+
+
+def test_host_gaps_and_waits_of_a_users_kernel_travel_with_its_launches(cache: Path) -> None:
+    import time
+
+    from kernelstream.agents.logic.transfers import summarize, transfer_findings
+    from kernelstream.kernels.devices import get_device_spec
+    from kernelstream.kernels.runner import LaunchBatcher
+    from kernelstream.schemas import encode
+    from kernelstream.schemas.columnar import decode_launch_columns
+
+    k = toy(cache)
+    k.record_wait()  # no node yet: nothing kept
+    runner = KernelRunner(k.device)
+    runner.add(k)
+    k(0, 0, 0)
+    time.sleep(0.005)
+    k.record_wait()
+    k(0, 0, 0)
+    k(0, 0, 0)
+    (chunk,) = runner.tick(0.0)
+    assert chunk.host_gap_us is not None and chunk.host_waited is not None
+    assert chunk.host_gap_us[0] == 0.0  # the first launch the node saw
+    assert chunk.host_gap_us[1] >= 5000.0  # the sleep, measured on the host clock
+    assert chunk.host_waited.tolist() == [False, True, False]
+    batcher = LaunchBatcher(runner.device, "n1")
+    batcher.add(chunk, 0.0)
+    (batch,) = batcher.flush()
+    cols = decode_launch_columns(encode(batch))
+    assert cols.host_waited is not None and cols.host_waited.tolist() == [0, 1, 0]
+    # A step that waits before every launch is found, as for the node's own kernels.
+    for _ in range(20):
+        k.record_wait()
+        k(0, 0, 0)
+    chunks = runner.tick(1.0)
+    batcher.add(chunks[0], 1.0)
+    s = summarize([decode_launch_columns(encode(b)) for b in batcher.flush()])
+    assert s is not None and s.waited == 20
+    found = transfer_findings(s, get_device_spec("A100-PCIE-40GB"), chunks[0].config)
+    assert "host_sync" in {f.classification for f in found}
     runner.detach_all()
 
 
