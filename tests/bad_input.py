@@ -31,6 +31,8 @@ __all__ = [
 ]
 
 BadInput = tuple[str, str, bytes | None, bytes | None]
+# A built-in workload run under a host pattern names these in its configuration.
+_HOST_KNOBS = {"pinned": 0, "streams": 1, "batch": 1, "sync_every": 0}
 _SIZES = {"matmul": [2048], "transpose": [8192, 8192], "reduction": [1 << 20]}
 
 
@@ -158,6 +160,18 @@ def bad_inputs(template: LaunchBatch, now: float) -> list[BadInput]:
             "bad_config",
             key,
             js(_wire(template, config={**config, "block_size_x": 128})),
+        ),
+        (
+            "host knob at a value no node declares (pinned 2, batch 3)",
+            "bad_config",
+            key,
+            js(_wire(template, config={**config, **_HOST_KNOBS, "pinned": 2, "batch": 3})),
+        ),
+        (
+            'host knob of the wrong type (streams "two")',
+            "bad_config",
+            key,
+            js(_wire(template, config={**config, **_HOST_KNOBS, "streams": "two"})),
         ),
         ("end times out of order", "unordered", key, js(_wire(template, t_end=t_back))),
         ("far future", "bad_timestamp", key, js(_wire(template, t_end=[now + 86_400.0] * n))),
@@ -296,6 +310,12 @@ ACCEPTED = [
         "a batch numbered at or below what was counted, but newer than every counted launch",
         "windowed: not a copy (a copy carries event times already passed); the stream's "
         "numbering was pushed up by a forgery or reset by the node.",
+    ),
+    (
+        "a built-in workload's configuration with host knobs (pinned, streams, batch, "
+        "sync_every) at declared values",
+        "windowed: a node run under a host pattern declares them; the worker reads the "
+        "same space off the configuration (docs/guide/transfers.md).",
     ),
     (
         "end times going back by up to max_event_disorder_s (1 s)",

@@ -23,3 +23,18 @@ def test_a_shared_config_object_keeps_its_verdict_and_a_changed_one_is_judged() 
     other = bad.model_copy(update={"workload": "other"})
     assert other.config is bad.config
     assert "'other'" in (check(other) or "")
+
+
+def test_a_built_in_workload_with_host_knobs_is_in_its_declared_space() -> None:
+    from kernelstream.kernels.resolve import SpaceResolver
+    from tests.bad_input import good_batch
+
+    check = ConfigCheck(SpaceResolver().space_for)
+    batch = good_batch("node-a", "matmul", 1.0e9, 2000, 0)  # a node's full batch
+    knobs = {"pinned": 1, "streams": 2, "batch": 64, "sync_every": 0}
+    hosted = batch.model_copy(update={"config": {**batch.config, **knobs}})
+    assert check(hosted) is None
+    some = batch.model_copy(update={"config": {**batch.config, "pinned": 0}})
+    assert check(some) is None  # a kernel may declare some of them
+    bad = batch.model_copy(update={"config": {**batch.config, **knobs, "streams": 3}})
+    assert "streams=3 not in declared values [1, 2, 4]" in (check(bad) or "")
