@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import orjson
@@ -37,21 +39,37 @@ def _host(findings: list[Finding], cls: str, pinned: int) -> list[Finding]:
     return [f for f in findings if f.classification == cls and f.config.get("pinned") == pinned]
 
 
-def _worse(kept: ReconfigOutcome, settings: Settings) -> Recommendation:
-    """Back to pageable memory from the kept configuration, signed by the recommender."""
+def _decided(outcomes: Callable[[], list[ReconfigOutcome]], rec_id: str) -> bool:
+    """Whether the node kept, rolled back or refused recommendation ``rec_id``."""
+    done = ("rolled_back", "kept", "rejected")
+    return any(o.recommendation_id == rec_id and o.status in done for o in outcomes())
+
+
+def _now_running(outcomes: list[ReconfigOutcome]) -> tuple[dict[str, Any], str]:
+    """The configuration (and id) the node runs after its latest decided change."""
+    last = [o for o in outcomes if o.status in ("kept", "rolled_back")][-1]
+    if last.status == "kept":
+        return dict(last.after_config), last.after_config_id
+    return dict(last.before_config), last.before_config_id
+
+
+def _worse(
+    kept: ReconfigOutcome, settings: Settings, outcomes: list[ReconfigOutcome], attempt: int
+) -> Recommendation:
+    """Back to pageable memory from what the node runs now, signed by the recommender."""
     now = time.time()
-    config = {**kept.after_config, "pinned": 0}
+    current, current_id = _now_running(outcomes)
     rec = Recommendation(
-        id=f"rec/test/{kept.node}/pageable",
+        id=f"rec/test/{kept.node}/pageable/{attempt}",
         node=kept.node,
         device_index=kept.device_index,
         device_model=kept.device_model,
         kernel=kept.kernel,
         workload=kept.workload,
         problem_size=list(kept.problem_size),
-        from_config_id=kept.after_config_id,
-        config=config,
-        config_id=kept.after_config_id.replace("pinned=1", "pinned=0"),
+        from_config_id=current_id,
+        config={**current, "pinned": 0},
+        config_id=current_id.replace("pinned=1", "pinned=0"),
         reason="test: pageable host buffers again",
         evidence={},
         expected_gain=0.0,
@@ -104,19 +122,22 @@ async def _scenario(settings: Settings, worker: Any) -> None:
         await r.until(
             lambda: bool(_host(findings(), "transfer_bound", 1)), 60, "a window of pinned copies"
         )
-        await produce(
-            bootstrap,
-            settings.topic_recommendations,
-            [(kept.node.encode(), encode(_worse(kept, settings)))],
-        )
-        await r.until(
-            lambda: any(
-                o.recommendation_id.endswith("/pageable") and o.status == "rolled_back"
-                for o in outcomes()
-            ),
-            60,
-            "the change back to pageable memory rolled back",
-        )
+        # The worker's search keeps trying configurations too: a node measuring one of
+        # them refuses a second change of the kernel, so the change is sent again (a new
+        # id) until the node takes it.
+        for attempt in range(10):
+            rec = _worse(kept, settings, outcomes(), attempt)
+            await produce(
+                bootstrap, settings.topic_recommendations, [(kept.node.encode(), encode(rec))]
+            )
+            await r.until(
+                partial(_decided, outcomes, rec.id),
+                60,
+                "the node's verdict on the change back to pageable memory",
+            )
+            if any(o.recommendation_id == rec.id and o.status != "rejected" for o in outcomes()):
+                break
+            await asyncio.sleep(0.5)
         recs = [
             x for x in r.records[settings.topic_recommendations] if isinstance(x, Recommendation)
         ]
@@ -141,8 +162,9 @@ async def _scenario(settings: Settings, worker: Any) -> None:
     back = next(
         o
         for o in outcomes()
-        if o.recommendation_id.endswith("/pageable") and o.status == "rolled_back"
+        if o.recommendation_id == rec.id and o.status in ("kept", "rolled_back")
     )
+    assert back.status == "rolled_back", back
     assert back.after_mean_us and back.before_mean_us
     assert back.after_mean_us > 1.2 * back.before_mean_us
     assert report.final_configs["transpose"]["pinned"] == 1
