@@ -252,7 +252,7 @@ def _pageable(
         "pageable_copies",
         ev,
         f"{s.share(pageable_us):.0%} of the step copies pageable memory; pinned buffers "
-        f"would make the step {gain:.0%} faster",
+        f"would save {s.share(saved):.0%} of it ({1 + gain:.2f}x the steps per second)",
         expected_gain=gain,
         knob=_knob(config, space, "pinned", _to_pinned),
         advice="allocate host buffers pinned (cupyx.empty_pinned, cudaHostAlloc)",
@@ -288,7 +288,8 @@ def _no_overlap(
             "expected_gain": round(gain, 3),
         },
         f"copies ({s.share(s.copy_us):.0%} of the step) never overlap a kernel: "
-        f"two streams with double buffering would hide up to {gain:.0%}",
+        f"two streams with double buffering would hide up to {s.share(hideable):.0%} of "
+        f"the step ({1 + gain:.2f}x the steps per second)",
         expected_gain=gain,
         knob=_knob(config, space, "streams", _larger),
         advice="queue copies on a second stream with double buffering",
