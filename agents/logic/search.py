@@ -34,6 +34,14 @@ code path whose first samples were poor looks certain to be poor; the bandit doe
 not trust the model's confidence there. This is a restart rule in the spirit of
 trust-region methods (TuRBO), with the regions given by the space's switches.
 
+**Values past the measured range.** A tree splits only between values it was trained
+on, so past the largest tile size measured it predicts the largest one's time and the
+trees agree: the lower bound never points where a kernel's fastest tiles may lie. Where a
+config has a parameter value outside the range its own arm (code path) has measured, its
+uncertainty in the local step and its rank in the arm step get the measured log
+durations' spread, scaled by the square root of how far past the range it lies, as a
+Gaussian process's uncertainty grows away from its data (``beyond_range``).
+
 An **exploration floor** bounds what a model sure of a plateau can cost: once the group's
 best is ``floor_after`` (30) evaluations old and at least ``floor_plateau`` (10) measured
 configs are within 2% of it, the ``sample`` slot draws a uniform random unmeasured
@@ -350,6 +358,16 @@ class ModelGuidedSearch:
             seeds instead of 28; with it, 30 of 30 and the A100, A4000, GEMM and RTX 3090
             convolution seeds as before (docs/tuning-log.md, "An exploration floor for
             long stalls").
+        beyond_range: trees extrapolate flat, so a config with a parameter value past
+            the range measured (in value order) gets the spread of the measured log
+            durations as its uncertainty, times the square root of how far past it is
+            (as a fraction of the value list): ``"arm"`` (the default) judges the range
+            on the config's own arm, in the local step's lower bound and the arm step's
+            ranking; ``"local"`` judges it on every measurement, in the local step only;
+            ``"off"`` never. Fresh seeds, every space: the A4000 convolution and GEMM
+            spaces need fewer evaluations (mean log ratio -0.30 and -0.16) and reach 5%
+            within 200 on 20 of 20 seeds (18 and 19 before); the others even
+            (docs/tuning-log.md, "Values past the measured range").
     """
 
     n_trees: int = 30
@@ -380,6 +398,7 @@ class ModelGuidedSearch:
     stall_random: bool = False
     floor_after: int = 30
     floor_plateau: int = 10
+    beyond_range: str = "arm"
     _index: dict[int, SpaceIndex] = field(default_factory=dict, repr=False)
     _model: tuple[Any, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = field(
         default=None, repr=False
@@ -407,6 +426,10 @@ class ModelGuidedSearch:
             raise ValueError(f"floor_after must be 0 (never) or more, got {self.floor_after}")
         if self.random_every < 0:
             raise ValueError(f"random_every must be 0 (never) or more, got {self.random_every}")
+        if self.beyond_range not in ("off", "local", "arm"):
+            raise ValueError(
+                f"beyond_range must be 'off', 'local' or 'arm', got {self.beyond_range!r}"
+            )
         if self.local_score not in ("mu", "lcb"):
             raise ValueError(f"local_score must be 'mu' or 'lcb', got {self.local_score!r}")
 
@@ -487,6 +510,10 @@ class ModelGuidedSearch:
                 features = np.column_stack([features, prior])
             self._model = (key, self._fit(features, measured, failed, rng, idx))
         mu, sd, trees = self._model[1]
+        local_sd = sd
+        if self.beyond_range != "off":
+            in_arm = best_i if self.beyond_range == "arm" else None
+            local_sd = self._beyond_range_sd(idx, measured, failed, sd, in_arm)
         # As in the initial design, ``pending`` shifts the rotation: a batch from one
         # model mixes acquisitions rather than taking the top few of one score.
         mode = self.acquisitions[(step + pending) % len(self.acquisitions)]
@@ -519,7 +546,7 @@ class ModelGuidedSearch:
                 # Polish the best's own code path: a switch flipped next to the best
                 # is the model's guess about another path, which arm steps handle.
                 near = near[arms[near] == arms[best_i]]
-            score = mu - sd if self.local_score == "lcb" else mu
+            score = mu - local_sd if self.local_score == "lcb" else mu
             choice = first_allowed(near[np.argsort(score[near], kind="stable")])
             if choice is None:
                 mode = "sample"
@@ -528,6 +555,8 @@ class ModelGuidedSearch:
                 arm_score: Callable[[np.ndarray], np.ndarray] = mu.__getitem__
             else:
                 arm_score = self._arm_mean(idx, measured, failed, key)
+            if self.beyond_range == "arm":
+                arm_score = self._arm_bonus(idx, measured, failed, arm_score)
             choice = self._arm_step(idx, measured, failed, arm_score, first_allowed)
             if choice is None:
                 mode = "sample"
@@ -559,6 +588,57 @@ class ModelGuidedSearch:
             f"{base_us:.1f} us now (best measured {best_us:.1f} us) after {step} configs",
             base_us / predicted - 1.0,
         )
+
+    def _arm_bonus(
+        self,
+        idx: SpaceIndex,
+        measured: list[tuple[int, float]],
+        failed: list[int],
+        rank: Callable[[np.ndarray], np.ndarray],
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        """``rank`` less the uncertainty of values past the range the candidates' arm (one
+        arm per call, as the arm step asks) has measured (:meth:`_beyond_range_sd`)."""
+        zero = np.zeros(len(idx.configs))
+
+        def score(configs: np.ndarray) -> np.ndarray:
+            if not len(configs):
+                return rank(configs)
+            sd = self._beyond_range_sd(idx, measured, failed, zero, int(configs[0]))
+            return rank(configs) - sd[configs]
+
+        return score
+
+    def _beyond_range_sd(
+        self,
+        idx: SpaceIndex,
+        measured: list[tuple[int, float]],
+        failed: list[int],
+        sd: np.ndarray,
+        in_arm: int | None = None,
+    ) -> np.ndarray:
+        """``sd``, raised at every config with a parameter value outside the range (in
+        value order) of the measured configs (of ``in_arm``'s arm, where given) to the
+        spread of the measured log durations times the square root of the distance past
+        the range, as a fraction of the parameter's value list.
+
+        Trees extrapolate flat: past the largest tile size measured they predict the
+        largest one's time, with the trees agreeing, so the lower bound never points
+        there. A Gaussian process's uncertainty grows away from its data; growing with the
+        distance, the far end of a range is tried first, not each value in turn.
+        """
+        rows, y = self._training_rows(measured, failed)
+        positions = idx.positions_matrix()
+        seen = positions[rows]
+        arms = self._arms_of(idx) if in_arm is not None else None
+        if arms is not None:
+            seen = seen[arms[rows] == arms[in_arm]]
+            if not len(seen):
+                return sd  # an arm nobody measured: the arm step's bandit explores it
+        lo, hi = seen.min(axis=0), seen.max(axis=0)
+        span = np.maximum(positions.max(axis=0), 1)
+        # How far past the measured range, as a fraction of each parameter's value list.
+        beyond = (np.maximum(lo - positions, 0) + np.maximum(positions - hi, 0)) / span
+        return np.maximum(sd, float(np.std(y)) * np.sqrt(beyond.max(axis=1)))
 
     def _on_plateau(self, measured: list[tuple[int, float]]) -> bool:
         """At least ``floor_plateau`` measured configs within 2% of the best (0: always)."""

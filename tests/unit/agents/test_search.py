@@ -526,3 +526,47 @@ def test_model_steps_state_their_gain_over_the_current_config() -> None:
             gains.append(p.expected_gain)
         current = p.config
     assert gains and min(gains) < 0 < max(gains), gains
+
+
+def test_configs_past_the_measured_range_are_uncertain() -> None:
+    # Trees extrapolate flat: past the largest tile size measured they are sure of the
+    # largest one's time. ``beyond_range`` gives such configs the measurements' spread,
+    # growing with the distance past the range, so the lower bound points there.
+    s = ModelGuidedSearch(seed=0, beyond_range="local")
+    idx = s.index(SPACE)
+    measured = [(i, cost(c)) for i, c in enumerate(idx.configs) if c["tile_size_x"] == 1]
+    spread = float(np.std([math.log(us) for _, us in measured]))
+    sd = s._beyond_range_sd(idx, measured, [], np.zeros(len(idx.configs)))
+    tiles = np.array([c["tile_size_x"] for c in idx.configs])
+    assert np.all(sd[tiles == 1] == 0.0)  # inside the range: the trees' own spread
+    assert np.allclose(sd[tiles == 2], spread * math.sqrt(0.5))
+    assert np.allclose(sd[tiles == 4], spread)
+    # judged per arm (code path): tile 4 measured on the other path does not count
+    other = next(i for i, c in enumerate(idx.configs) if c["tile_size_x"] == 4)
+    mine = next(
+        i for i, _ in measured if idx.configs[i]["use_smem"] != idx.configs[other]["use_smem"]
+    )
+    sd_all = s._beyond_range_sd(idx, [*measured, (other, 100.0)], [], np.zeros(len(tiles)))
+    sd_arm = s._beyond_range_sd(idx, [*measured, (other, 100.0)], [], np.zeros(len(tiles)), mine)
+    path = np.array([c["use_smem"] for c in idx.configs]) == idx.configs[mine]["use_smem"]
+    assert np.all(sd_all[tiles == 4] == 0.0) and np.all(sd_arm[(tiles == 4) & path] > 0.0)
+    with pytest.raises(ValueError, match="beyond_range"):
+        ModelGuidedSearch(beyond_range="sometimes")
+
+
+def test_the_local_step_tries_a_value_past_the_measured_range() -> None:
+    # Every measured config has the smallest tile; the trees predict the others alike,
+    # so without the rule the local step polishes block sizes; with it, it tries a tile.
+    f = SimpleNamespace(classification="x")
+    configs = [c for c in SPACE if c["tile_size_x"] == 1 and c["use_smem"] == 1][:16]
+    group = GroupStats()
+    for c in configs:
+        group.configs[SPACE.config_id(c)] = Measurement(dict(c), 10, 10 * cost(c), 1)
+    best = min(configs, key=cost)
+    tiles = {}
+    for rule in ("off", "local", "arm"):
+        s = ModelGuidedSearch(seed=0, n_init=1, acquisitions=("local",), beyond_range=rule)
+        p = s.propose(f, SPACE, group, best, lambda c: True)  # type: ignore[arg-type]
+        assert p is not None and "(local)" in p.reason
+        tiles[rule] = p.config["tile_size_x"]
+    assert tiles == {"off": 1, "local": 4, "arm": 4}
