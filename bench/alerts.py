@@ -16,6 +16,9 @@ so each scenario says:
 - ``withdrawn``: whether an alert raised on a reversing trend was withdrawn;
 - and how many findings per second the forecaster takes on one core.
 
+Device scenarios (:mod:`bench.alerts_device`) do the same for a device's SM clock
+sagging and its memory filling.
+
     kernelstream bench alerts [--seeds 5] [--window-s 10]
 """
 
@@ -37,6 +40,11 @@ import orjson
 from kernelstream.agents.logic.detection import Detector
 from kernelstream.agents.logic.forecast import Forecaster, ForecastSettings
 from kernelstream.agents.logic.windowing import Windower, WindowSpec, make_example_batch
+from kernelstream.bench.alerts_device import (
+    DEVICE_SCENARIOS,
+    run_device_scenario,
+    summarize_device,
+)
 from kernelstream.bench.results import dated_stem
 from kernelstream.schemas import Alert, WindowAggregate
 
@@ -314,6 +322,12 @@ def command(seeds: int, window_s: float, horizon_s: float, results_dir: Path) ->
         run_scenario(sc, seed, window_s, settings) for sc in SCENARIOS for seed in range(seeds)
     ]
     summary = summarize(results)
+    device_runs = [
+        run_device_scenario(sc, seed, window_s, settings)
+        for sc in DEVICE_SCENARIOS
+        for seed in range(seeds)
+    ]
+    device_summary, device_table = summarize_device(device_runs)
     date = datetime.now(UTC).date().isoformat()
     cmd = (
         f"kernelstream bench alerts --seeds {seeds} --window-s {window_s:g} "
@@ -321,7 +335,7 @@ def command(seeds: int, window_s: float, horizon_s: float, results_dir: Path) ->
     )
     speed = throughput()
     text = (
-        f"{cmd}\n{_table(summary)}\n"
+        f"{cmd}\n{_table(summary)}\n{device_table}\n"
         f"forecaster: {speed['findings_per_s']:,.0f} findings/s on one core "
         f"({speed['findings']:,} findings of 20 streams, 1 s windows, one fleet group)\n"
     )
@@ -334,6 +348,8 @@ def command(seeds: int, window_s: float, horizon_s: float, results_dir: Path) ->
         "summary": summary,
         "throughput": speed,
         "runs": [r.as_dict() for r in results],
+        "device_summary": device_summary,
+        "device_runs": device_runs,
     }
     Path(f"{stem}.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     Path(f"{stem}.txt").write_text(text)

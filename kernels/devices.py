@@ -25,6 +25,7 @@ from kernelstream.kernels.errors import UnknownDeviceError
 __all__ = [
     "DEVICE_SPECS",
     "DeviceSpec",
+    "clocks_memory",
     "device_spec_for_name",
     "get_device_spec",
     "theoretical_occupancy",
@@ -398,6 +399,38 @@ _LINKS: dict[str, tuple[int, float, str]] = {
     "V100-SXM2": (3, 150.0, "V100 datasheet: PCIe Gen3, NVLink 300 GB/s"),
     "V100-PCIE": (3, 0.0, "V100 datasheet: PCIe Gen3 x16, no NVLink"),
 }
+
+
+# Maximum SM (boost) clock in MHz and memory in GiB per model, for the device alerts
+# (agents.logic.forecast): a clock sagging well below the boost clock, memory filling
+# toward the total. GPU memory sizes in datasheets ("80GB") are binary gigabytes
+# (nvidia-smi reports an A100 80GB as 81920 MiB). A model not listed has no clock or
+# memory threshold, so its device series raise no alert.
+_CLOCKS_MEMORY: dict[str, tuple[float, int, str]] = {
+    "A100-SXM4-80GB": (1410.0, 80, "A100 whitepaper, table 1: boost 1410 MHz; datasheet 80GB"),
+    "A100-PCIE-40GB": (1410.0, 40, "A100 whitepaper, table 1: boost 1410 MHz; datasheet 40GB"),
+    "H100-SXM5-80GB": (1980.0, 80, "H100 datasheet (SXM5): max boost 1980 MHz, 80GB"),
+    "H200-SXM-141GB": (1980.0, 141, "H200 datasheet: 141GB HBM3e; Hopper SXM boost 1980 MHz"),
+    "RTX-3090": (1695.0, 24, "NVIDIA Ampere GA102 whitepaper: RTX 3090 boost 1695 MHz, 24GB"),
+    "RTX-4090": (2520.0, 24, "NVIDIA Ada Lovelace whitepaper: RTX 4090 boost 2520 MHz, 24GB"),
+    "RTX-A6000": (1800.0, 48, "NVIDIA RTX A6000 datasheet: boost 1800 MHz, 48GB"),
+    "L4": (2040.0, 24, "NVIDIA L4 datasheet: max boost 2040 MHz, 24GB"),
+}
+
+
+def clocks_memory(name: str) -> tuple[float, int, str]:
+    """(boost clock MHz, memory bytes, source) of a model; zeros for one not listed.
+
+    >>> clocks_memory("A100-SXM4-80GB")[:2]
+    (1410.0, 85899345920)
+    >>> clocks_memory("AMD Instinct MI250X")[:2]
+    (0.0, 0)
+    """
+    known = _CLOCKS_MEMORY.get(name)
+    if known is None:
+        return 0.0, 0, "clocks and memory not known"
+    mhz, gib, source = known
+    return mhz, gib << 30, source
 
 
 def _link_of(name: str) -> tuple[float, float, str]:

@@ -14,6 +14,7 @@ version 2) the host-side gap before each launch and the batch's host<->device co
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -58,7 +59,7 @@ Classification = Literal[
 CopyDirection = Literal["h2d", "d2h", "d2d"]
 OutcomeStatus = Literal["applied", "kept", "rolled_back", "rejected"]
 AlertState = Literal["raised", "withdrawn", "crossed"]
-AlertScope = Literal["stream", "fleet_group"]
+AlertScope = Literal["stream", "fleet_group", "device"]
 
 _NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 _FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -79,6 +80,14 @@ class Record(BaseModel):
         return self.model_dump(by_alias=True, mode="json")
 
 
+# No GPU clocks its SMs or memory above 10 GHz (the fastest datasheet boost clocks are
+# near 3 GHz) nor holds more than 16 TiB: a sample beyond these is a unit or driver error.
+_MAX_CLOCK_MHZ = 10_000.0
+_MAX_DEVICE_BYTES = float(1 << 44)
+_ClockMHz = Annotated[float, Field(ge=0.0, le=_MAX_CLOCK_MHZ, allow_inf_nan=False)]
+_DeviceBytes = Annotated[float, Field(ge=0.0, le=_MAX_DEVICE_BYTES, allow_inf_nan=False)]
+
+
 class DeviceSample(BaseModel):
     """A device sample taken off the hot path (NVML on real GPUs, modelled on sim)."""
 
@@ -86,10 +95,10 @@ class DeviceSample(BaseModel):
 
     t: _FiniteFloat
     sm_util_pct: _NonNegFloat | None = None
-    mem_used_bytes: _NonNegFloat | None = None
+    mem_used_bytes: _DeviceBytes | None = None
     power_w: _NonNegFloat | None = None
-    sm_clock_mhz: _NonNegFloat | None = None
-    mem_clock_mhz: _NonNegFloat | None = None
+    sm_clock_mhz: _ClockMHz | None = None
+    mem_clock_mhz: _ClockMHz | None = None
     sm_occupancy_pct: _NonNegFloat | None = None
     dram_bw_util_pct: _NonNegFloat | None = None
 
@@ -234,6 +243,9 @@ class LaunchBatch(Record):
                 f"columns differ in length: t_end={n}, duration_us={len(self.duration_us)}, "
                 f"ok={len(self.ok)}"
             )
+        ts = [s.t for s in self.samples]
+        if any(b < a for a, b in itertools.pairwise(ts)):
+            raise ValueError("device samples are not in time order (t goes backwards)")
         for name in _V2_COLUMNS:
             column = getattr(self, name)
             if column is not None and len(column) != n:
@@ -249,10 +261,15 @@ _V2_COLUMNS = ("host_gap_us", "host_waited")
 
 
 class WindowAggregate(Record):
-    """One closed event-time window of one (device, kernel, config)."""
+    """One closed event-time window of one (device, kernel, config).
 
-    SCHEMA: ClassVar[str] = "ks.window/1"
-    schema_: Literal["ks.window/1"] = Field(default="ks.window/1", alias="schema")
+    Version 2 adds what the device samples that arrived with the window's batches say
+    (absent when none did): how many, their mean SM clock and their largest memory
+    used. A reader of version 2 accepts version 1 messages unchanged.
+    """
+
+    SCHEMA: ClassVar[str] = "ks.window/2"
+    schema_: Literal["ks.window/1", "ks.window/2"] = Field(default="ks.window/2", alias="schema")
 
     node: _Name
     device_index: int = Field(ge=0)
@@ -288,6 +305,18 @@ class WindowAggregate(Record):
     launch_overhead_us: _NonNegFloat
     seq_min: int = Field(ge=0)
     seq_max: int = Field(ge=0)
+    # Version 2: the device samples of the window (see the class docstring).
+    device_samples: int | None = Field(default=None, ge=1)
+    sm_clock_mean_mhz: _ClockMHz | None = None
+    mem_used_max_bytes: _DeviceBytes | None = None
+
+    @model_validator(mode="after")
+    def _known_in_version(self) -> WindowAggregate:
+        if self.schema_ == "ks.window/1":
+            extra = [f for f in _WINDOW_V2_FIELDS if getattr(self, f) is not None]
+            if extra:
+                raise ValueError(f"ks.window/1 has no {', '.join(extra)} (added in /2)")
+        return self
 
     @property
     def device_key(self) -> str:
@@ -302,6 +331,9 @@ class WindowAggregate(Record):
         """False when the GPU model's peaks are not known (reported as 0: a GPU missing
         from kernels/devices.py), so the window has no roofline to be placed on."""
         return self.peak_gbs > 0 and self.peak_gflops > 0
+
+
+_WINDOW_V2_FIELDS = ("device_samples", "sm_clock_mean_mhz", "mem_used_max_bytes")
 
 
 class Finding(Record):
@@ -437,19 +469,23 @@ class DeadLetter(Record):
 class Alert(Record):
     """A forecast that a series will cross a threshold: raised, withdrawn or come true.
 
-    ``series`` names what is forecast: ``stream`` is one kernel on one device (key
+    ``scope`` names what is forecast: ``stream`` is one kernel on one device (key
     ``node:device/kernel``), ``fleet_group`` the same kernel and configuration on every
-    device of a fleet group (key ``device_model/workload/size``); ``metric`` is the
-    measured quantity (``duration_mean_us``). A ``raised`` alert says the fitted trend
-    reaches ``threshold`` ``lead_s`` seconds after ``at`` (at ``predicted_at``) with
-    probability ``confidence`` within the forecast horizon; ``withdrawn`` says the trend
-    no longer supports it (reversed, flattened, or the series stopped); ``crossed`` says
-    the fitted level reached the threshold (the detector's ``regression`` takes over).
-    ``id`` is shared by the three states of one alert.
+    device of a fleet group (key ``device_model/workload/size``), both with ``metric``
+    ``duration_mean_us``; ``device`` (version 2) is one device whatever it runs (key
+    ``node:device``), with ``metric`` ``sm_clock_mean_mhz`` (the SM clock sagging below
+    ``threshold``) or ``mem_used_max_bytes`` (memory filling toward ``threshold``, the
+    device's total); a device alert names no kernel, workload or configuration. A
+    ``raised`` alert says the fitted trend reaches ``threshold`` ``lead_s`` seconds after
+    ``at`` (at ``predicted_at``) with probability ``confidence`` within the forecast
+    horizon; ``withdrawn`` says the trend no longer supports it (reversed, flattened, or
+    the series stopped); ``crossed`` says the fitted level reached the threshold (for a
+    duration, the detector's ``regression`` takes over). ``id`` is shared by the three
+    states of one alert. A reader of version 2 accepts version 1 messages unchanged.
     """
 
-    SCHEMA: ClassVar[str] = "ks.alert/1"
-    schema_: Literal["ks.alert/1"] = Field(default="ks.alert/1", alias="schema")
+    SCHEMA: ClassVar[str] = "ks.alert/2"
+    schema_: Literal["ks.alert/1", "ks.alert/2"] = Field(default="ks.alert/2", alias="schema")
 
     id: _Name
     state: AlertState
@@ -459,10 +495,10 @@ class Alert(Record):
     node: _Name | None = None
     device_index: int | None = Field(default=None, ge=0)
     device_model: _Name
-    kernel: _Name
-    workload: _Name
-    problem_size: list[int]
-    config_id: _Name
+    kernel: _Name | None = None
+    workload: _Name | None = None
+    problem_size: list[int] = Field(default_factory=list)
+    config_id: _Name | None = None
     baseline: _NonNegFloat
     threshold: _NonNegFloat
     level: _NonNegFloat
@@ -473,6 +509,16 @@ class Alert(Record):
     points: int = Field(ge=0)
     at: _FiniteFloat
     summary: str
+
+    @model_validator(mode="after")
+    def _names_its_series(self) -> Alert:
+        if self.schema_ == "ks.alert/1" and self.scope == "device":
+            raise ValueError("ks.alert/1 has no scope 'device' (added in /2)")
+        if self.scope != "device" and (
+            self.kernel is None or self.workload is None or self.config_id is None
+        ):
+            raise ValueError(f"a {self.scope} alert names its kernel, workload and config_id")
+        return self
 
 
 RECORD_TYPES: dict[str, type[Record]] = {
@@ -493,6 +539,8 @@ RECORD_TYPES: dict[str, type[Record]] = {
 _OLDER_VERSIONS: dict[str, type[Record]] = {
     "ks.launch_batch/1": LaunchBatch,
     "ks.finding/1": Finding,
+    "ks.window/1": WindowAggregate,
+    "ks.alert/1": Alert,
 }
 
 

@@ -24,7 +24,10 @@ from typing import Any
 from kernelstream.agents.logic.errors import LogicSettingsError, SnapshotError
 from kernelstream.schemas.records import Classification, Finding, WindowAggregate
 
-__all__ = ["Detector", "DetectorThresholds", "finding_id"]
+__all__ = ["DEVICE_EVIDENCE", "Detector", "DetectorThresholds", "finding_id"]
+
+#: Window fields of the device samples copied into every finding's evidence.
+DEVICE_EVIDENCE = ("sm_clock_mean_mhz", "mem_used_max_bytes")
 
 _SNAPSHOT_VERSION = 1
 Evidence = dict[str, float | int | str | bool]
@@ -110,6 +113,12 @@ class Detector:
         """One finding for ``agg``; also feeds the config's baseline while it is forming."""
         evidence = _roofline_evidence(agg)
         classification, summary = self._regression(agg, evidence) or self._classify(agg, evidence)
+        # The device's state during the window travels with the finding, which is what
+        # the alert agent reads (agents.logic.forecast's device series).
+        for name in DEVICE_EVIDENCE:
+            value = getattr(agg, name)
+            if value is not None:
+                evidence[name] = value
         return Finding(
             id=finding_id(agg),
             node=agg.node,

@@ -6,7 +6,15 @@ series per kernel configuration:
 
 * ``stream``: one kernel on one device (``node:device/kernel`` and config id);
 * ``fleet_group``: that configuration on every device of its fleet group
-  (``device_model/workload/size``), all nodes' windows on one time axis.
+  (``device_model/workload/size``), all nodes' windows on one time axis;
+
+and two per device (``node:device``), from the device samples each window carries in
+its finding's evidence (whatever kernel it is of): ``sm_clock_mean_mhz`` forecast to
+sag below ``clock_sag_fraction`` of the model's boost clock, and ``mem_used_max_bytes``
+forecast to fill past ``memory_fill_fraction`` of its memory
+(:func:`kernels.devices.clocks_memory`; a model not listed there has no threshold and
+raises no device alert). A falling clock is fitted as a rising negated clock, so the
+same fit, confidence, confirmation and withdrawal rules serve both.
 
 Every ``eval_every_s`` of a series' event time it fits a straight line to the last
 ``history_s`` of points by ordinary least squares (:func:`scipy.stats.linregress`)
@@ -44,8 +52,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
+from kernelstream.agents.logic.detection import DEVICE_EVIDENCE
 from kernelstream.agents.logic.errors import LogicSettingsError
 from kernelstream.agents.logic.transfers import is_host_finding
+from kernelstream.kernels.devices import clocks_memory
 from kernelstream.schemas import Alert, Finding
 from kernelstream.schemas.keys import group_key
 from kernelstream.schemas.records import AlertScope, AlertState
@@ -93,8 +103,15 @@ class ForecastSettings:
     max_gap_s: float = 600.0
     bin_s: float = 10.0
     fit_fractions: tuple[float, ...] = (1.0,)
+    clock_sag_fraction: float = 0.8
+    memory_fill_fraction: float = 0.95
 
     def __post_init__(self) -> None:
+        if not (0 < self.clock_sag_fraction < 1 and 0 < self.memory_fill_fraction <= 1):
+            raise LogicSettingsError(
+                "ForecastSettings needs 0 < clock_sag_fraction < 1 and "
+                "0 < memory_fill_fraction <= 1"
+            )
         if self.threshold_factor <= 1.0:
             raise LogicSettingsError(
                 f"ForecastSettings.threshold_factor must be > 1, got {self.threshold_factor}"
@@ -149,6 +166,11 @@ class _Series:
     alert_id: str | None = None
     alert_lead_s: float | None = None
     streams: set[str] = field(default_factory=set)  # a fleet group's contributors
+    metric: str = METRIC
+    # A device series' threshold, in the fitted (signed) units; None: relative to the
+    # baseline (kernel durations). ``sign`` -1 fits a falling quantity as a rising one.
+    threshold: float | None = None
+    sign: float = 1.0
 
 
 class Forecaster:
@@ -194,9 +216,50 @@ class Forecaster:
                 problems.append(prob)
                 if prob is _REPEATED:
                     break
+        device_alerts, device_problem = self._observe_device(finding)
+        alerts += device_alerts
+        if device_problem is not None:
+            problems.append(device_problem)
         alerts += self._expire(finding.window_end)
         problems = [p for p in problems if p is not _REPEATED]
         return alerts, problems[0] if problems else None
+
+    def _observe_device(self, finding: Finding) -> tuple[list[Alert], AlertProblem | None]:
+        """The device series the finding's device samples feed (none without samples)."""
+        ev = finding.evidence
+        values = {m: ev.get(m) for m in DEVICE_EVIDENCE}
+        if all(v is None for v in values.values()):
+            return [], None
+        boost_mhz, memory_bytes, _ = clocks_memory(finding.device_model)
+        key = f"{finding.node}:{finding.device_index}"
+        mem = values["mem_used_max_bytes"]
+        if memory_bytes and isinstance(mem, int | float) and mem > memory_bytes:
+            return [], AlertProblem(
+                "out_of_range",
+                f"{key} ({finding.device_model}) reports {mem:.0f} bytes of memory used, more "
+                f"than its {memory_bytes} bytes (kernels/devices.py)",
+            )
+        st = self.settings
+        thresholds = {
+            "sm_clock_mean_mhz": (-st.clock_sag_fraction * boost_mhz, -1.0, boost_mhz > 0),
+            "mem_used_max_bytes": (st.memory_fill_fraction * memory_bytes, 1.0, memory_bytes > 0),
+        }
+        alerts: list[Alert] = []
+        problem = None
+        for metric, value in values.items():
+            threshold, sign, known = thresholds[metric]
+            if not isinstance(value, int | float) or not known:
+                continue
+            name = f"device|{key}|{metric}"
+            series = self._series.get(name)
+            if series is None:
+                series = self._series[name] = _Series(
+                    "device", key, finding, metric=metric, threshold=threshold, sign=sign
+                )
+            out, prob = self._add(series, finding, None, sign * float(value))
+            alerts += out
+            problem = problem or prob
+        return alerts, problem
 
     def active_alerts(self) -> list[tuple[str, str, float | None]]:
         """``(alert id, series key, lead_s at raising)`` of every alert now raised."""
@@ -224,9 +287,10 @@ class Forecaster:
     # -- one series ------------------------------------------------------------------
 
     def _add(
-        self, s: _Series, finding: Finding, baseline: float | None
+        self, s: _Series, finding: Finding, baseline: float | None, value: float | None = None
     ) -> tuple[list[Alert], AlertProblem | None]:
-        t, y = finding.window_end, finding.duration_mean_us
+        t = finding.window_end
+        y = finding.duration_mean_us if value is None else value
         if s.scope == "stream" and t <= s.last_t:
             # A window its stream already passed: a worker that restarts from its
             # checkpoint publishes its windows again (at least once; consumers dedupe
@@ -266,31 +330,38 @@ class Forecaster:
         if baseline is not None and baseline > 0:
             s.baseline = baseline
         elif (
-            s.scope == "fleet_group"
+            s.scope != "stream"
             and s.baseline is None
             and len(s.bins) >= self.settings.baseline_points
         ):
             s.baseline = float(np.median([v / n for v, n in s.bins.values()]))
+
+    def _threshold(self, s: _Series) -> float:
+        """The series' threshold in its fitted units (negated for a falling quantity)."""
+        if s.threshold is not None:
+            return s.threshold
+        assert s.baseline is not None
+        return s.baseline * self.settings.threshold_factor
 
     def _evaluate(self, s: _Series) -> list[Alert]:
         fit = self._fit(s)
         if fit is None:
             return []
         st = self.settings
-        assert s.baseline is not None
+        threshold = self._threshold(s)
         if s.alert_id is not None:
-            if fit.level >= s.baseline * st.threshold_factor:
+            if fit.level >= threshold:
                 return [self._close(s, fit, "crossed", "the trend reached the threshold")]
             if fit.slope <= 0 or fit.confidence < st.withdraw_confidence:
                 why = "the trend reversed" if fit.slope <= 0 else "the trend flattened"
                 return [self._close(s, fit, "withdrawn", why)]
             return []
-        below = fit.level < s.baseline * st.threshold_factor
+        below = fit.level < threshold
         s.streak = s.streak + 1 if below and fit.confidence >= st.raise_confidence else 0
         if s.streak < st.confirm:
             return []
         s.streak = 0
-        s.alert_id = f"{s.scope}|{s.key}|{s.ref.config_id}|{s.last_t:.3f}"
+        s.alert_id = f"{s.scope}|{s.key}|{self._tag(s)}|{s.last_t:.3f}"
         s.alert_lead_s = fit.lead_s
         return [self._alert(s, "raised", fit, s.last_t, "")]
 
@@ -312,7 +383,7 @@ class Forecaster:
         if x_all[-1] - x_all[0] < st.min_span_s:
             return None
         x_all = x_all - x_all[-1]
-        threshold = s.baseline * st.threshold_factor
+        threshold = self._threshold(s)
         best: _Fit | None = None
         for length in (st.history_s * f for f in st.fit_fractions):
             keep = x_all >= -length
@@ -325,29 +396,35 @@ class Forecaster:
                 best = fit
         return best
 
+    @staticmethod
+    def _tag(s: _Series) -> str:
+        """What an alert id names besides scope and key: the config, or a device metric."""
+        return s.metric if s.scope == "device" else s.ref.config_id
+
     def _alert(self, s: _Series, state: AlertState, fit: _Fit | None, at: float, why: str) -> Alert:
-        st, ref = self.settings, s.ref
-        baseline = s.baseline or 0.0
-        threshold = baseline * st.threshold_factor
-        level = fit.level if fit is not None else _last_mean(s)
+        ref, sign = s.ref, s.sign
+        baseline = sign * s.baseline if s.baseline is not None else 0.0
+        threshold = sign * self._threshold(s) if s.baseline is not None or s.threshold else 0.0
+        level = sign * (fit.level if fit is not None else _last_mean(s))
         lead = fit.lead_s if fit is not None and state == "raised" else None
+        kernel = s.scope != "device"
         return Alert(
-            id=s.alert_id or f"{s.scope}|{s.key}|{ref.config_id}|{at:.3f}",
+            id=s.alert_id or f"{s.scope}|{s.key}|{self._tag(s)}|{at:.3f}",
             state=state,
             scope=s.scope,
             key=s.key,
-            metric=METRIC,
-            node=ref.node if s.scope == "stream" else None,
-            device_index=ref.device_index if s.scope == "stream" else None,
+            metric=s.metric,
+            node=ref.node if s.scope != "fleet_group" else None,
+            device_index=ref.device_index if s.scope != "fleet_group" else None,
             device_model=ref.device_model,
-            kernel=ref.kernel,
-            workload=ref.workload,
-            problem_size=list(ref.problem_size),
-            config_id=ref.config_id,
-            baseline=baseline,
-            threshold=threshold,
+            kernel=ref.kernel if kernel else None,
+            workload=ref.workload if kernel else None,
+            problem_size=list(ref.problem_size) if kernel else [],
+            config_id=ref.config_id if kernel else None,
+            baseline=max(baseline, 0.0),
+            threshold=max(threshold, 0.0),
             level=max(level, 0.0),
-            slope_per_h=(fit.slope if fit is not None else 0.0) * 3600.0,
+            slope_per_h=sign * (fit.slope if fit is not None else 0.0) * 3600.0,
             lead_s=lead,
             predicted_at=at + lead if lead is not None else None,
             confidence=fit.confidence if fit is not None else 0.0,
@@ -357,17 +434,34 @@ class Forecaster:
         )
 
 
+_DEVICE_WORDS = {
+    "sm_clock_mean_mhz": ("SM clock", "MHz", "falling", 1.0),
+    "mem_used_max_bytes": ("memory used", "GiB", "rising", float(1 << 30)),
+}
+
+
 def _summary(
     s: _Series, state: str, fit: _Fit | None, lead: float | None, threshold: float, why: str
 ) -> str:
-    what = f"{s.ref.kernel} ({s.scope} {s.key}, config {s.ref.config_id})"
-    if state == "raised" and fit is not None and lead is not None:
+    if s.scope == "device":
+        what = f"device {s.key} ({s.ref.device_model}) {_DEVICE_WORDS[s.metric][0]}"
+    else:
+        what = f"{s.ref.kernel} ({s.scope} {s.key}, config {s.ref.config_id})"
+    if state != "raised" or fit is None or lead is None:
+        return f"{what}: alert {state}: {why}"
+    if s.scope == "device":
+        _, unit, trend, scale = _DEVICE_WORDS[s.metric]
         return (
-            f"{what}: mean duration {fit.level:.1f} us rising {fit.slope * 3600:.1f} us/h, "
-            f"forecast to cross {threshold:.1f} us (the regression threshold) in "
-            f"{lead / 60:.0f} min, confidence {fit.confidence:.3f}"
+            f"{what}: {s.sign * fit.level / scale:.1f} {unit} {trend} "
+            f"{abs(fit.slope) * 3600 / scale:.1f} {unit}/h, forecast to cross "
+            f"{threshold / scale:.1f} {unit} in {lead / 60:.0f} min, confidence "
+            f"{fit.confidence:.3f}"
         )
-    return f"{what}: alert {state}: {why}"
+    return (
+        f"{what}: mean duration {fit.level:.1f} us rising {fit.slope * 3600:.1f} us/h, "
+        f"forecast to cross {threshold:.1f} us (the regression threshold) in "
+        f"{lead / 60:.0f} min, confidence {fit.confidence:.3f}"
+    )
 
 
 def _points(s: _Series, bin_s: float) -> tuple[np.ndarray, np.ndarray]:

@@ -37,7 +37,7 @@ import numpy.typing as npt
 
 from kernelstream.agents.logic.errors import LogicSettingsError, SnapshotError
 from kernelstream.schemas.columnar import LaunchColumns
-from kernelstream.schemas.records import LaunchBatch, WindowAggregate
+from kernelstream.schemas.records import DeviceSample, LaunchBatch, WindowAggregate
 
 __all__ = [
     "LaunchRow",
@@ -142,10 +142,37 @@ class _Acc:
     late_accepted: int = 0
     seq_min: int = -1
     seq_max: int = -1
+    device: _DeviceAcc | None = None  # the device samples that fell in the window
 
     def add_seq_range(self, lo: int, hi: int) -> None:
         self.seq_min = lo if self.seq_min < 0 else min(self.seq_min, lo)
         self.seq_max = max(self.seq_max, hi)
+
+
+@dataclass
+class _DeviceAcc:
+    """Device samples of one window: few per window (one every few seconds per device)."""
+
+    samples: int = 0
+    clock_sum: float = 0.0
+    clocks: int = 0
+    mem_max: float | None = None
+
+    def add(self, sample: DeviceSample) -> None:
+        self.samples += 1
+        if sample.sm_clock_mhz is not None:
+            self.clock_sum += sample.sm_clock_mhz
+            self.clocks += 1
+        if sample.mem_used_bytes is not None:
+            self.mem_max = max(self.mem_max or 0.0, sample.mem_used_bytes)
+
+    def fields(self) -> dict[str, Any]:
+        """The window record's version-2 fields."""
+        return {
+            "device_samples": self.samples,
+            "sm_clock_mean_mhz": self.clock_sum / self.clocks if self.clocks else None,
+            "mem_used_max_bytes": self.mem_max,
+        }
 
 
 @dataclass
@@ -206,6 +233,30 @@ class Windower:
         order (the normal case) needs a handful of array operations, and one that
         falls in a single window needs none on the launches at all.
         """
+        late = self._add_launches(cols, now)
+        if cols.meta.samples and sum(len(b.t_end) for b in late) < len(cols):
+            self._add_samples(cols.meta)
+        return late
+
+    def _add_samples(self, batch: LaunchBatch) -> None:
+        """Each of the batch's device samples into the window of its time, or, where the
+        stream has no open window then (a sample taken between two batches), into the
+        latest open window of the batch's configuration. Samples of a batch whose
+        launches were all too late go with them to the late topic."""
+        st = self._keys[batch.stream_key]
+        mine = [w for (w, c) in st.open if c == batch.config_id]
+        if not mine:
+            return
+        latest = max(mine)
+        for sample in batch.samples:
+            acc = st.open.get((self.spec.window_of(sample.t), batch.config_id))
+            if acc is None:
+                acc = st.open[(latest, batch.config_id)]
+            if acc.device is None:
+                acc.device = _DeviceAcc()
+            acc.device.add(sample)
+
+    def _add_launches(self, cols: LaunchColumns, now: float) -> list[LaunchBatch]:
         batch, t = cols.meta, cols.t_end
         n = t.size
         st = self._keys.get(batch.stream_key)
@@ -478,6 +529,7 @@ class Windower:
                         "late_accepted": acc.late_accepted,
                         "seq_min": acc.seq_min,
                         "seq_max": acc.seq_max,
+                        **({"device": asdict(acc.device)} if acc.device else {}),
                     }
                     for (window, config_id), acc in st.open.items()
                 ],
@@ -544,6 +596,7 @@ class Windower:
                         late_accepted=int(w["late_accepted"]),
                         seq_min=int(w["seq_min"]),
                         seq_max=int(w["seq_max"]),
+                        device=_DeviceAcc(**w["device"]) if w.get("device") else None,
                     )
                 self._keys[key] = st
         except (KeyError, TypeError, ValueError) as ex:
@@ -603,6 +656,7 @@ def _aggregate_acc(acc: _Acc, window: int, config_id: str, size_s: float) -> Win
         stats,
         acc.seq_min,
         acc.seq_max,
+        acc.device.fields() if acc.device else None,
     )
 
 
@@ -627,6 +681,7 @@ def _build(
     stats: Mapping[str, float],
     seq_min: int,
     seq_max: int,
+    device: Mapping[str, Any] | None = None,
 ) -> WindowAggregate:
     """The roofline placement shared by the batched path and the reference."""
     mean_us = stats["duration_mean_us"]
@@ -665,6 +720,7 @@ def _build(
         seq_min=seq_min,
         seq_max=seq_max,
         **{k: stats[k] for k in _DURATION_STATS},
+        **(device or {}),
     )
 
 

@@ -50,6 +50,25 @@ def _device(r: dict[str, Any]) -> str:
     return f"{r.get('node')}:{r.get('device_index')}"
 
 
+_WINDOW_COLUMNS: Sequence[Column] = (
+    ("window", 12, _time("window_start")),
+    ("device", 18, _device),
+    ("kernel", 14, _k("kernel")),
+    ("count", 7, _k("count")),
+    ("mean us", 9, _f("duration_mean_us", ".1f")),
+    ("bw", 6, _f("bw_fraction", ".0%")),
+    ("config", 0, _k("config_id")),
+)
+
+_ALERT_COLUMNS: Sequence[Column] = (
+    ("at", 12, _time("at")),
+    ("state", 10, _k("state")),
+    ("series", 30, _k("key")),
+    ("lead s", 7, _f("lead_s", ".0f")),
+    ("conf", 6, _f("confidence", ".3f")),
+    ("summary", 0, _k("summary")),
+)
+
 _FINDING_COLUMNS: Sequence[Column] = (
     ("window", 12, _time("window_start")),
     ("device", 18, _device),
@@ -72,15 +91,8 @@ _COLUMNS: dict[str, Sequence[Column]] = {
     ),
     "ks.finding/1": _FINDING_COLUMNS,
     "ks.finding/2": _FINDING_COLUMNS,
-    "ks.window/1": (
-        ("window", 12, _time("window_start")),
-        ("device", 18, _device),
-        ("kernel", 14, _k("kernel")),
-        ("count", 7, _k("count")),
-        ("mean us", 9, _f("duration_mean_us", ".1f")),
-        ("bw", 6, _f("bw_fraction", ".0%")),
-        ("config", 0, _k("config_id")),
-    ),
+    "ks.window/1": _WINDOW_COLUMNS,
+    "ks.window/2": _WINDOW_COLUMNS,
     "ks.reconfig/1": (
         ("at", 12, _time("at")),
         ("device", 18, _device),
@@ -90,14 +102,8 @@ _COLUMNS: dict[str, Sequence[Column]] = {
         ("to config", 48, _k("after_config_id")),
         ("reason", 0, _k("reason")),
     ),
-    "ks.alert/1": (
-        ("at", 12, _time("at")),
-        ("state", 10, _k("state")),
-        ("series", 30, _k("key")),
-        ("lead s", 7, _f("lead_s", ".0f")),
-        ("conf", 6, _f("confidence", ".3f")),
-        ("summary", 0, _k("summary")),
-    ),
+    "ks.alert/1": _ALERT_COLUMNS,
+    "ks.alert/2": _ALERT_COLUMNS,
     "ks.deadletter/1": (
         ("at", 12, _time("at")),
         ("stage", 14, _k("stage")),

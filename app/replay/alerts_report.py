@@ -32,6 +32,7 @@ def alerts_summary(alerts: Sequence[Alert], refusals: Counter[str]) -> dict[str,
                 "id": a.id,
                 "scope": a.scope,
                 "series": a.key,
+                "metric": a.metric,
                 "kernel": a.kernel,
                 "config_id": a.config_id,
                 "raised_at": _utc(a.at),
@@ -58,6 +59,17 @@ def alerts_summary(alerts: Sequence[Alert], refusals: Counter[str]) -> dict[str,
     }
 
 
+def _level(r: dict[str, Any]) -> str:
+    """Level and threshold in the unit of the alert's metric (older summaries: durations)."""
+    level, threshold = r["level_us"], r["threshold_us"]
+    metric = r.get("metric")
+    if metric == "sm_clock_mean_mhz":
+        return f"{level:.0f} / {threshold:.0f} MHz"
+    if metric == "mem_used_max_bytes":
+        return f"{level / 2**30:.1f} / {threshold / 2**30:.1f} GiB"
+    return f"{level:.1f} / {threshold:.1f} us"
+
+
 def alerts_section(summary: dict[str, Any]) -> list[str]:
     """The HTML section: a table of alerts in the order they were raised."""
     data = summary.get("alerts") or {"timeline": [], "counts": {}, "refused_findings": {}}
@@ -65,17 +77,17 @@ def alerts_section(summary: dict[str, Any]) -> list[str]:
     rows = "".join(
         "<tr>"
         f"<td>{e(r['raised_at'] or '')}</td><td>{e(r['scope'])}</td><td>{e(r['series'])}"
-        f"<br><code>{e(r['config_id'])}</code></td>"
+        f"<br><code>{e(r['config_id'] or r.get('metric') or '')}</code></td>"
         f"<td class='n'>{(r['lead_s'] or 0) / 60:.0f} min</td>"
         f"<td>{e(r['predicted_at'] or '-')}</td><td class='n'>{r['confidence']:.3f}</td>"
-        f"<td class='n'>{r['level_us']:.1f} / {r['threshold_us']:.1f}</td>"
+        f"<td class='n'>{_level(r)}</td>"
         f"<td>{e(r['ended'])}{' at ' + e(r['ended_at']) if r['ended_at'] else ''}</td>"
         "</tr>"
         for r in data["timeline"]
     )
     table = (
         "<table><tr><th>raised (UTC)</th><th>scope</th><th>series / config</th><th>lead</th>"
-        "<th>forecast crossing</th><th>confidence</th><th>level / threshold (us)</th>"
+        "<th>forecast crossing</th><th>confidence</th><th>level / threshold</th>"
         f"<th>ended</th></tr>{rows}</table>"
         if rows
         else "<p>No alert was raised in this range.</p>"

@@ -29,6 +29,7 @@ real hardware behaviour.
 from __future__ import annotations
 
 import math
+import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernelstream.kernels.backends.base import LaunchPlan, LaunchResult, make_plan, well_formed
+from kernelstream.kernels.backends.sim_drift import DeviceDrift, device_state
 from kernelstream.kernels.devices import DEVICE_SPECS, DeviceSpec, get_device_spec
 from kernelstream.kernels.space import ParamValue
 from kernelstream.kernels.workloads import WORKLOAD_NAMES, get_workload, scaled_problem_size
@@ -135,8 +137,13 @@ class SimDevice:
         device_index: int = 0,
         seed: int = 0,
         problem_scale: float = 1.0,
+        drift: DeviceDrift | None = None,
     ) -> None:
         self.spec = get_device_spec(model)
+        # The SM clock and memory in use: flat with jitter, or drifting as ``drift`` says.
+        self.drift = drift or DeviceDrift()
+        self._started = time.monotonic()
+        self._state_rng = np.random.default_rng(np.random.SeedSequence([seed, device_index]))
         self.device_index = device_index
         self._seed = seed
         self._workloads: list[Workload] = [
@@ -198,7 +205,12 @@ class SimDevice:
         return LaunchResult(kernel + est.overhead_us, np.ones(n, dtype=bool))
 
     def sample(self) -> dict[str, float] | None:
-        """Modelled utilization of the most recent launch (idle before any)."""
+        """Modelled utilization of the most recent launch (idle before any), with the
+        SM clock and memory used (:mod:`kernels.backends.sim_drift`)."""
+        hours = (time.monotonic() - self._started) / 3600.0
+        return self._utilization() | device_state(self.spec, self.drift, hours, self._state_rng)
+
+    def _utilization(self) -> dict[str, float]:
         if self._last is None:
             return {
                 "sm_util_pct": 0.0,

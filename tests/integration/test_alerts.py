@@ -1,6 +1,7 @@
-"""Predictive alerts through a real worker: a drifting kernel is forecast on ks.alerts,
-findings the forecast cannot use are dead-lettered with their reason, and replay of
-the recorded launches yields the very alerts the worker published."""
+"""Predictive alerts through a real worker: a drifting kernel and its device's sagging
+clock are forecast on ks.alerts, findings the forecast cannot use are dead-lettered with
+their reason, and replay of the recorded launches yields the very alerts the worker
+published."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kernelstream.agents.alert_agent import forecaster_from_settings
@@ -21,7 +23,9 @@ from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.replay.analysis import OfflineAnalysis
 from kernelstream.app.replay.command import KafkaSource, RangeSpec, analyse
 from kernelstream.app.settings import Settings
-from kernelstream.schemas import Alert, DeadLetter, Finding, encode
+from kernelstream.kernels.backends.sim_drift import DeviceDrift, device_state
+from kernelstream.kernels.devices import get_device_spec
+from kernelstream.schemas import Alert, DeadLetter, DeviceSample, Finding, LaunchBatch, encode
 from tests.integration.helpers import TopicReader, produce
 
 pytestmark = pytest.mark.integration
@@ -61,10 +65,26 @@ def _bad_findings(template: Finding) -> list[tuple[str, Finding]]:
     ]
 
 
+def _with_sagging_clock(batches: list[LaunchBatch]) -> list[LaunchBatch]:
+    """The batches with a device sample per window, the SM clock sagging 15%/h after
+    half an hour (as a sim node with that drift reports it)."""
+    spec, rng = get_device_spec(batches[0].device_model), np.random.default_rng(5)
+    drift = DeviceDrift(clock_sag_per_h=0.15, start_h=0.5)
+    t0 = batches[0].t_end[0]
+    out = []
+    for b in batches:
+        times = b.t_end[:: len(b.t_end) // 20]
+        samples = [
+            DeviceSample(t=t, **device_state(spec, drift, (t - t0) / 3600, rng)) for t in times
+        ]
+        out.append(b.model_copy(update={"samples": samples}))
+    return out
+
+
 async def _live(s: Settings) -> tuple[list[Alert], list[DeadLetter]]:
     bootstrap = str(s.bootstrap)
     await ensure_topics(s, bootstrap)
-    batches = drifting_launches(s.node_id, time.time() - 60)
+    batches = _with_sagging_clock(drifting_launches(s.node_id, time.time() - 60))
     await produce(
         bootstrap, s.topic_launches, [(b.stream_key.encode(), encode(b)) for b in batches]
     )
@@ -111,12 +131,21 @@ async def _replayed(s: Settings) -> list[Alert]:
 def test_drift_alert_live_and_replayed(settings: Settings, worker: subprocess.Popen[bytes]) -> None:
     live, letters = asyncio.run(_live(settings))
     assert worker.poll() is None
-    raised = [a for a in live if a.state == "raised"]
+    raised = [a for a in live if a.state == "raised" and a.scope == "stream"]
     assert raised and raised[0].lead_s is not None and raised[0].lead_s > 0
     assert raised[0].kernel == "matmul" and raised[0].node == settings.node_id
+    device = [a for a in live if a.state == "raised" and a.scope == "device"]
+    assert [a.metric for a in device] == ["sm_clock_mean_mhz"]
+    assert device[0].key == f"{settings.node_id}:0" and device[0].lead_s is not None
     assert all(d.reason for d in letters)
     replayed = asyncio.run(_replayed(settings))
-    assert [encode(a) for a in replayed] == [encode(a) for a in live]
+
+    # ks.alerts is keyed by series: each series' alerts keep their order on its
+    # partition, while the order between series depends on how partitions were read.
+    def by_series(alerts: list[Alert]) -> list[bytes]:
+        return [encode(a) for a in sorted(alerts, key=lambda a: a.key)]
+
+    assert by_series(replayed) == by_series(live)
 
 
 def test_demo_drift_scenario_warns_before_the_regression(tmp_path: Path) -> None:

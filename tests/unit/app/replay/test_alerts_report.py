@@ -37,3 +37,29 @@ def test_each_alert_is_one_row_with_how_it_ended() -> None:
 def test_a_range_without_alerts_says_so() -> None:
     html = "\n".join(alerts_section({"alerts": alerts_summary([], Counter())}))
     assert "No alert was raised in this range." in html
+
+
+def test_a_device_alert_is_shown_in_its_own_unit() -> None:
+    alert = Alert(
+        id="device|n1:0|sm_clock_mean_mhz|100.000",
+        state="raised",
+        scope="device",
+        key="n1:0",
+        metric="sm_clock_mean_mhz",
+        node="n1",
+        device_index=0,
+        device_model="A100-SXM4-80GB",
+        baseline=1400.0,
+        threshold=1128.0,
+        level=1250.0,
+        slope_per_h=-60.0,
+        lead_s=7200.0,
+        confidence=0.995,
+        points=40,
+        at=100.0,
+        summary="device n1:0 SM clock falling",
+    )
+    data = alerts_summary([alert], Counter())
+    assert data["timeline"][0]["metric"] == "sm_clock_mean_mhz"
+    html = "\n".join(alerts_section({"alerts": data}))
+    assert "1250 / 1128 MHz" in html and "<code>sm_clock_mean_mhz</code>" in html
