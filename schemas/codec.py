@@ -173,6 +173,8 @@ def _error_code(err: dict[str, object]) -> str:
         return "unknown_field"
     if kind == "value_error" and "impossible" in str(err.get("msg")):
         return "out_of_range"
+    if kind == "value_error" and "not in time order" in str(err.get("msg")):
+        return "unordered"
     return "wrong_type"
 
 

@@ -271,6 +271,45 @@ def _bad_transfers(template: LaunchBatch, key: bytes, n: int) -> list[BadInput]:
             key,
             js(_wire(template, schema="ks.launch_batch/1", host_gap_us=[3.0] * n)),
         ),
+        *_bad_samples(template, key),
+    ]
+
+
+def _bad_samples(template: LaunchBatch, key: bytes) -> list[BadInput]:
+    """Device samples no GPU can report (they feed the device alerts)."""
+    t = template.t_end[0]
+
+    def sample(**changes: float) -> dict[str, float]:
+        return {"t": t, "sm_clock_mhz": 1410.0, "mem_used_bytes": float(8 << 30), **changes}
+
+    def js(*samples: dict[str, float]) -> bytes:
+        return orjson.dumps(_wire(template, samples=list(samples)))
+
+    return [
+        (
+            "negative memory used in a device sample",
+            "out_of_range",
+            key,
+            js(sample(mem_used_bytes=-1.0)),
+        ),
+        (
+            "device sample with an SM clock of 1e12 MHz",
+            "out_of_range",
+            key,
+            js(sample(sm_clock_mhz=1e12)),
+        ),
+        (
+            "device sample with more memory than any GPU (1e18 bytes)",
+            "out_of_range",
+            key,
+            js(sample(mem_used_bytes=1e18)),
+        ),
+        (
+            "device samples whose time goes backwards",
+            "unordered",
+            key,
+            js(sample(), sample(t=t - 5.0)),
+        ),
     ]
 
 
@@ -300,6 +339,12 @@ def sequence_inputs(template: LaunchBatch, now: float) -> list[BadInput]:
 
 #: What happens to input that is *not* refused, and why (docs/reliability/bad-input.md).
 ACCEPTED = [
+    (
+        "a device sample reporting more memory in use than its GPU model has",
+        "windowed (the launch schema does not know the model's memory); the alert agent "
+        "dead-letters the findings of its windows as `out_of_range` and forecasts nothing "
+        "from them.",
+    ),
     (
         "a forged batch that is valid, correctly keyed, in the workload's space and "
         "numbered within the stream's rate bound",
