@@ -27,6 +27,7 @@ from pydantic_settings import (
 
 from kernelstream.agents.context import LaunchLimits
 from kernelstream.agents.logic.sequencing import SeqLimits
+from kernelstream.kernels.backends.sim_drift import DeviceDrift
 from kernelstream.kernels.transfers import HOST_KNOB_VALUES, HostPattern
 from kernelstream.schemas.codec import MAX_MESSAGE_BYTES
 
@@ -256,6 +257,13 @@ class Settings(BaseSettings):
         "any of h2d_bytes, d2h_bytes, pinned, streams, batch, sync_every "
         "(kernels.transfers.HostPattern): its batches then carry copies and host gaps.",
     )
+    sim_drift: str | None = Field(
+        default=None,
+        description="How a sim node's SM clock and memory drift over hours, as a JSON object "
+        "with any of clock_sag_per_h, clock_step, memory_per_h, memory_step, memory_base, "
+        "start_h, stop_h, step_h, clock_cv, memory_cv (kernels.backends.sim_drift.DeviceDrift), "
+        'e.g. {"clock_sag_per_h": 0.05}: its device samples then show it.',
+    )
     rollback_min_launches: int = Field(default=30, ge=1)
     max_step: int = Field(default=8, ge=1, description="Largest per-parameter move a node accepts.")
     node_state_dir: Path = Field(
@@ -364,6 +372,8 @@ class Settings(BaseSettings):
     def _host_pattern_parses(self) -> Settings:
         if self.host_pattern is not None:
             host_pattern_of(self.host_pattern)
+        if self.sim_drift is not None:
+            DeviceDrift.parse(self.sim_drift)
         return self
 
     def kafka_client_kwargs(self) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from kernelstream.app.kafka.partitioner import CachedKeyPartitioner
 from kernelstream.app.node.outbox import DurableSeenIds, NodeStore, Outbox, OutboxSender
 from kernelstream.app.settings import Settings, host_pattern_of
 from kernelstream.kernels import open_device
+from kernelstream.kernels.backends.sim_drift import DeviceDrift
 from kernelstream.kernels.runner import LaunchBatcher, WorkloadRunner
 from kernelstream.kernels.workloads.hosted import HostedWorkload
 from kernelstream.schemas import DeviceSample, LaunchBatch, Recommendation, ReconfigOutcome, encode
@@ -89,6 +90,7 @@ def _open(settings: Settings) -> tuple[Any, list[Any]]:
         seed=settings.seed,
         trace_file=settings.trace_file,
         problem_scale=settings.problem_scale,
+        drift=None if settings.sim_drift is None else DeviceDrift.parse(settings.sim_drift),
     )
     workloads = device.workloads()
     if settings.backend != "trace":

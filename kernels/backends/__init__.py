@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kernelstream.kernels.backends.base import Device, LaunchPlan, LaunchResult
 from kernelstream.kernels.backends.sim import SIM_MODELS, SimDevice
+from kernelstream.kernels.backends.sim_drift import DeviceDrift
 from kernelstream.kernels.backends.trace import (
     TraceDevice,
     TraceSpace,
@@ -43,13 +44,15 @@ def open_device(
     seed: int = 0,
     trace_file: str | Path | Sequence[str | Path] | None = None,
     problem_scale: float = 1.0,
+    drift: DeviceDrift | None = None,
 ) -> Device:
     """Open one device.
 
     ``sim``: ``model`` names a GPU of :data:`SIM_MODELS` (default A100-SXM4-80GB).
     ``trace``: ``trace_file`` is one cache file or several measured on the same GPU.
     ``cupy``: the real GPU ``device_index``. ``problem_scale`` scales the built-in
-    workloads' total work (sim and cupy; e.g. 0.25 for quick runs).
+    workloads' total work (sim and cupy; e.g. 0.25 for quick runs). ``drift`` makes a sim
+    device's SM clock and memory drift (:class:`kernels.backends.sim_drift.DeviceDrift`).
     """
     if backend == "sim":
         return SimDevice(
@@ -57,6 +60,7 @@ def open_device(
             device_index=device_index,
             seed=seed,
             problem_scale=problem_scale,
+            drift=drift,
         )
     if backend == "trace":
         if trace_file is None:

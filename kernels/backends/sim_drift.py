@@ -17,6 +17,8 @@ trend, :func:`device_state` gives the modelled sample at a time, so a sim node a
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +52,28 @@ class DeviceDrift:
     step_h: float = float("inf")
     clock_cv: float = 0.01
     memory_cv: float = 0.002
+
+    @classmethod
+    def parse(cls, text: str) -> DeviceDrift:
+        """A drift from a JSON object of its fields (the ``sim_drift`` setting);
+        ValueError saying what is wrong.
+
+        >>> DeviceDrift.parse('{"clock_sag_per_h": 0.05, "start_h": 1}').clock_sag_per_h
+        0.05
+        """
+        try:
+            fields = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"sim_drift is not JSON: {exc}") from exc
+        if not isinstance(fields, dict):
+            raise ValueError("sim_drift must be a JSON object")
+        unknown = set(fields) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"sim_drift has unknown fields {sorted(unknown)}")
+        bad = [k for k, v in fields.items() if type(v) not in (int, float) or not math.isfinite(v)]
+        if bad:
+            raise ValueError(f"sim_drift fields {sorted(bad)} must be finite numbers")
+        return cls(**{k: float(v) for k, v in fields.items()})
 
 
 def device_state(

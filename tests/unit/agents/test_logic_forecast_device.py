@@ -246,3 +246,33 @@ def test_a_sim_device_reports_its_clock_and_memory_and_can_drift() -> None:
     sagged = SimDevice("A100-SXM4-80GB", drift=DeviceDrift(clock_step=0.5, step_h=0.0)).sample()
     assert sagged is not None and sagged["sm_clock_mhz"] < 0.6 * 1410
     assert "sm_clock_mhz" not in (SimDevice("T4").sample() or {})
+
+
+def test_a_sim_node_drifts_as_its_setting_says() -> None:
+    from kernelstream.app.node.runtime import _open
+    from kernelstream.app.settings import Settings
+
+    settings = Settings(sim_drift='{"clock_step": 0.5, "step_h": 0}')
+    device, _ = _open(settings)
+    sample = device.sample()
+    assert sample is not None and sample["sm_clock_mhz"] < 0.6 * 1410
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("{", "not JSON"),
+        ("[1]", "JSON object"),
+        ('{"clock_sag": 0.1}', "unknown fields"),
+        ('{"memory_per_h": "fast"}', "finite numbers"),
+        ('{"memory_per_h": true}', "finite numbers"),
+        ('{"memory_per_h": NaN}', "finite numbers"),
+    ],
+)
+def test_a_bad_sim_drift_setting_says_what_is_wrong(text: str, said: str) -> None:
+    from pydantic import ValidationError
+
+    from kernelstream.app.settings import Settings
+
+    with pytest.raises(ValidationError, match=said):
+        Settings(sim_drift=text)
