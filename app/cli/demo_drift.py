@@ -7,7 +7,9 @@ throttling or a growing input), with 3% noise. A real worker (ten-second windows
 windows it, the detector classifies it, and the alert agent forecasts it; the demo
 follows ``ks.alerts`` and ``ks.findings`` and prints the alert, its lead and the
 event time at which the detector's own ``regression`` finding came, so the warning
-can be read against it.
+can be read against it. The node's device samples show its SM clock sagging 15% per
+hour after the same half hour (a GPU throttling), which the alert agent forecasts as
+a device alert.
 """
 
 from __future__ import annotations
@@ -29,7 +31,17 @@ from kernelstream.app.kafka.embedded import EmbeddedBroker, free_port
 from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.settings import Settings
 from kernelstream.kernels import get_workload
-from kernelstream.schemas import Alert, Finding, LaunchBatch, SchemaError, decode_any, encode
+from kernelstream.kernels.backends.sim_drift import DeviceDrift, device_state
+from kernelstream.kernels.devices import get_device_spec
+from kernelstream.schemas import (
+    Alert,
+    DeviceSample,
+    Finding,
+    LaunchBatch,
+    SchemaError,
+    decode_any,
+    encode,
+)
 
 __all__ = ["DriftOutcome", "drifting_launches", "run_drift_demo"]
 
@@ -39,10 +51,12 @@ _PER_WINDOW = 12
 _HOURS = 3.0
 _FLAT_H = 0.5
 _RATE_PER_H = 0.2
+_CLOCK_SAG_PER_H = 0.15
 
 
 def drifting_launches(node: str, end: float, seed: int = 7) -> list[LaunchBatch]:
-    """Three hours of a ``matmul`` (A100 model) ending at ``end``: flat, then +20%/h."""
+    """Three hours of a ``matmul`` (A100 model) ending at ``end``: flat, then +20%/h;
+    a device sample per window, the SM clock flat, then sagging 15%/h."""
     rng = np.random.default_rng(seed)
     n = int(_HOURS * 3600 / _WINDOW_S) * _PER_WINDOW
     t0 = end - _HOURS * 3600
@@ -61,8 +75,19 @@ def drifting_launches(node: str, end: float, seed: int = 7) -> list[LaunchBatch]
             config=dict(space.default),
             config_id=space.config_id(space.default),
             seq_start=i,
+            samples=_sagging_clock(t[i : i + per : _PER_WINDOW], t0, rng),
         )
         for i in range(0, n, per)
+    ]
+
+
+def _sagging_clock(times: np.ndarray, t0: float, rng: np.random.Generator) -> list[DeviceSample]:
+    """What a sim node with a throttling A100 samples at ``times`` (one per window)."""
+    spec = get_device_spec("A100-SXM4-80GB")
+    drift = DeviceDrift(clock_sag_per_h=_CLOCK_SAG_PER_H, start_h=_FLAT_H)
+    return [
+        DeviceSample(t=round(float(t), 6), **device_state(spec, drift, (t - t0) / 3600, rng))
+        for t in times
     ]
 
 
@@ -75,8 +100,11 @@ class DriftOutcome:
     regression: Finding | None = None
 
     def done(self) -> bool:
-        crossed = any(a.state == "crossed" for a in self.alerts)
-        return crossed and self.regression is not None
+        crossed = any(a.state == "crossed" and a.scope != "device" for a in self.alerts)
+        return crossed and self.device_alert() is not None and self.regression is not None
+
+    def device_alert(self) -> Alert | None:
+        return next((a for a in self.alerts if a.scope == "device" and a.state == "raised"), None)
 
 
 def _clock(t: float, t0: float) -> str:
@@ -85,6 +113,8 @@ def _clock(t: float, t0: float) -> str:
 
 
 def _alert_line(a: Alert, t0: float) -> str:
+    if a.scope == "device":
+        return f"  {_clock(a.at, t0)}  {'ALERT ' if a.state == 'raised' else ''}{a.summary}"
     if a.state == "raised" and a.lead_s is not None:
         return (
             f"  {_clock(a.at, t0)}  ALERT raised ({a.scope}): {a.kernel} on {a.key} forecast to "
@@ -155,9 +185,12 @@ async def _produce(settings: Settings, bootstrap: str, batches: list[LaunchBatch
 
 def _print_verdict(out: DriftOutcome) -> int:
     _print_timeline(out)
-    raised = next((a for a in out.alerts if a.state == "raised"), None)
-    if raised is None or out.regression is None:
-        print("no alert and regression seen in time: see the worker's log", flush=True)
+    raised = next((a for a in out.alerts if a.state == "raised" and a.scope != "device"), None)
+    if raised is None or out.regression is None or out.device_alert() is None:
+        print(
+            "no kernel alert, device alert and regression seen in time: see the worker's log",
+            flush=True,
+        )
         return 1
     early = out.regression.window_end - raised.at
     print(
@@ -198,7 +231,8 @@ def run_drift_demo(settings: Settings, run_dir: Path, timeout_s: float = 180.0) 
         print(
             f"{sum(len(b.t_end) for b in batches):,} generated launches of matmul on {NODE}, "
             f"{_HOURS:.0f} h of event time from {datetime.fromtimestamp(t0, UTC):%H:%M} UTC: "
-            f"flat for {_FLAT_H * 60:.0f} min, then {_RATE_PER_H:.0%} slower per hour",
+            f"flat for {_FLAT_H * 60:.0f} min, then {_RATE_PER_H:.0%} slower per hour, "
+            f"the A100's SM clock {_CLOCK_SAG_PER_H:.0%} lower per hour",
             flush=True,
         )
         asyncio.run(_produce(settings, bootstrap, batches))
