@@ -387,6 +387,50 @@ class WorkerContext:
             return None
         return cols
 
+    async def decode_launches_many(
+        self, stage: str, events: list[Any]
+    ) -> list[LaunchColumns | None]:
+        """:meth:`decode_launches` of each message of a consumer poll, in order.
+
+        The same verdicts and dead letters as message by message; the binary batches'
+        value checks run once over the poll
+        (:func:`schemas.columnar.decode_launch_columns_many`).
+        """
+        from kernelstream.schemas.columnar import decode_launch_columns_many
+
+        max_bytes = self.settings.max_message_bytes
+        errors: dict[int, SchemaError] = {}
+        framed: list[tuple[int, bytes, str | None]] = []
+        for i, event in enumerate(events):
+            try:
+                value = _value(event, max_bytes)
+                framed.append((i, value, check_key(event.key)))
+            except SchemaError as exc:
+                errors[i] = exc
+        out: list[LaunchColumns | None] = [None] * len(events)
+        decoded = decode_launch_columns_many([value for _, value, _ in framed])
+        for (i, _, key), cols in zip(framed, decoded, strict=True):
+            if isinstance(cols, SchemaError):
+                errors[i] = cols
+                continue
+            problem = launch_batch_problem(
+                cols.meta,
+                key,
+                time.time(),
+                self.launch_limits,
+                self.known_workload,
+                cols.t_range(),
+                config_problem=self.config_problem,
+                backstep_s=cols.max_backstep(),
+            )
+            if problem is None:
+                out[i] = cols
+            else:
+                errors[i] = problem
+        for i in sorted(errors):
+            await self.dead_letter(stage, events[i], str(errors[i]), errors[i].code)
+        return out
+
     async def decode(self, stage: str, event: Any, cls: type[R]) -> R | None:
         """Validate an event at the edge; dead-letter it and return None when invalid."""
         max_bytes = self.settings.max_message_bytes

@@ -334,9 +334,11 @@ class WindowIngest(Service):
                     if nxt is None:
                         continue  # revoked while this fetch was in flight
                     keys = self._keys_of[tp]
-                    for msg in msgs:
-                        if msg.offset >= nxt:  # below: a fetch from before a re-assignment
-                            await self._process(msg, keys)
+                    # below nxt: a fetch from before a re-assignment
+                    events = [_event(msg) for msg in msgs if msg.offset >= nxt]
+                    for event, cols in zip(events, await self._decode(events), strict=True):
+                        if cols is not None:
+                            await self._process(event, cols, keys)
                     self._next[tp] = max(nxt, msgs[-1].offset + 1)
                     self._dirty.add(tp)
                 if time.monotonic() - self._checkpointed_at >= interval:
@@ -345,8 +347,38 @@ class WindowIngest(Service):
                     if self.stats.first_batch_at is not None:
                         stage["checkpoint"] += time.perf_counter() - t0
 
-    async def _process(self, msg: Any, keys: set[str]) -> None:
-        """Decode, check and window one message, then publish what it closed.
+    async def _decode(self, events: list[Any]) -> list[LaunchColumns | None]:
+        """The poll's batches decoded and checked at the edge (None: dead-lettered).
+
+        Should the poll's decoding fail in a way nothing foresaw, each message is
+        decoded again alone, so that only the one it fails on is dead-lettered
+        (``internal_error``).
+        """
+        t0 = time.perf_counter()
+        try:
+            out = await self.ctx.decode_launches_many("window", events)
+        except Exception:
+            log.exception("decoding a poll of %d launch messages failed; one by one", len(events))
+            out = [await self._decode_one(event) for event in events]
+        self.stats.stage_s["decode"] += time.perf_counter() - t0
+        return out
+
+    async def _decode_one(self, event: Any) -> LaunchColumns | None:
+        try:
+            return await self.ctx.decode_launches("window", event)
+        except Exception as ex:
+            await self._internal_error(event, ex)
+            return None
+
+    async def _internal_error(self, event: Any, ex: Exception) -> None:
+        msg = event.message
+        log.exception("launch message %s[%d]@%d failed", msg.topic, msg.partition, msg.offset)
+        await self.ctx.dead_letter(
+            "window", event, f"the worker failed on this message: {ex!r}", "internal_error"
+        )
+
+    async def _process(self, event: Any, decoded: LaunchColumns, keys: set[str]) -> None:
+        """Check the sequence of one decoded message, window it, publish what it closed.
 
         A failure of the checks or the window maths that nothing foresaw is
         dead-lettered (``internal_error``) and the message skipped: raised, it would
@@ -354,17 +386,13 @@ class WindowIngest(Service):
         the same message again. A failure to publish (the broker) still raises: the
         worker restarts from its checkpoint and nothing is lost.
         """
-        event = SimpleNamespace(message=msg, key=msg.key, value=msg.value)
         try:
-            cols = await self._admit(event)
+            cols = await self._admit(event, decoded)
             if cols is None:
                 return
             late, closed = self._window(cols, keys)
         except Exception as ex:
-            log.exception("launch message %s[%d]@%d failed", msg.topic, msg.partition, msg.offset)
-            await self.ctx.dead_letter(
-                "window", event, f"the worker failed on this message: {ex!r}", "internal_error"
-            )
+            await self._internal_error(event, ex)
             return
         key = cols.meta.stream_key
         stage = self.stats.stage_s
@@ -377,18 +405,14 @@ class WindowIngest(Service):
         stage["emit"] += time.perf_counter() - t0
         self.stats.last_batch_at = time.time()
 
-    async def _admit(self, event: Any) -> LaunchColumns | None:
+    async def _admit(self, event: Any, cols: LaunchColumns) -> LaunchColumns | None:
         """The batch's launches not counted before, or None (dead-lettered with the reason).
 
         The edge checks (size, JSON, schema, key, event-time bounds, workload, space)
-        then the stream's sequence numbers (:mod:`agents.logic.sequencing`).
+        were made on the whole poll (:meth:`_decode`); here the stream's sequence
+        numbers (:mod:`agents.logic.sequencing`).
         """
-        stats, ctx, stage = self.stats, self.ctx, self.stats.stage_s
-        t0 = time.perf_counter()
-        cols = await ctx.decode_launches("window", event)
-        stage["decode"] += time.perf_counter() - t0
-        if cols is None:
-            return None
+        stats, ctx = self.stats, self.ctx
         verdict = judge_sequence(self.windower, cols, time.time(), ctx.seq_limits)
         if verdict.action != "count":
             code = "duplicate" if verdict.action == "duplicate" else "implausible_seq"
@@ -606,6 +630,11 @@ class _Listener(ConsumerRebalanceListener):
             await self.ingest._take_over(set(assigned))
         except Exception:
             log.exception("window state takeover failed for %s", sorted(map(str, assigned)))
+
+
+def _event(msg: Any) -> SimpleNamespace:
+    """A consumer record as the dead-letter helpers take it (Faust's event shape)."""
+    return SimpleNamespace(message=msg, key=msg.key, value=msg.value)
 
 
 async def _read_states(ingest: WindowIngest, partitions: set[int]) -> dict[int, bytes]:

@@ -7,10 +7,11 @@ benchmark's fleet batches (zstd-compressed as nodes send them), it times:
 
 * ``ceiling``: zstd decompression + ``orjson.loads`` of every message (what the
   pipeline benchmark's ceiling does per message, minus the broker);
-* ``worker``: decompression, :func:`schemas.columnar.decode_launch_columns` (parse
-  and validation), :meth:`Windower.add_columns`, :meth:`Windower.poll_key` (closing
-  windows) and a checkpoint snapshot (:func:`agents.logic.snapshot_codec.pack`)
-  about once a second of input, as the window agent does.
+* ``worker``: decompression, :func:`schemas.columnar.decode_launch_columns_many`
+  (parse and validation, a poll of messages at a time), :meth:`Windower.add_columns`,
+  :meth:`Windower.poll_key` (closing windows) and a checkpoint snapshot
+  (:func:`agents.logic.snapshot_codec.pack`) about once a second of input, as the
+  window agent does.
 
 It prints ns per launch for both and their ratio; ``--profile`` adds the top of a
 cProfile of the worker path.
@@ -32,20 +33,27 @@ from kernelstream.agents.logic.snapshot_codec import pack
 from kernelstream.agents.logic.windowing import Windower, WindowSpec
 from kernelstream.bench.pipeline_input import FleetSpec, encoded, fleet_batches, recent_t0
 from kernelstream.schemas.binary import encode_launch_batch
-from kernelstream.schemas.columnar import decode_launch_columns
+from kernelstream.schemas.columnar import decode_launch_columns_many
+from kernelstream.schemas.errors import SchemaError
 
 __all__ = ["command", "measure"]
+
+_POLL = 128  # messages per consumer poll (agents/window_agent.py)
 
 
 def _worker_pass(messages: list[bytes], per_checkpoint: int) -> int:
     windower = Windower(WindowSpec(size_s=1.0, out_of_orderness_s=0.0, allowed_lateness_s=0.05))
     windows = 0
-    for i, raw in enumerate(messages):
-        cols = decode_launch_columns(codec.zstd_decode(raw))
-        windower.add_columns(cols, time.time())
-        windows += len(windower.poll_key(cols.meta.stream_key))
-        if (i + 1) % per_checkpoint == 0:
-            pack(windower.snapshot(arrays=True))
+    for at in range(0, len(messages), _POLL):
+        # decoded a poll at a time, as the window agent takes them from its consumer
+        poll = [codec.zstd_decode(raw) for raw in messages[at : at + _POLL]]
+        for i, cols in enumerate(decode_launch_columns_many(poll), start=at):
+            if isinstance(cols, SchemaError):
+                raise cols
+            windower.add_columns(cols, time.time())
+            windows += len(windower.poll_key(cols.meta.stream_key))
+            if (i + 1) % per_checkpoint == 0:
+                pack(windower.snapshot(arrays=True))
     return windows
 
 

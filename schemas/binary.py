@@ -133,16 +133,25 @@ def read_launch_batch(data: bytes) -> BinaryBatch:
     return BinaryBatch(meta_json, seq_start, n, columns)
 
 
-# Column lists by header bytes: a stream repeats its header batch after batch. Bounded.
-_DECLARED: dict[bytes, list[tuple[str, str]]] = {}
-_DECLARED_MAX = 4096
+# Column plans by header bytes: a stream repeats its header batch after batch. Bounded.
+_PLANS: dict[bytes, list[tuple[str, np.dtype[Any], int]]] = {}
+_PLANS_MAX = 4096
+
+
+def _plan_of(meta_json: bytes) -> list[tuple[str, np.dtype[Any], int]]:
+    """The header's column plan (parsed and checked once per distinct header)."""
+    hit = _PLANS.get(meta_json)
+    if hit is not None:
+        return hit
+    plan = _plan(tuple(_declared(meta_json)))
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[meta_json] = plan
+    return plan
 
 
 def _declared(meta_json: bytes) -> list[tuple[str, str]]:
-    """The header's ``columns`` list (parsed once per distinct header)."""
-    hit = _DECLARED.get(meta_json)
-    if hit is not None:
-        return hit
+    """The header's ``columns`` list."""
     try:
         obj = orjson.loads(meta_json)
     except orjson.JSONDecodeError as exc:
@@ -154,10 +163,7 @@ def _declared(meta_json: bytes) -> list[tuple[str, str]]:
         raise SchemaError(
             "binary launch batch: header has no column list [[name, dtype], ...]", "missing_field"
         )
-    if len(_DECLARED) >= _DECLARED_MAX:
-        _DECLARED.clear()
-    out = _DECLARED[meta_json] = [(c[0], c[1]) for c in declared]
-    return out
+    return [(c[0], c[1]) for c in declared]
 
 
 def _is_pair(c: object) -> bool:
@@ -165,8 +171,7 @@ def _is_pair(c: object) -> bool:
 
 
 def _columns(data: bytes, meta_json: bytes, pos: int, n: int) -> dict[str, npt.NDArray[Any]]:
-    declared = _declared(meta_json)
-    plan = _plan(tuple(declared))
+    plan = _plan_of(meta_json)
     end = pos + _columns_bytes(plan, n)
     if end != len(data):
         _check_lengths(data, plan, pos, n)  # raises, naming the column that is cut off

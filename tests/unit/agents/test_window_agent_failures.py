@@ -7,11 +7,13 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from kernelstream.agents.context import WorkerContext
 from kernelstream.agents.logic.windowing import Windower
 from kernelstream.agents.window_agent import WindowIngest
 from kernelstream.app.settings import Settings
-from kernelstream.schemas import DeadLetter, decode, encode
+from kernelstream.schemas import DeadLetter, columnar, decode, encode
 from tests.bad_input import good_batch
 
 
@@ -28,19 +30,58 @@ class FailingWindower(Windower):
         raise ZeroDivisionError("a defect in the window maths")
 
 
+def _msg(offset: int, kernel: str = "matmul") -> SimpleNamespace:
+    batch = good_batch("n1", kernel, time.time() - 1.0, 20, 0)
+    value = encode(batch)
+    return SimpleNamespace(
+        topic="ks.launches",
+        partition=0,
+        offset=offset,
+        key=batch.stream_key.encode(),
+        value=value,
+    )
+
+
+async def _poll(ingest: WindowIngest, msgs: list[Any]) -> list[Any]:
+    events = [SimpleNamespace(message=m, key=m.key, value=m.value) for m in msgs]
+    decoded = await ingest._decode(events)
+    for event, cols in zip(events, decoded, strict=True):
+        if cols is not None:
+            await ingest._process(event, cols, set())
+    return decoded
+
+
 def test_an_unforeseen_failure_is_dead_lettered_and_the_agent_goes_on() -> None:
     topics = {role: Topic() for role in ("deadletter", "late", "windows")}
     ctx = WorkerContext(Settings(), topics)
     ingest = WindowIngest(None, ctx, FailingWindower())
-    batch = good_batch("n1", "matmul", time.time() - 1.0, 20, 0)
-    msg = SimpleNamespace(
-        topic="ks.launches",
-        partition=0,
-        offset=3,
-        key=batch.stream_key.encode(),
-        value=encode(batch),
-    )
-    asyncio.run(ingest._process(msg, set()))  # does not raise
+    asyncio.run(_poll(ingest, [_msg(3)]))  # does not raise
     [letter] = [decode(v, DeadLetter) for v in topics["deadletter"].sent]
     assert letter.reason_code == "internal_error" and "ZeroDivisionError" in letter.reason
     assert letter.offset == 3 and ctx.counters["deadletter.window.internal_error"] == 1
+
+
+def test_a_poll_that_fails_to_decode_is_decoded_again_one_message_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    topics = {role: Topic() for role in ("deadletter", "late", "windows")}
+    ctx = WorkerContext(Settings(), topics)
+    ingest = WindowIngest(None, ctx, Windower())
+    msgs = [_msg(5, "matmul"), _msg(6, "reduction"), _msg(7, "transpose")]
+    alone = columnar.decode_launch_columns
+
+    def fail_the_poll(values: Any) -> Any:
+        raise ZeroDivisionError("a defect in the poll's checks")
+
+    def fail_on_reduction(data: bytes) -> Any:
+        if b'"reduction"' in data:
+            raise ZeroDivisionError("a defect in one message's checks")
+        return alone(data)
+
+    monkeypatch.setattr(columnar, "decode_launch_columns_many", fail_the_poll)
+    monkeypatch.setattr(columnar, "decode_launch_columns", fail_on_reduction)
+    decoded = asyncio.run(_poll(ingest, msgs))
+    assert [c is not None for c in decoded] == [True, False, True]
+    [letter] = [decode(v, DeadLetter) for v in topics["deadletter"].sent]
+    assert letter.reason_code == "internal_error" and letter.offset == 6
+    assert ingest.stats.batches == 2

@@ -12,7 +12,12 @@ import pytest
 from kernelstream.agents.logic.windowing import make_example_batch
 from kernelstream.schemas import LaunchBatch, SchemaError, decode, decode_any, encode
 from kernelstream.schemas.binary import encode_launch_batch, encode_parts, is_binary
-from kernelstream.schemas.columnar import WIRE_COLUMNS, decode_launch_columns
+from kernelstream.schemas.columnar import (
+    WIRE_COLUMNS,
+    LaunchColumns,
+    decode_launch_columns,
+    decode_launch_columns_many,
+)
 
 _BASE = make_example_batch([1.5, 2.5], duration_us=[3.0, 4.0], ok=[1, 0], seq_start=11)
 
@@ -196,3 +201,81 @@ def test_decoded_meta_is_the_models_copy_with_its_seq_start() -> None:
     assert second.model_fields_set == first.model_fields_set
     assert second.model_dump() == first.model_dump() | {"seq_start": 12}
     assert first.seq_start == 11  # the cached fields were not changed in place
+
+
+def _alone(raw: bytes) -> LaunchColumns | SchemaError:
+    try:
+        return decode_launch_columns(raw)
+    except SchemaError as exc:
+        return exc
+
+
+def _same(got: LaunchColumns | SchemaError, want: LaunchColumns | SchemaError) -> None:
+    if isinstance(want, SchemaError):
+        assert isinstance(got, SchemaError), got
+        assert (got.code, str(got)) == (want.code, str(want))
+        return
+    assert isinstance(got, LaunchColumns), got
+    for name in ("t_end", "duration_us", "ok"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), name
+    assert got.meta == want.meta
+    assert got.known_t_range == want.known_t_range
+    assert got.known_in_order == want.known_in_order
+
+
+def _poll_of_every_case() -> list[bytes]:
+    rng = np.random.default_rng(7)
+    ordered = [
+        _binary(1.8e9 + np.cumsum(rng.random(n)), rng.random(n) * 50, rng.integers(0, 2, n), seq=n)
+        for n in (1, 2, 3, 182, 2000)
+    ]
+    shuffled = 1.8e9 + rng.permutation(np.cumsum(rng.random(182)))
+    plain: dict[str, Any] = {"t_end": [1.5, 2.5], "duration_us": [3.0, 4.0], "ok": [1, 0]}
+    values = [
+        _binary(cols["t_end"], cols["duration_us"], cols["ok"])
+        for cols in (plain | {c: v} for c, v in _VALUES)
+    ]
+    good = _binary([1.5, 2.5], [3.0, 4.0], [1, 0])
+    return [
+        *ordered,
+        _binary(shuffled, np.ones(182), np.ones(182, dtype=np.uint8)),
+        *values,
+        _binary([float("nan")], [1.0], [1]),
+        _binary([1.5], [float("nan")], [1]),
+        good[:40],
+        good + b"\0" * 8,
+        _binary([1.5, 2.5], [3.0, 4.0], [1, 0], header=_header(occupancy=1.5)),
+        _binary([1.5, 2.5], [3.0, 4.0], [1, 0], header=_header(host_gap_us=[1.0, 2.0])),
+        _binary(np.full(100_001, 1.5), np.ones(100_001), np.ones(100_001, dtype=np.uint8)),
+        good + b"\0" * (8 * 1024 * 1024),
+        encode(_BASE),
+        b"{not json",
+        *ordered,
+    ]
+
+
+def test_a_poll_decodes_each_message_as_it_decodes_alone() -> None:
+    raws = _poll_of_every_case()
+    got = decode_launch_columns_many(raws)
+    assert len(got) == len(raws)
+    for raw, one in zip(raws, got, strict=True):
+        _same(one, _alone(raw))
+    for k in range(len(raws)):  # every message in every position of a poll of two
+        pair = [raws[k], raws[-1 - k]]
+        for raw, one in zip(pair, decode_launch_columns_many(pair), strict=True):
+            _same(one, _alone(raw))
+
+
+def test_a_poll_of_flipped_bytes_gets_the_verdicts_of_its_messages() -> None:
+    good = _binary([1.5, 2.5, 3.5], [3.0, 4.0, 5.0], [1, 0, 1])
+    rng = np.random.default_rng(2)
+    for _ in range(100):
+        poll: list[bytes] = []
+        for _ in range(32):
+            flipped = bytearray(good)
+            for at in rng.integers(0, len(flipped), 2):
+                flipped[at] = int(rng.integers(0, 256))
+            poll.append(bytes(flipped))
+        for raw, one in zip(poll, decode_launch_columns_many(poll), strict=True):
+            _same(one, _alone(raw))
