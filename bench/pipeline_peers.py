@@ -10,7 +10,10 @@ Each round runs, one process at a time, on fresh consumer groups:
 * Faust peer       :mod:`bench.peer_faust`: a Faust agent over the JSON batches, NumPy per
                    message;
 * Quix peer        :mod:`bench.peer_quix`: a Quix Streams application, tumbling windows
-                   over one record per launch (``--quix-s`` caps its run).
+                   over one record per launch (``--quix-s`` caps its run);
+* baseline JSON / baseline binary   with ``--baseline DIR``, the worker of another
+                   source tree (a checkout of another commit) in the same rounds: an A/B
+                   of a change on the same broker and input, its ratio paired by round.
 
 Every system computes count, mean and p95 of the durations per (stream, config, 1 s
 window). Their closed windows are checked against a reference computed from the input
@@ -170,11 +173,11 @@ async def _kernelstream_windows(s: Settings) -> list[dict[str, Any]]:
 
 
 async def _system(
-    s: Settings, log: Path, n: int, module: str | None, cap_s: float
+    s: Settings, log: Path, n: int, module: str | None, cap_s: float, source: Path | None = None
 ) -> dict[str, Any]:
     """Run one system until it has all ``n`` launches (or ``cap_s``), then its windows."""
     argv = [sys.executable, "-m", module] if module else None
-    w = WorkerProc(s, log, argv)
+    w = WorkerProc(s, log, argv, source)
     with running(w):
         st = await w.wait_stats(
             lambda st: (
@@ -340,11 +343,18 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
         runs: list[tuple[str, Settings, str | None, float]] = [
             ("worker_json", topics["json"], None, 600.0),
             ("worker_binary", topics["binary"], None, 600.0),
-            ("faust_peer", topics["json"], _PEERS["faust_peer"], 600.0),
         ]
-        if opts["quix_s"] > 0:
+        if opts["baseline"] is not None:
+            runs += [
+                ("baseline_json", topics["json"], None, 600.0),
+                ("baseline_binary", topics["binary"], None, 600.0),
+            ]
+        if opts["peers"]:
+            runs.append(("faust_peer", topics["json"], _PEERS["faust_peer"], 600.0))
+        if opts["peers"] and opts["quix_s"] > 0:
             runs.append(("quix_peer", topics["json"], _PEERS["quix_peer"], opts["quix_s"]))
         for name, base, module, cap in runs:
+            source = opts["baseline"] if name.startswith("baseline") else None
             s = base.model_copy(
                 update={
                     "app_id": f"{base.app_id}-{name}-r{r}",
@@ -354,7 +364,7 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
             )
             if module is None:
                 await ensure_topics(s, broker.bootstrap)
-            res = await _system(s, run_dir / f"{name}-{r}.log", n, module, cap)
+            res = await _system(s, run_dir / f"{name}-{r}.log", n, module, cap, source)
             res["check"] = compare_windows(res.pop("_windows"), ref)
             rows[name].append(res)
             click.echo(f"round {r}: {name} {res['per_s']:,.0f}/s {res['check']}", err=True)
@@ -385,6 +395,8 @@ def _table(r: dict[str, Any]) -> str:
         "ceiling_binary",
         "worker_json",
         "worker_binary",
+        "baseline_json",
+        "baseline_binary",
         "faust_peer",
         "quix_peer",
     ):
@@ -410,6 +422,18 @@ def _table(r: dict[str, Any]) -> str:
             f"worker binary / best peer = {r['worker_binary']['median_per_s'] / best_peer:.2f}; "
             f"worker JSON / best peer = {r['worker_json']['median_per_s'] / best_peer:.2f}"
         )
+    for wire in ("json", "binary"):
+        if f"baseline_{wire}" in r:
+            paired = [
+                a["per_s"] / b["per_s"]
+                for a, b in zip(
+                    r[f"worker_{wire}"]["rounds"], r[f"baseline_{wire}"]["rounds"], strict=True
+                )
+            ]
+            lines.append(
+                f"worker / baseline, {wire} input: median of rounds "
+                f"{statistics.median(paired):.2f} ({min(paired):.2f}-{max(paired):.2f})"
+            )
     for wire, e in r["encode_ns_per_launch"].items():
         lines.append(
             f"node encode {wire:<7}{e['ns_per_launch']:6.0f} ns/launch, "
@@ -437,6 +461,16 @@ def _table(r: dict[str, Any]) -> str:
     default=1,
     show_default=True,
     help="N > 1: also 1 and N workers in one group (binary input): rates and CPU per launch.",
+)
+@click.option(
+    "--baseline",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Also run the worker of this source tree (a checkout of another commit) in "
+    "every round, beside this one's: an A/B on the same input.",
+)
+@click.option(
+    "--peers/--no-peers", default=True, show_default=True, help="Run the Faust and Quix peers."
 )
 @click.option("--name", default="peers", show_default=True, help="Results file name.")
 @click.option("--results-dir", type=click.Path(path_type=Path), default=Path("bench/results"))

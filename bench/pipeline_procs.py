@@ -56,10 +56,18 @@ def settings_env(settings: Settings) -> dict[str, str]:
 class WorkerProc:
     """A real ``kernelstream worker`` process; its stats page and its RSS."""
 
-    def __init__(self, settings: Settings, log_path: Path, argv: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        log_path: Path,
+        argv: list[str] | None = None,
+        source: Path | None = None,
+    ) -> None:
+        """``source``: run the ``kernelstream`` of that source tree (a checkout) instead."""
         self.settings = settings
         self.log_path = log_path
         self.argv = argv or [sys.executable, "-m", "kernelstream.app.cli", "worker"]
+        self.source = source
         self.proc: subprocess.Popen[bytes] | None = None
         self.spawned_at = 0.0
 
@@ -67,9 +75,13 @@ class WorkerProc:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.spawned_at = time.time()
+            env = settings_env(self.settings)
+            if self.source is not None:  # ``-m`` looks in the working directory first
+                env["PYTHONPATH"] = str(self.source)
             self.proc = subprocess.Popen(
                 self.argv,
-                env=settings_env(self.settings),
+                env=env,
+                cwd=self.source,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
