@@ -18,6 +18,7 @@ and the handover topic, which need the app).
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 
 from aiokafka import AIOKafkaConsumer
@@ -95,6 +96,9 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str) -> None:
     from kernelstream.app.worker.faust_app import create_app
 
     app = create_app(settings, bootstrap, window_consumer=early, capabilities=caps)
+    # What start-up created (modules, the app, its agents) lives as long as the process:
+    # out of the collector's sight, a full collection scans only what came after.
+    gc.freeze()
     Worker(
         app, loop=loop, loglevel=loglevel, quiet=True, override_logging=False
     ).execute_from_commandline()
