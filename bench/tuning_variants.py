@@ -35,17 +35,30 @@ from typing import Any
 
 DEFAULT_SPACE = "../shared/data/tuning-spaces/convolution_milo_A100.json.gz"
 WITHIN = (200, 60)
+WARM_BUDGET = 100  # evaluations on the other GPU before a warm-started run, as the benchmark
 
 
 def run_seed(
-    space: str, seed: int, nodes: int, kwargs: Mapping[str, Any], windows: int
+    space: str,
+    seed: int,
+    nodes: int,
+    kwargs: Mapping[str, Any],
+    windows: int,
+    warm_from: str | None = None,
 ) -> dict[str, Any]:
-    """One closed-loop run: evaluations (unique configs) and windows per node to within 5%."""
+    """One closed-loop run: evaluations (unique configs) and windows per node to within 5%.
+
+    With ``warm_from`` (another GPU's cache file of the same kernel) the same tuner first
+    tunes that space for ``WARM_BUDGET`` evaluations on one node, as the benchmark's warm
+    runs do; pass ``{"warm_start": true}`` in ``kwargs`` for the search to use it.
+    """
     from kernelstream.agents.logic.search import ModelGuidedSearch
     from kernelstream.agents.logic.tuning import Tuner
     from kernelstream.bench.tuning import _loop
 
     tuner = Tuner(strategy=ModelGuidedSearch(seed=seed, **kwargs))
+    if warm_from is not None:
+        tuner = _loop([warm_from], seed, 1, budget=WARM_BUDGET, tuner=tuner).tuner
     loop = _loop([space], seed, nodes, budget=0, windows=windows, tuner=tuner)
     target = min(loop.truth.values()) * 1.05
     return {
@@ -62,10 +75,11 @@ def run(
     kwargs: Mapping[str, Any] | None = None,
     windows: int = 400,
     jobs: int = 1,
+    warm_from: str | None = None,
 ) -> dict[str, Any]:
     """Every seed of ``seeds``, ``jobs`` processes; the document ``compare`` reads."""
     kwargs = dict(kwargs or {})
-    args = [(space, s, nodes, kwargs, windows) for s in seeds]
+    args = [(space, s, nodes, kwargs, windows, warm_from) for s in seeds]
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as pool:
             rows = list(pool.map(run_seed, *zip(*args, strict=True)))
@@ -78,6 +92,7 @@ def run(
         "nodes": nodes,
         "kwargs": kwargs,
         "windows": windows,
+        "warm_from": None if warm_from is None else str(Path(warm_from).resolve()),
         "commit": _commit(),
         "seeds": rows,
     }
@@ -182,6 +197,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--kwargs", type=_kwargs, default={}, help="ModelGuidedSearch arguments")
     r.add_argument("--windows", type=int, default=400, help="windows per node at most")
     r.add_argument("--jobs", type=int, default=2)
+    r.add_argument(
+        "--warm-from",
+        default=None,
+        help="another GPU's cache file of the same kernel, tuned first (warm start)",
+    )
     r.add_argument("--out", type=Path, required=True)
     c = sub.add_parser("compare", help="compare two runs seed by seed")
     c.add_argument("base", type=Path)
@@ -191,7 +211,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "run":
         if not Path(args.space).is_file():
             parser.error(f"no cache file at {args.space}")
-        doc = run(args.space, args.seeds, args.nodes, args.kwargs, args.windows, args.jobs)
+        if args.warm_from is not None and not Path(args.warm_from).is_file():
+            parser.error(f"no cache file at {args.warm_from}")
+        doc = run(
+            args.space,
+            args.seeds,
+            args.nodes,
+            args.kwargs,
+            args.windows,
+            args.jobs,
+            args.warm_from,
+        )
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"{len(doc['seeds'])} seeds -> {args.out}")
         return 0

@@ -55,17 +55,24 @@ confidence bound over the whole space; the third slot until the plane step repla
 it), **mode** (local search inside each value of a two-valued switch in turn) and
 **random**.
 
-Before the model has enough data it tries an initial design: with ``warm_start`` (off by
-default), the configs other device models of the same kernel found fastest (at most
-``n_warm`` of them), then, alternately, a random configuration and a random one-parameter
-change of the best one so far. Concurrent proposals (other nodes of the group are trying
-configs now) take the next slots of that alternation, as they take the next acquisitions of
-the rotation later, and a concurrent random one is drawn from the *arms* (code paths, above)
-that nobody has measured or is trying: a batch's proposals share one step count, so without
-this they would all perturb the best, and four nodes would not leave the default's
-neighbourhood before the model leads. With ``warm_start``, other device models' measurements
-also enter the model as one more feature (their own model's prediction), which the trees use
-only where it explains this group's measurements.
+With ``warm_start`` (off by default) the search first tries the configs other device
+models of the same kernel found fastest (at most ``n_warm`` of them) and then runs as it
+would cold, on this group's other measurements only (``warm_mode="head"``): the other
+GPU's fastest configs may sit on a code path that is slow here, and once they steer the
+search (as the best so far, or as a model feature) they can cost far more than they
+save. Kept out of the search, they cost at most ``n_warm`` evaluations against cold and
+gain whenever one of them is already near this GPU's optimum.
+
+Before the model has enough data it tries an initial design: alternately a random
+configuration and a random one-parameter change of the best one so far. Concurrent proposals
+(other nodes of the group are trying configs now) take the next slots of that alternation,
+as they take the next acquisitions of the rotation later, and a concurrent random one is
+drawn from the *arms* (code paths, above) that nobody has measured or is trying: a batch's
+proposals share one step count, so without this they would all perturb the best, and four
+nodes would not leave the default's neighbourhood before the model leads. With
+``warm_mode="prior"`` (the earlier design), other device models' fastest configs open the
+initial design and stay in the search's view, and their measurements enter the model as one
+more feature (their own model's prediction).
 
 Why trees: GPU search spaces are small (thousands of points), discrete, full of
 interactions and cliffs (a tile that no longer fits in shared memory), so a model that
@@ -300,10 +307,8 @@ class ModelGuidedSearch:
             polished; other paths are the arm steps' job.
         local_score: ``"lcb"`` ranks the local candidates by mean minus one standard
             deviation across trees, ``"mu"`` by the mean prediction.
-        warm_start: use other device models of the same kernel (``related`` groups):
-            their ``n_warm`` fastest configs first, their model as a feature. Off by
-            default: measured worse than cold on the A100 convolution space and even
-            elsewhere (docs/tuning-log.md, session 14); ``kernelstream bench tuning``
+        warm_start: use other device models of the same kernel (``related`` groups),
+            as ``warm_mode`` says. Off by default; ``kernelstream bench tuning``
             measures it with this on.
         n_warm: with ``warm_start``, at most this many of other device models' fastest
             configs are tried first.
@@ -311,8 +316,14 @@ class ModelGuidedSearch:
         arm_bonus: the bandit's exploration weight (log duration units).
         stall: evaluations without a new best after which the ``stall_mode``
             acquisition becomes an arm step; 0 never.
-        warm_feature: with ``warm_start``, other device models' predictions as a model
-            feature.
+        warm_feature: with ``warm_mode="prior"``, other device models' predictions as a
+            model feature.
+        warm_mode: ``"head"`` (the default): other device models' ``n_warm`` fastest
+            configs are tried first and then kept out of the search's view, so it runs
+            as cold and the warm start costs at most ``n_warm`` evaluations; ``"prior"``:
+            they open the initial design and stay in view, with the other models'
+            predictions as a feature (``warm_feature``), which cost the A100 convolution
+            space its last 5% (docs/tuning-log.md, "The warm start as a head start").
         plane_max_values: parameters with at most this many values (and at least two)
             span the planes of the ``plane`` acquisition.
         plane_quantile: planes are ranked by this quantile of their configs' lower
@@ -399,6 +410,7 @@ class ModelGuidedSearch:
     floor_after: int = 30
     floor_plateau: int = 10
     beyond_range: str = "arm"
+    warm_mode: str = "head"
     _index: dict[int, SpaceIndex] = field(default_factory=dict, repr=False)
     _model: tuple[Any, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = field(
         default=None, repr=False
@@ -430,6 +442,8 @@ class ModelGuidedSearch:
             raise ValueError(
                 f"beyond_range must be 'off', 'local' or 'arm', got {self.beyond_range!r}"
             )
+        if self.warm_mode not in ("head", "prior"):
+            raise ValueError(f"warm_mode must be 'head' or 'prior', got {self.warm_mode!r}")
         if self.local_score not in ("mu", "lcb"):
             raise ValueError(f"local_score must be 'mu' or 'lcb', got {self.local_score!r}")
 
@@ -453,14 +467,22 @@ class ModelGuidedSearch:
         if not self.warm_start:
             related = ()
         idx = self.index(space)
+        head = self._warm(idx, related)[: self.n_warm]
+        # With the "head" warm start the other device models' fastest configs are
+        # measured first and then kept out of the search's own view: it runs as the
+        # cold search would, so the warm start costs at most ``n_warm`` evaluations
+        # (the group's best, which the tuner keeps running, still counts them).
+        hidden = {idx.ids[j] for j in head} if self.warm_mode == "head" else set()
         measured = [
             (idx.position[cid], m.mean_us)
             for cid, m in group.configs.items()
-            if cid in idx.position and m.count > 0 and cid not in group.failed
+            if cid in idx.position and m.count > 0 and cid not in group.failed and cid not in hidden
         ]
         # Sorted: a set's order of strings changes with the process's hash seed, and the
         # order of the training rows decides the trees' bootstrap samples.
-        failed = sorted(idx.position[cid] for cid in group.failed if cid in idx.position)
+        failed = sorted(
+            idx.position[cid] for cid in group.failed if cid in idx.position and cid not in hidden
+        )
         step = len(measured) + len(failed)
         rng = np.random.default_rng([self.seed, step, len(group.trying)])
         # Nodes of the group trying configs now: each concurrent proposal takes the
@@ -483,9 +505,13 @@ class ModelGuidedSearch:
                 None,
             )
 
+        if hidden:
+            choice = first_allowed(head)
+            if choice is not None:
+                why = "warm start: fast on another device model of this kernel"
+                return Proposal(idx.configs[choice], why, 0.0)
         if step < self.n_init or len(measured) < 2:
-            warm = self._warm(idx, related)[: self.n_warm]
-            choice = first_allowed(warm)
+            choice = first_allowed(head) if self.warm_mode == "prior" else None
             why = "warm start: fast on another device model of this kernel"
             if choice is None and best_i is not None and (step + pending) % 2 == 1:
                 # Half the initial design perturbs the best config so far in one
@@ -505,7 +531,8 @@ class ModelGuidedSearch:
         key = (id(idx), frozenset(i for i, _ in measured), frozenset(failed))
         if self._model is None or self._model[0] != key:
             features = idx.features
-            prior = self._prior(idx, related, rng) if self.warm_feature else None
+            use_prior = self.warm_feature and self.warm_mode == "prior"
+            prior = self._prior(idx, related, rng) if use_prior else None
             if prior is not None:
                 features = np.column_stack([features, prior])
             self._model = (key, self._fit(features, measured, failed, rng, idx))

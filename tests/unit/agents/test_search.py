@@ -129,6 +129,38 @@ def test_warm_start_tries_the_other_device_models_best_first() -> None:
     assert q is not None and "warm start" not in q.reason
 
 
+def _drive(strategy: ModelGuidedSearch, budget: int, related: list[GroupStats]) -> list[str]:
+    """As ``search`` without noise, with other device models' groups passed on."""
+    group, current, order = GroupStats(), SPACE.start_config(), []
+    f = SimpleNamespace(classification="x")
+    for _ in range(budget):
+        cid = SPACE.config_id(current)
+        order.append(cid)
+        group.configs[cid] = Measurement(dict(current), 10, 10 * cost(current), 1)
+        p = strategy.propose(f, SPACE, group, current, lambda c: True, related)  # type: ignore[arg-type]
+        assert p is not None
+        current = p.config
+    return order
+
+
+def test_warm_start_costs_at_most_its_head_start_against_cold() -> None:
+    # The other device model's two fastest configs are tried first; then the search
+    # runs as the cold one does, not steered by them: its proposals are the cold run's.
+    cold = _drive(ModelGuidedSearch(seed=3, n_trees=8), 40, [])
+    configs = {SPACE.config_id(c): dict(c) for c in SPACE}
+    far = [cid for cid in configs if cid not in cold]
+    other = GroupStats()
+    for k, cid in enumerate(far[:2] + far[-30:]):
+        other.configs[cid] = Measurement(configs[cid], 10, 10.0 * (k + 1), 1)
+    warm = _drive(ModelGuidedSearch(seed=3, n_trees=8, warm_start=True), 42, [other])
+    assert warm[1:3] == far[:2]
+    assert [warm[0], *warm[3:]] == cold
+    # The earlier design (the other model as a feature, its configs shaping the search)
+    # does not keep to the cold run.
+    prior = ModelGuidedSearch(seed=3, n_trees=8, warm_start=True, warm_mode="prior")
+    assert [(p := _drive(prior, 42, [other]))[0], *p[3:]] != cold
+
+
 def _measured(configs: list[Config], best: int = 0) -> GroupStats:
     """The configs measured in this order; the one at ``best`` 3x faster than the rest."""
     group = GroupStats()
