@@ -52,7 +52,7 @@ import numpy as np
 from kernelstream.bench.results import dated_stem
 from kernelstream.bench.tuning_score import never_tune, regret_summary, verdict
 
-__all__ = ["command", "run_benchmark"]
+__all__ = ["SIBLING_BUDGET", "command", "run_benchmark", "tuned_first"]
 
 # Every Kernel Tuner 1.5.0 strategy that can run here was screened on the two convolution
 # spaces (README, Tuning): nsga2 is its best on the A100 one and basinhopping on the
@@ -106,6 +106,7 @@ def _loop(
     budget: int,
     tuner: Any = None,
     windows: int | None = None,
+    node_prefix: str = "node",
 ) -> Any:
     from kernelstream.agents.logic.closed_loop import ClosedLoop
     from kernelstream.agents.logic.reconfiguration import ReconfigPolicy
@@ -127,6 +128,7 @@ def _loop(
         window_s=_window_s(ts, truth),
         truth=truth,
         policy=ReconfigPolicy(max_step=10**6, min_eval_s=0.0),
+        node_prefix=node_prefix,
     )
 
     # With a ``budget`` of evaluations: stop at the budget; or once within 5% with the
@@ -190,10 +192,26 @@ def _run_warm(path: str, sibling: str, seed: int, budget: int) -> dict[str, Any]
     from kernelstream.agents.logic.tuning import Tuner
 
     tuner = Tuner(strategy=ModelGuidedSearch(seed=seed, warm_start=True))
-    first = _loop([sibling], seed, 1, budget=100, tuner=tuner)
-    loop = _loop([path], seed, 1, budget, tuner=first.tuner)
+    loop = _loop([path], seed, 1, budget, tuner=tuned_first(sibling, seed, tuner))
     ids = [cid for cid, _ in loop.trace.evaluated][:budget]
     return {"curve": loop.trace.best_true[:budget], "times": _times(loop.truth, ids)}
+
+
+SIBLING_BUDGET = 100
+"""Evaluations on the other GPU before a warm-started run."""
+
+
+def tuned_first(sibling: str, seed: int, tuner: Any, budget: int = SIBLING_BUDGET) -> Any:
+    """``tuner`` after tuning ``sibling`` (the same kernel on another GPU model) for
+    ``budget`` evaluations on one node of that GPU.
+
+    Another GPU model is another machine: its node gets a name of its own. The tuner keeps
+    per-node state (what the node runs, what was rolled back on it, its latest window per
+    config), and configuration ids are the same on both GPUs, so a node that kept its name
+    would start the warm run barred from every config the other GPU rolled back and,
+    with the clock starting again, with its first windows taken for redeliveries.
+    """
+    return _loop([sibling], seed, 1, budget=budget, tuner=tuner, node_prefix="sibling").tuner
 
 
 def _run_random(path: str, seed: int, budget: int) -> dict[str, Any]:

@@ -35,7 +35,6 @@ from typing import Any
 
 DEFAULT_SPACE = "../shared/data/tuning-spaces/convolution_milo_A100.json.gz"
 WITHIN = (200, 60)
-WARM_BUDGET = 100  # evaluations on the other GPU before a warm-started run, as the benchmark
 
 
 def run_seed(
@@ -49,16 +48,17 @@ def run_seed(
     """One closed-loop run: evaluations (unique configs) and windows per node to within 5%.
 
     With ``warm_from`` (another GPU's cache file of the same kernel) the same tuner first
-    tunes that space for ``WARM_BUDGET`` evaluations on one node, as the benchmark's warm
-    runs do; pass ``{"warm_start": true}`` in ``kwargs`` for the search to use it.
+    tunes that space on a node of its own (:func:`bench.tuning.tuned_first`), as the
+    benchmark's warm runs do; pass ``{"warm_start": true}`` in ``kwargs`` for the search
+    to use it.
     """
     from kernelstream.agents.logic.search import ModelGuidedSearch
     from kernelstream.agents.logic.tuning import Tuner
-    from kernelstream.bench.tuning import _loop
+    from kernelstream.bench.tuning import _loop, tuned_first
 
     tuner = Tuner(strategy=ModelGuidedSearch(seed=seed, **kwargs))
     if warm_from is not None:
-        tuner = _loop([warm_from], seed, 1, budget=WARM_BUDGET, tuner=tuner).tuner
+        tuner = tuned_first(warm_from, seed, tuner)
     loop = _loop([space], seed, nodes, budget=0, windows=windows, tuner=tuner)
     target = min(loop.truth.values()) * 1.05
     return {

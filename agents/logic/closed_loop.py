@@ -85,6 +85,10 @@ class ClosedLoop:
         truth: config id -> true mean duration, for scoring only.
         tick_s: the nodes' first tick of each window (a node ticks every 50 ms); see
             :meth:`step`.
+        node_prefix: the nodes are named ``{node_prefix}-0``, ``-1``, ... The tuner keeps
+            per-node state (what a node runs, what was rolled back on it, its latest
+            window), so loops that share a tuner and stand for different machines (another
+            GPU model tuned first, for a warm start) need prefixes of their own.
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class ClosedLoop:
         truth: Mapping[str, float] | None = None,
         max_launches_per_s: float = 20_000.0,
         tick_s: float = 0.05,
+        node_prefix: str = "node",
     ) -> None:
         if not devices:
             raise ValueError("ClosedLoop needs at least one device")
@@ -123,7 +128,7 @@ class ClosedLoop:
             if workload_name not in by_name:
                 raise ValueError(f"device {i} has no workload {workload_name!r}")
             w = by_name[workload_name]
-            name = f"node-{i}"
+            name = f"{node_prefix}-{i}"
             runner = WorkloadRunner(device, [w], max_launches_per_s=max_launches_per_s)
             self.nodes.append(
                 LoopNode(

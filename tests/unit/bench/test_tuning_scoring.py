@@ -277,3 +277,29 @@ def test_warm_start_comes_from_the_same_kernel_over_the_same_parameters(
     report = _bench(tmp_path, warm_seeds=1)
     assert report["spaces"]["toy_a100.json.gz"]["warm_from"] == "toy_a4000.json.gz"
     assert report["spaces"]["toy_a100.json.gz"]["methods"]["warm"]["seeds"] == 1
+
+
+def test_the_warm_run_gets_a_node_of_its_own(tmp_path: Path) -> None:
+    from kernelstream.agents.logic.search import ModelGuidedSearch
+    from kernelstream.agents.logic.tuning import Tuner
+    from kernelstream.bench.tuning import _loop, tuned_first
+    from tests.toy_cache import write_kt_cache
+
+    # The other GPU is another machine. Where the warm run reused its node's name, the node
+    # began barred from every config the other GPU had rolled back (the ids are the same on
+    # both), and with the clock starting again its first windows passed for redeliveries.
+    params = {"block_size_x": [32, 64, 128, 256], "tile_size_x": [1, 2, 4]}
+    cache = {}
+    for i, (bx, tx) in enumerate(itertools.product(*params.values())):
+        ms = 1.0 + abs(i - 9) * 0.25  # fastest elsewhere than on the toy A100
+        cache[f"{bx},{tx}"] = {"block_size_x": bx, "tile_size_x": tx, "time": ms, "times": [ms]}
+    write_kt_cache(tmp_path / "toy_a4000.json.gz", params, cache, "toy", [1024], "RTX A4000")
+    truth = write_toy_cache(tmp_path / "toy_a100.json.gz")
+    tuner = Tuner(strategy=ModelGuidedSearch(seed=0, warm_start=True, n_init=4))
+    tuner = tuned_first(str(tmp_path / "toy_a4000.json.gz"), 0, tuner)
+    loop = _loop([str(tmp_path / "toy_a100.json.gz")], 0, 1, budget=12, tuner=tuner)
+    assert loop.trace.best_true[-1] == min(truth.values())
+    rounds = [r for _, r in loop.trace.evaluated]
+    # A new config in every window from the second on, as a cold node has (the first
+    # window measures the start config), until the optimum is found.
+    assert len(rounds) >= 4 and rounds == [2, *range(2, len(rounds) + 1)], rounds
