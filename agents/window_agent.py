@@ -58,7 +58,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -90,35 +90,6 @@ log = logging.getLogger("kernelstream.window")
 # whole fetches and 289-330 MiB taking 128 messages (~250k launches, ~7 MiB of JSON)
 # at a time, with no measurable cost in throughput.
 _MAX_POLL_RECORDS = 128
-
-# The longest the agent runs without giving the event loop to the worker's other tasks.
-# aiokafka's getmany returns buffered records without suspending and publishing rarely
-# waits, so under load the agent could run poll after poll without a turn for the Faust
-# agents beside it (the tuner), each of whose events needs several turns of the loop.
-# A turn costs a few microseconds when nothing else waits.
-_TURN_S = 0.005
-# A poll is decoded in parts of about this many message bytes (~4 ms of JSON decoding),
-# so that decoding a whole poll (128 messages, up to ~7 MiB) is not one long stretch.
-_PART_BYTES = 1 << 20
-
-
-def poll_parts(events: list[Any], part_bytes: int = _PART_BYTES) -> Iterator[list[Any]]:
-    """Consecutive slices of a poll's events, each of about ``part_bytes`` of values.
-
-    >>> from types import SimpleNamespace as E
-    >>> [len(p) for p in poll_parts([E(value=b"x" * 10)] * 5, part_bytes=20)]
-    [2, 2, 1]
-    """
-    part: list[Any] = []
-    size = 0
-    for event in events:
-        part.append(event)
-        size += len(event.value or b"")
-        if size >= part_bytes:
-            yield part
-            part, size = [], 0
-    if part:
-        yield part
 
 
 def window_spec(settings: Any) -> WindowSpec:
@@ -234,7 +205,6 @@ class WindowAgentStats:
     duplicates: int = 0
     checkpoints: int = 0
     restored_partitions: int = 0
-    turns_given: int = 0  # times the agent yielded the event loop mid-poll (_TURN_S)
     # Where the agent's loop spends its time, seconds by stage, from the first batch on
     # (perf_counter twice per stage per batch: ~0.1 ns per launch). fetch = aiokafka
     # getmany with data (decompression included); decode = orjson + validation into
@@ -281,7 +251,6 @@ class WindowIngest(Service):
         self._checkpointed_at = 0.0
         self._writing: asyncio.Future[None] | None = None  # a checkpoint being written
         self._left = False
-        self._turn_at = 0.0  # when the agent last gave the event loop a turn (perf_counter)
 
     @property
     def bootstrap(self) -> str:
@@ -367,11 +336,9 @@ class WindowIngest(Service):
                     keys = self._keys_of[tp]
                     # below nxt: a fetch from before a re-assignment
                     events = [_event(msg) for msg in msgs if msg.offset >= nxt]
-                    for part in poll_parts(events):
-                        for event, cols in zip(part, await self._decode(part), strict=True):
-                            if cols is not None:
-                                await self._process(event, cols, keys)
-                            await self._share_loop()
+                    for event, cols in zip(events, await self._decode(events), strict=True):
+                        if cols is not None:
+                            await self._process(event, cols, keys)
                     self._next[tp] = max(nxt, msgs[-1].offset + 1)
                     self._dirty.add(tp)
                 if time.monotonic() - self._checkpointed_at >= interval:
@@ -379,14 +346,6 @@ class WindowIngest(Service):
                     await self._checkpoint()
                     if self.stats.first_batch_at is not None:
                         stage["checkpoint"] += time.perf_counter() - t0
-
-    async def _share_loop(self) -> None:
-        """Give the event loop one turn if the agent has held it for ``_TURN_S`` or more."""
-        now = time.perf_counter()
-        if now - self._turn_at >= _TURN_S:
-            await asyncio.sleep(0)
-            self._turn_at = time.perf_counter()
-            self.stats.turns_given += 1
 
     async def _decode(self, events: list[Any]) -> list[LaunchColumns | None]:
         """The poll's batches decoded and checked at the edge (None: dead-lettered).
