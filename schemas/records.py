@@ -370,6 +370,37 @@ class Finding(Record):
             )
         return self
 
+    @classmethod
+    def of_window(
+        cls,
+        agg: WindowAggregate,
+        *,
+        id: str,
+        classification: Classification,
+        evidence: dict[str, float | int | str | bool],
+        summary: str,
+    ) -> Finding:
+        """The finding ``classification`` of window ``agg``: its identity and measurement."""
+        return cls(
+            id=id,
+            node=agg.node,
+            device_index=agg.device_index,
+            device_model=agg.device_model,
+            kernel=agg.kernel,
+            workload=agg.workload,
+            problem_size=list(agg.problem_size),
+            config=dict(agg.config),
+            config_id=agg.config_id,
+            window_start=agg.window_start,
+            window_end=agg.window_end,
+            classification=classification,
+            evidence=evidence,
+            summary=summary,
+            count=agg.count,
+            failures=agg.failures,
+            duration_mean_us=agg.duration_mean_us,
+        )
+
 
 _FINDING_V2_CLASSES = ("transfer_bound", "pageable_copies", "no_overlap", "host_sync")
 

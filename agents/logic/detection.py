@@ -119,24 +119,12 @@ class Detector:
             value = getattr(agg, name)
             if value is not None:
                 evidence[name] = value
-        return Finding(
+        return Finding.of_window(
+            agg,
             id=finding_id(agg),
-            node=agg.node,
-            device_index=agg.device_index,
-            device_model=agg.device_model,
-            kernel=agg.kernel,
-            workload=agg.workload,
-            problem_size=list(agg.problem_size),
-            config=dict(agg.config),
-            config_id=agg.config_id,
-            window_start=agg.window_start,
-            window_end=agg.window_end,
             classification=classification,
             evidence=evidence,
             summary=summary,
-            count=agg.count,
-            failures=agg.failures,
-            duration_mean_us=agg.duration_mean_us,
         )
 
     def _regression(

@@ -33,6 +33,7 @@ from kernelstream.kernels.space import ParamValue, SearchSpace
 from kernelstream.kernels.transfers import copy_us
 from kernelstream.schemas import Finding, WindowAggregate
 from kernelstream.schemas.columnar import LaunchColumns
+from kernelstream.schemas.records import Classification
 
 __all__ = [
     "TRANSFER_CLASSES",
@@ -157,7 +158,7 @@ def _overlap_us(k_start: _F64, k_end: _F64, c_start: _F64, c_end: _F64) -> float
 class TransferFinding:
     """One finding with its evidence and what to do about it."""
 
-    classification: str
+    classification: Classification
     evidence: dict[str, float | int | str | bool]
     summary: str
     expected_gain: float = 0.0  # step time saved / step time after, when known
@@ -475,24 +476,12 @@ def finding_records(
             (param,) = [k for k, v in f.knob.items() if agg.config.get(k) != v]
             ev.update(knob_param=param, knob_value=f.knob[param])
         out.append(
-            Finding(
+            Finding.of_window(
+                agg,
                 id=f"{finding_id}/{f.classification}",
-                node=agg.node,
-                device_index=agg.device_index,
-                device_model=agg.device_model,
-                kernel=agg.kernel,
-                workload=agg.workload,
-                problem_size=list(agg.problem_size),
-                config=dict(agg.config),
-                config_id=agg.config_id,
-                window_start=agg.window_start,
-                window_end=agg.window_end,
                 classification=f.classification,
                 evidence=ev,
                 summary=f.summary,
-                count=agg.count,
-                failures=agg.failures,
-                duration_mean_us=agg.duration_mean_us,
             )
         )
     return out
