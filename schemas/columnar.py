@@ -150,16 +150,24 @@ def _copies_after(copies: CopyColumns, t: float) -> CopyColumns | None:
 
 
 def _wire_columns() -> list[tuple[str, str]]:
-    """``(name, little-endian dtype)`` of every array field of :class:`LaunchColumns`."""
-    hints = typing.get_type_hints(LaunchColumns)
+    """``(name, little-endian dtype)`` of every required array field of :class:`LaunchColumns`
+    (the optional version 2 columns travel in the header).
+
+    Read from the fields' annotations as written (``npt.NDArray[np.float64]``), not from
+    their resolved types, which change with NumPy's typing: on Python 3.12 with NumPy
+    2.5.2 the resolved types no longer matched ``np.ndarray``, the list came out empty and
+    every binary batch failed to encode. An empty list now fails at import.
+    """
     out = []
     for f in fields(LaunchColumns):
-        args = typing.get_args(hints[f.name])
-        if typing.get_origin(hints[f.name]) is np.ndarray and len(args) == 2:
-            dtype = np.dtype(typing.get_args(args[1])[0])
+        m = re.fullmatch(r"npt\.NDArray\[np\.(\w+)\]", str(f.type))
+        if m:
+            dtype = np.dtype(getattr(np, m.group(1)))
             out.append(
                 (f.name, (np.dtype(np.uint8) if dtype == np.bool_ else dtype).newbyteorder("<").str)
             )
+    if not out:
+        raise RuntimeError("LaunchColumns declares no array field: the wire has no columns")
     return out
 
 
