@@ -442,6 +442,12 @@ def _link_of(name: str) -> tuple[float, float, str]:
     return _PCIE_GBS[gen], nvlink, source
 
 
+# Names a driver gives a known model that no spelling rule below can tell apart from
+# another model. The H100 SXM5 board names itself "NVIDIA H100 80GB HBM3" (nvidia-smi
+# on one, 700 W power cap: bench/results/gpu-2026-11-24-NVIDIA-H100-80GB-HBM3/); the
+# PCIe card is "NVIDIA H100 PCIe", a different model (2.0 TB/s, 350 W) not listed here.
+_DRIVER_NAMES = {"h10080gbhbm3": "H100-SXM5-80GB"}
+
 # What may follow a known model's name in a driver's name for the same model (after
 # _normalise): a form factor, a memory size and type, a MIG slice.
 _VARIANT = re.compile(r"(pcie|sxm\d?|nvl)?(\d+gb)?(hbm\d?e?)?(mig\w*)?")
@@ -478,11 +484,15 @@ def device_spec_for_name(device_name: str) -> DeviceSpec:
     'RTX-A4000'
     >>> device_spec_for_name("Tesla V100-SXM2-32GB").name, device_spec_for_name("Tesla T4").name
     ('V100-SXM2', 'T4')
+    >>> device_spec_for_name("NVIDIA H100 80GB HBM3").name, device_spec_for_name("NVIDIA H200").name
+    ('H100-SXM5-80GB', 'H200-SXM-141GB')
     """
     key = _normalise(device_name)
     by_key = {_normalise(n): s for n, s in DEVICE_SPECS.items()}
     if key in by_key:
         return by_key[key]
+    if _DRIVER_NAMES.get(key) in DEVICE_SPECS:
+        return DEVICE_SPECS[_DRIVER_NAMES[key]]
     # "NVIDIA H100" names one model without its variant; "Tesla V100-SXM2-32GB" adds a
     # memory size to one. Anything else after a known name is another model ("T400" is
     # not a "T4", "L40S" not an "L4", "RTX 3090 Ti" not an "RTX 3090"): unknown.
