@@ -42,7 +42,14 @@ from kernelstream.kernels.workloads import (
 )
 from kernelstream.kernels.workloads.base import Workload
 
-__all__ = ["INSTALL_HINT", "CupyDevice", "fp32_lanes_per_sm", "import_cupy", "spec_from_attributes"]
+__all__ = [
+    "INSTALL_HINT",
+    "CupyDevice",
+    "device_attributes",
+    "fp32_lanes_per_sm",
+    "import_cupy",
+    "spec_from_attributes",
+]
 
 INSTALL_HINT = (
     "install the GPU extra: pip install 'kernelstream[gpu]' (CUDA 13: 'kernelstream[gpu-cuda13]')"
@@ -70,6 +77,53 @@ def fp32_lanes_per_sm(cc: tuple[int, int]) -> int:
     if cc == (6, 0) or cc[0] == 7 or cc == (8, 0):
         return 64
     return 128
+
+
+# The CUDA device attributes the spec reads, by their ``cudaDeviceAttr`` values (CUDA
+# runtime API, ``driver_types.h``). ``cupy.cuda.Device.attributes`` is read first; an
+# attribute it lacks is asked of ``cudaDeviceGetAttribute`` by value, so a CuPy release
+# that names or omits attributes differently still gives the device's own limits.
+_CUDA_ATTRIBUTES = {
+    "ClockRate": 13,
+    "MultiProcessorCount": 16,
+    "MemoryClockRate": 36,
+    "GlobalMemoryBusWidth": 37,
+    "L2CacheSize": 38,
+    "MaxThreadsPerMultiProcessor": 39,
+    "ComputeCapabilityMajor": 75,
+    "ComputeCapabilityMinor": 76,
+    "MaxSharedMemoryPerMultiprocessor": 81,
+    "MaxRegistersPerMultiprocessor": 82,
+    "MaxSharedMemoryPerBlockOptin": 97,
+    "MaxBlocksPerMultiprocessor": 106,
+}
+
+
+def device_attributes(cp: ModuleType, device_index: int) -> dict[str, int]:
+    """The attributes :func:`spec_from_attributes` reads, for one device.
+
+    Each comes from ``Device.attributes`` where CuPy has it, else from
+    ``cudaDeviceGetAttribute``; the compute capability falls back to
+    ``Device.compute_capability`` (``"90"``). An attribute no route gives is left out
+    (the spec then keeps the datasheet value).
+    """
+    device = cp.cuda.Device(device_index)
+    have: dict[str, Any] = {}
+    with contextlib.suppress(Exception):
+        have = dict(device.attributes)
+    out: dict[str, int] = {}
+    for key, number in _CUDA_ATTRIBUTES.items():
+        value = have.get(key)
+        if value is None:
+            with contextlib.suppress(Exception):
+                value = cp.cuda.runtime.deviceGetAttribute(number, device_index)
+        if value is not None:
+            out[key] = int(value)
+    if "ComputeCapabilityMajor" not in out or "ComputeCapabilityMinor" not in out:
+        with contextlib.suppress(Exception):
+            cc = str(device.compute_capability)
+            out["ComputeCapabilityMajor"], out["ComputeCapabilityMinor"] = int(cc[:-1]), int(cc[-1])
+    return out
 
 
 def spec_from_attributes(name: str, attrs: Mapping[str, Any]) -> DeviceSpec:
@@ -169,7 +223,9 @@ class CupyDevice:
         self._device = self._cp.cuda.Device(device_index)
         raw = self._cp.cuda.runtime.getDeviceProperties(device_index)["name"]
         self.device_name = raw.decode() if isinstance(raw, bytes) else str(raw)
-        self.spec = spec_from_attributes(self.device_name, self._device.attributes)
+        self.spec = spec_from_attributes(
+            self.device_name, device_attributes(self._cp, device_index)
+        )
         self._rng = np.random.default_rng(seed)
         self._workloads: list[CudaWorkload] = [
             get_workload(n, None if problem_scale == 1.0 else scaled_problem_size(n, problem_scale))

@@ -49,6 +49,37 @@ def test_spec_from_attributes_keeps_the_model_name_and_uses_measured_peaks() -> 
     assert fp32_lanes_per_sm((7, 0)) == 64 and fp32_lanes_per_sm((8, 9)) == 128
 
 
+def test_attributes_cupy_lacks_are_asked_of_the_runtime_by_number() -> None:
+    """A CuPy whose ``Device.attributes`` omits the compute capability and the clocks
+    still gives the device's own values (CuPy 14.2 gave none: the first GPU run planned
+    its H100 as sm_80)."""
+    numbers = {"ComputeCapabilityMajor": 75, "ComputeCapabilityMinor": 76, "ClockRate": 13}
+    partial = {k: v for k, v in H200_ATTRS.items() if k not in numbers}
+    asked: list[int] = []
+
+    def get_attribute(number: int, index: int) -> int:
+        asked.append(number)
+        by_number = {n: H200_ATTRS[k] for k, n in numbers.items()}
+        if number not in by_number:
+            raise RuntimeError("cudaErrorInvalidValue")
+        return by_number[number]
+
+    fake = SimpleNamespace(
+        cuda=SimpleNamespace(
+            Device=lambda i: SimpleNamespace(attributes=partial, compute_capability="90"),
+            runtime=SimpleNamespace(deviceGetAttribute=get_attribute),
+        )
+    )
+    attrs = cupy_backend.device_attributes(fake, 0)  # type: ignore[arg-type]
+    assert attrs == H200_ATTRS and sorted(asked) == [13, 75, 76]
+    assert spec_from_attributes("NVIDIA H200", attrs).compute_capability == (9, 0)
+    # no runtime answer at all: the compute capability comes from Device.compute_capability
+    fake.cuda.runtime.deviceGetAttribute = None
+    attrs = cupy_backend.device_attributes(fake, 0)  # type: ignore[arg-type]
+    assert (attrs["ComputeCapabilityMajor"], attrs["ComputeCapabilityMinor"]) == (9, 0)
+    assert "ClockRate" not in attrs
+
+
 class _Log:
     def __init__(self) -> None:
         self.entries: list[Any] = []
