@@ -103,6 +103,18 @@ print("arch sm_%s" % cupy.cuda.Device(0).compute_capability)
 EOF
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if ((DRY_RUN == 0)); then
+  # the spec the cupy backend plans with: the device's own limits, or the datasheet's
+  $PY - >> "$WORK/environment.txt" 2>&1 <<'EOF'
+import cupy
+from kernelstream.kernels.backends.cupy import CupyDevice, device_attributes
+print("cupy Device.attributes keys", len(cupy.cuda.Device(0).attributes))
+print("attributes read", device_attributes(cupy, 0))
+s = CupyDevice(nvml_interval_s=None).spec
+print(f"spec {s.name} cc {s.compute_capability} sms {s.sms} peak {s.peak_gbs:.0f} GB/s "
+      f"{s.peak_gflops_fp32:.0f} GFLOP/s; {s.source}")
+EOF
+fi
 cat "$WORK/environment.txt" 2>/dev/null
 DEVICE=$(sed -n 's/^device //p' "$WORK/environment.txt" 2>/dev/null | tr -cs 'A-Za-z0-9.\n' '-')
 ((DRY_RUN)) && DEVICE=dry-run-sim-H200
