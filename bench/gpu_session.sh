@@ -9,6 +9,7 @@
 #      compile    kernelstream kernels check for the GPU's architecture (NVRTC from PyPI;
 #                 skipped with a note where it is not installed)
 #   3. overhead   kernelstream bench telemetry-overhead (short ~10 us and long ~100 us kernel)
+#                 and bench telemetry-timing (each part of the per-launch cost; CUPTI beside)
 #   4. demo       kernelstream demo --cupy (worker, two sim nodes and a cupy node), DEMO_S s
 #   5. sweep      kernelstream sweep --backend cupy, every workload (smallest space first),
 #                 each followed by its calibration against the sim model
@@ -154,6 +155,9 @@ if want overhead; then
   log "overhead: kernelstream bench telemetry-overhead"
   timeout "$(budget 120)" "${KS[@]}" bench telemetry-overhead --results-dir "$WORK"
   log "overhead: exit $?"
+  log "overhead: kernelstream bench telemetry-timing (each part; CUPTI where cupti-python is installed)"
+  timeout "$(budget 120)" "${KS[@]}" bench telemetry-timing --results-dir "$WORK"
+  log "timing: exit $?"
   pack
 fi
 

@@ -68,6 +68,11 @@ for spec in "${SPECS[@]}"; do
     --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64 \
     -d "$DEST" "$spec"
 done
+# CUPTI's Python bindings for bench telemetry-timing, matching the image's CUPTI 13.0
+# (nvidia-cuda-cupti 13.0.85 there); the benchmark skips CUPTI without them.
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+  -d "$DEST" "cupti-python==13.0.1" || echo "cupti-python not downloaded: CUPTI is skipped"
 echo "${#SPECS[@]} packages: ${SPECS[*]}"
 du -sh "$DEST"
 echo "carry $DEST to the GPU machine (run's carry: [\"$DEST\"]); gpu_session.sh installs it"

@@ -827,6 +827,7 @@ class _LazyBenchGroup(click.Group):
         "replay",
         "tuning",
         "telemetry-overhead",
+        "telemetry-timing",
         "worker-path",
         "api-overhead",
         "alerts",

@@ -56,6 +56,7 @@ def test_sweep_usage_errors(tmp_path: Path) -> None:
     [
         ["sweep", "--backend", "cupy"],
         ["bench", "telemetry-overhead"],
+        ["bench", "telemetry-timing"],
         ["demo", "--cupy", "--duration", "1"],
         ["node", "--backend", "cupy", "--duration", "1"],
     ],
