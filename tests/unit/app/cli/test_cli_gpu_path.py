@@ -109,3 +109,18 @@ def test_sigterm_ends_a_sweep_that_still_writes_its_file(
     assert r.exit_code == 143, r.output
     assert "PARTIAL" in r.output
     assert load_cache(out).space.size() == 3
+
+
+def test_api_overhead_without_the_data_folder_says_so_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU machine without the tuning-spaces folder: the trace case is skipped with its
+    reason (the cupy case would still run); with nothing to run, a one-line error."""
+    monkeypatch.setenv("KERNELSTREAM_TUNING_SPACES_DIR", str(tmp_path / "none"))
+    r = CliRunner().invoke(
+        main, ["bench", "api-overhead", "--no-cupy", "--results-dir", str(tmp_path)]
+    )
+    assert r.exit_code == 1 and r.exception is not None
+    assert isinstance(r.exception, SystemExit)  # a click error, not a traceback
+    assert "no case could run here" in r.output and "KERNELSTREAM_TUNING_SPACES_DIR" in r.output
+    assert not list(tmp_path.glob("api-overhead-*"))
