@@ -11,6 +11,8 @@
 #   3. overhead   kernelstream bench telemetry-overhead (short ~10 us and long ~100 us kernel)
 #                 and bench telemetry-timing (each part of the per-launch cost; CUPTI beside)
 #   4. demo       kernelstream demo --cupy (worker, two sim nodes and a cupy node), DEMO_S s
+#      own        a user's TunableKernel under kernelstream.Node() for OWN_S s (60), then its
+#                 whole space timed: python -m kernelstream.bench.own_kernel_gpu
 #   5. sweep      kernelstream sweep --backend cupy, every workload (smallest space first),
 #                 each followed by its calibration against the sim model
 #   6. calibrate  kernelstream calibrate over every sweep file -> calibration.{json,txt}
@@ -19,9 +21,9 @@
 # when that machine has no network) and run, from the repository root:
 #   OUT=/path/for/results bench/gpu_session.sh
 # Environment: OUT (results; default var/gpu-session), WORK (scratch, default
-# var/gpu-session-work), STAGES (default all of "tests compile overhead demo sweep
+# var/gpu-session-work), STAGES (default all of "tests compile overhead demo own sweep
 # calibrate"), BUDGET_S (whole run, default 570), SWEEP_ITERATIONS (10), SWEEP_SCALE
-# (problem scale of sweeps, 1.0), DEMO_S (60),
+# (problem scale of sweeps, 1.0), DEMO_S (60), OWN_S (60),
 # WORKLOADS (sweep order, default "stencil2d transpose reduction matmul"), PYTHON (python3).
 # DRY_RUN=1 checks the script's own plumbing without a GPU: no installs, sweeps and
 # calibration on the sim H200 model, the compile check for sm_90 (STAGES="compile sweep
@@ -36,11 +38,12 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-var/gpu-session}
 WORK=${WORK:-var/gpu-session-work}
 PY=${PYTHON:-python3}
-STAGES=${STAGES:-"tests compile overhead demo sweep calibrate"}
+STAGES=${STAGES:-"tests compile overhead demo own sweep calibrate"}
 BUDGET_S=${BUDGET_S:-570}
 SWEEP_ITERATIONS=${SWEEP_ITERATIONS:-10}
 SWEEP_SCALE=${SWEEP_SCALE:-1.0}
 DEMO_S=${DEMO_S:-60}
+OWN_S=${OWN_S:-60}
 WORKLOADS=${WORKLOADS:-"stencil2d transpose reduction matmul"}
 DRY_RUN=${DRY_RUN:-0}
 DAY=$(date -u +%F)
@@ -170,6 +173,16 @@ if want demo; then
   log "demo: exit $?"
   grep -A2 -E "^cupy-" "$WORK/demo-cupy-$DAY.txt" | head -24
   for f in var/demo-gpu/*.log; do [[ -f "$f" ]] && tail -n 40 "$f" > "$WORK/demo-$(basename "$f")"; done
+  pack
+fi
+
+# -- a user's own kernel under the loop (the guide's saxpy), then its whole space timed ----
+if want own; then
+  log "own: a TunableKernel under kernelstream.Node() for ${OWN_S}s, then its space timed"
+  timeout "$(budget $((OWN_S + 60)))" "$PY" -m kernelstream.bench.own_kernel_gpu "$OWN_S" \
+    > "$WORK/own-kernel-gpu-$DAY.txt" 2>&1
+  log "own: exit $?"
+  tail -n 8 "$WORK/own-kernel-gpu-$DAY.txt"
   pack
 fi
 
