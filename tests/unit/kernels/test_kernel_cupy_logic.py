@@ -10,10 +10,12 @@ on hardware: ``tests/gpu`` does, when a GPU session runs it.
 
 from __future__ import annotations
 
+import threading
 import time
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 import kernelstream.kernels.backends.cupy as cupy_backend
@@ -246,3 +248,110 @@ def test_host_gaps_are_timed_on_the_host_clock_without_another_synchronisation(f
     assert first.host_gap_us[0] == 0.0 and first.host_waited.tolist() == [False] * 4
     assert second.host_waited.tolist() == [True, False, False]
     dev.close()
+
+
+class _GpuClock:
+    """A stand-in GPU for a user kernel's events: each event gets the next sequence
+    number when recorded, and is done once ``lag`` later events were recorded."""
+
+    def __init__(self, lag: int) -> None:
+        self.recorded, self.lag, self.created = 0, lag, 0
+        self.guard = threading.Lock()
+
+    def event(self) -> Any:
+        self.created += 1
+        gpu = self
+
+        class Event:
+            seq = -1
+
+            def record(self, stream: Any = None) -> None:
+                with gpu.guard:
+                    gpu.recorded += 1
+                    self.seq = gpu.recorded
+
+            @property
+            def done(self) -> bool:
+                return self.seq <= gpu.recorded - gpu.lag
+
+        return Event()
+
+
+def _user_device(monkeypatch: pytest.MonkeyPatch, gpu: _GpuClock, reads: list[str]) -> Any:
+    from kernelstream.kernels.backends.user import CupyKernelDevice
+
+    fake = _fake_cupy(_Log())
+    fake.cuda.Event = gpu.event
+
+    def elapsed(start: Any, end: Any) -> float:
+        reads.append(threading.current_thread().name)
+        assert end.seq == start.seq + 1, "a launch's own two events"
+        return start.seq / 1000.0  # ms: each launch its own duration, seq us
+
+    fake.cuda.get_elapsed_time = elapsed
+    monkeypatch.setattr(cupy_backend, "import_cupy", lambda: fake)
+    return CupyKernelDevice(0)
+
+
+def test_a_user_kernels_calls_read_back_finished_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller's thread reads the events of finished launches as it launches; the
+    node's thread reads only what is left, and each pair of events goes back to the pool
+    once (the node reading every launch made the two threads trade the GIL per call)."""
+    from kernelstream.kernels.tunable import KernelRunner, TunableKernel
+
+    gpu, reads = _GpuClock(lag=6), list[str]()  # a launch is done 3 launches (6 events) later
+    dev = _user_device(monkeypatch, gpu, reads)
+    src = 'extern "C" __global__ void k(float *y, int n) { }'
+    k = TunableKernel("k", src, 1 << 20, {"block_size_x": [64, 128]}, device=dev)
+    runner = KernelRunner(dev)
+    runner.add(k)
+    for _ in range(10):
+        k(None, 1)
+    assert reads and set(reads) == {threading.current_thread().name}
+    assert len(reads) == 7  # launches 1-7 are done by the 10th call
+    (chunk,) = runner.tick(time.time())  # the node takes the 7 finished ones
+    assert len(chunk.duration_us) == 7 and len(reads) == 7  # no event read again
+    assert chunk.duration_us.tolist() == [float(2 * i + 1) for i in range(7)]
+    gpu.lag = 0  # the GPU catches up; the caller stopped calling
+    (chunk,) = runner.tick(time.time())  # the node reads what the caller left
+    assert chunk.duration_us.tolist() == [15.0, 17.0, 19.0] and len(reads) == 10
+    pool = dev._events
+    assert len(pool) == gpu.created < 20  # pairs were reused; every one is back
+    assert len({id(e) for e in pool}) == len(pool)  # and back once
+    created = gpu.created
+    k(None, 1)
+    assert gpu.created == created  # the next call reuses pooled events
+
+
+def test_caller_and_node_threads_read_each_launch_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelstream.kernels.tunable import KernelRunner, TunableKernel
+
+    gpu, reads = _GpuClock(lag=40), list[str]()
+    dev = _user_device(monkeypatch, gpu, reads)
+    src = 'extern "C" __global__ void k(float *y, int n) { }'
+    k = TunableKernel("k", src, 1 << 20, {"block_size_x": [64, 128]}, device=dev)
+    runner = KernelRunner(dev)
+    runner.add(k)
+    got: list[np.ndarray] = []
+    stop = threading.Event()
+
+    def node() -> None:
+        while not stop.is_set():
+            got.extend(c.duration_us for c in runner.tick(time.time()))
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=node, name="node")
+    thread.start()
+    calls = 20_000
+    for _ in range(calls):
+        k(None, 1)
+    gpu.lag = 0
+    time.sleep(0.02)
+    stop.set()
+    thread.join()
+    got.extend(c.duration_us for c in runner.tick(time.time()))
+    durations = np.concatenate(got)
+    assert len(durations) == calls == len(reads)  # each launch read once, by one thread
+    assert np.allclose(durations, 2 * np.arange(calls) + 1)  # in order, each its own pair
+    assert len({id(e) for e in dev._events}) == len(dev._events)  # no event pooled twice
+    assert gpu.created < calls // 10  # events are reused, not made per call
