@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
-__all__ = ["dated_stem"]
+import orjson
+
+__all__ = ["dated_stem", "write_dated"]
 
 
 def dated_stem(results_dir: Path, name: str, date: str) -> Path:
@@ -29,3 +32,11 @@ def dated_stem(results_dir: Path, name: str, date: str) -> Path:
     run = re.compile(re.escape(base) + r"(?:-run(\d+))?(?=[.-]|$)")
     runs = [int(m.group(1) or 1) for p in results_dir.iterdir() if (m := run.match(p.name))]
     return results_dir / (f"{base}-run{max(runs) + 1}" if runs else base)
+
+
+def write_dated(results_dir: Path, name: str, date: str, report: Any, text: str) -> Path:
+    """Write ``report`` (JSON) and ``text`` as the next dated copy of ``name``; the stem."""
+    stem = dated_stem(results_dir, name, date)
+    Path(f"{stem}.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    Path(f"{stem}.txt").write_text(text + "\n", encoding="utf-8")
+    return stem

@@ -30,9 +30,8 @@ from typing import Any
 
 import click
 import numpy as np
-import orjson
 
-from kernelstream.bench.results import dated_stem
+from kernelstream.bench.results import write_dated
 
 __all__ = ["command", "pick_size", "run_benchmark", "summarize"]
 
@@ -245,9 +244,7 @@ def command(device_index: int, batch: int, rounds: int, results_dir: Path) -> No
         report = run_benchmark(device_index, batch, rounds)
     except BackendUnavailableError as exc:
         raise click.ClickException(f"this benchmark runs on a GPU: {exc}") from exc
-    stem = dated_stem(results_dir, "telemetry-overhead", report["date"])
-    Path(f"{stem}.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     text = _text(report)
-    Path(f"{stem}.txt").write_text(text + "\n", encoding="utf-8")
+    stem = write_dated(results_dir, "telemetry-overhead", report["date"], report, text)
     click.echo(text)
     click.echo(f"wrote {stem}.json and {stem}.txt")

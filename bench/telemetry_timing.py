@@ -32,9 +32,8 @@ from typing import Any
 
 import click
 import numpy as np
-import orjson
 
-from kernelstream.bench.results import dated_stem
+from kernelstream.bench.results import write_dated
 from kernelstream.bench.telemetry_overhead import _TARGETS_US, _Kernel, pick_size
 
 __all__ = ["command", "run_benchmark"]
@@ -314,9 +313,7 @@ def command(device_index: int, launches: int, results_dir: Path) -> None:
         report = run_benchmark(device_index, launches)
     except BackendUnavailableError as exc:
         raise click.ClickException(f"this benchmark runs on a GPU: {exc}") from exc
-    stem = dated_stem(results_dir, "telemetry-timing", report["date"])
-    Path(f"{stem}.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     text = _text(report)
-    Path(f"{stem}.txt").write_text(text + "\n", encoding="utf-8")
+    stem = write_dated(results_dir, "telemetry-timing", report["date"], report, text)
     click.echo(text)
     click.echo(f"wrote {stem}.json and {stem}.txt")
