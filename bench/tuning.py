@@ -873,9 +873,9 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
 @click.option(
     "--fleet-seeds",
     type=int,
-    default=40,
+    default=25,
     show_default=True,
-    help="Seeds for the fleet comparison (a ratio of two medians: noisier than one median).",
+    help="Seeds for the fleet comparison (one node against four, paired seed by seed).",
 )
 @click.option(
     "--fleet-windows",
@@ -883,7 +883,13 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
     default=None,
     help="Windows per node for the fleet comparison, any fleet size [default: 2 x budget].",
 )
-@click.option("--warm-seeds", type=int, default=10, show_default=True)
+@click.option(
+    "--warm-seeds",
+    type=int,
+    default=10,
+    show_default=True,
+    help="Seeds for the warm start against cold (paired seed by seed).",
+)
 @click.option("--no-warm", is_flag=True, help="Skip the cross-device warm-start runs.")
 @click.option("--jobs", type=int, default=os.cpu_count() or 1, show_default=True)
 @click.option(
