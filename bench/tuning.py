@@ -873,7 +873,7 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
 @click.option(
     "--fleet-seeds",
     type=int,
-    default=25,
+    default=40,
     show_default=True,
     help="Seeds for the fleet comparison (one node against four, paired seed by seed).",
 )
@@ -886,7 +886,7 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
 @click.option(
     "--warm-seeds",
     type=int,
-    default=10,
+    default=20,
     show_default=True,
     help="Seeds for the warm start against cold (paired seed by seed).",
 )
