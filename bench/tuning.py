@@ -50,7 +50,12 @@ import click
 import numpy as np
 
 from kernelstream.bench.results import dated_stem
-from kernelstream.bench.tuning_score import never_tune, regret_summary, verdict
+from kernelstream.bench.tuning_score import (
+    never_tune,
+    paired_log_ratio,
+    regret_summary,
+    verdict,
+)
 
 __all__ = ["SIBLING_BUDGET", "command", "run_benchmark", "tuned_first"]
 
@@ -76,7 +81,7 @@ FLEET_SIZES = (1, 4)
 
 # Rough cost order of the runs (longest first); Kernel Tuner strategies and random
 # search are short.
-_COST_RANK = {"warm": 0, "fleet4": 1, "kernelstream": 2, "fleet1": 3, "kt:bayes_opt": 4}
+_COST_RANK = {"warm": 0, "fleet4": 1, "kernelstream": 2, "cold": 3, "kt:bayes_opt": 4}
 
 # -- per-process state (worker processes load each space once) ----------------------
 _SPACES: dict[str, Any] = {}
@@ -107,12 +112,13 @@ def _loop(
     tuner: Any = None,
     windows: int | None = None,
     node_prefix: str = "node",
+    settle: int = max(GAP_AT),
 ) -> Any:
     from kernelstream.agents.logic.closed_loop import ClosedLoop
     from kernelstream.agents.logic.reconfiguration import ReconfigPolicy
     from kernelstream.agents.logic.search import ModelGuidedSearch
     from kernelstream.agents.logic.tuning import Tuner
-    from kernelstream.kernels.backends.trace import TraceDevice
+    from kernelstream.kernels.backends.trace import LaunchNoise, TraceDevice
 
     path = paths[0]
     ts = _space(path)
@@ -120,7 +126,11 @@ def _loop(
     opt = min(truth.values())
     if tuner is None:
         tuner = Tuner(strategy=ModelGuidedSearch(seed=seed))
-    devices = [TraceDevice(path, seed=seed * 1000 + i) for i in range(nodes)]
+    # One noise source for the whole fleet, seeded as node 0's own was: a one-node run
+    # draws what it drew before, and a config's launches see the same durations whichever
+    # node (of one or of four) makes them, so the fleet and warm comparisons are paired.
+    noise = LaunchNoise(seed * 1000)
+    devices = [TraceDevice(path, noise=noise) for _ in range(nodes)]
     loop = ClosedLoop(
         devices,
         ts.name,
@@ -136,11 +146,12 @@ def _loop(
     # (nothing left to gain). With ``windows`` (the fleet comparison) the budget is
     # windows per node instead, the same for every fleet size: go on until within 5% or
     # that many windows. With both (the single-node run that also serves as the
-    # fleet's one-node run), both.
+    # fleet's one-node run), both. Once within 5%, a run with a budget goes on to
+    # ``settle`` evaluations for the gaps (0: it stops there).
     def done(tr: Any) -> bool:
         n, best = len(tr.evaluated), tr.best_true[-1] if tr.best_true else math.inf
         reached = best <= opt * 1.05
-        curve_done = not budget or n >= budget or best <= opt or (reached and n >= max(GAP_AT))
+        curve_done = not budget or n >= budget or best <= opt or (reached and n >= settle)
         return curve_done and (windows is None or reached or tr.rounds >= windows)
 
     loop.run(40 * budget + (windows or 0), stop=done)
@@ -148,15 +159,21 @@ def _loop(
 
 
 def _run_kernelstream(
-    path: str, seed: int, budget: int, nodes: int = 1, windows: int | None = None
+    path: str,
+    seed: int,
+    budget: int,
+    nodes: int = 1,
+    windows: int | None = None,
+    settle: int = max(GAP_AT),
 ) -> dict[str, Any]:
     """One tuner run for ``budget`` evaluations.
 
     With ``windows`` it goes on, if it has not got within 5% by then, until it does or
     has run that many windows: ``rounds_to_5`` is then also this seed's one-node fleet
-    figure (the same run :func:`_run_fleet` would make for one node).
+    figure (the same run :func:`_run_fleet` would make for one node). With ``settle=0``
+    it stops once within 5% (a cold run needed only for the fleet and warm figures).
     """
-    loop = _loop([path], seed, nodes, budget, windows=windows)
+    loop = _loop([path], seed, nodes, budget, windows=windows, settle=settle)
     tr = loop.trace
     opt = min(loop.truth.values()) if loop.truth else math.inf
     rounds = tr.rounds_to(opt * 1.05)
@@ -299,13 +316,15 @@ def _task(args: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, Any]]:
     except Exception as ex:
         out = {"error": f"{type(ex).__name__}: {ex}"}
     out["seconds"] = time.perf_counter() - t0
+    out["seed"] = int(args[3])
     return args, out
 
 
 def _run(kind: str, space: str, extra: str, seed: str, budget: str) -> dict[str, Any]:
     s, b = int(seed), int(budget)
-    if kind == "kernelstream":
-        out = _run_kernelstream(space, s, b, windows=int(extra) if extra else None)
+    if kind in ("kernelstream", "cold"):
+        settle = 0 if kind == "cold" else max(GAP_AT)
+        out = _run_kernelstream(space, s, b, windows=int(extra) if extra else None, settle=settle)
     elif kind.startswith("fleet"):
         out = _run_fleet(space, s, int(kind.removeprefix("fleet")), windows=b)
     elif kind == "warm":
@@ -437,31 +456,27 @@ def run_benchmark(
         tasks: list[tuple[str, ...]] = []
         for p in files:
             sp = str(p)
+            sibling = _sibling(p, files, meta) if warm_seeds else None
             for seed in range(seeds):
                 # The first fleet seeds' one-node figure comes from this same run.
                 fleet_w = str(fleet_windows) if seed < fleet_seeds else ""
                 tasks.append(("kernelstream", sp, fleet_w, str(seed), str(budget)))
                 tasks.append(("random", sp, "", str(seed), str(budget)))
                 tasks.extend(("kt:" + s, sp, plain[sp], str(seed), str(budget)) for s in strategies)
-            for seed in range(fleet_seeds):
-                for nodes in FLEET_SIZES:
-                    if nodes > 1 or seed >= seeds:
-                        tasks.append((f"fleet{nodes}", sp, "", str(seed), str(fleet_windows)))
-            if warm_seeds:
-                siblings = [
-                    str(q)
-                    for q in files
-                    if q != p
-                    # The same kernel on another GPU, over the same parameters: a kernel
-                    # of the same name tuned over other parameters teaches nothing here.
-                    and meta[str(q)]["kernel"] == meta[sp]["kernel"]
-                    and meta[str(q)]["params"] == meta[sp]["params"]
-                    and meta[str(q)]["device"] != meta[sp]["device"]
-                ]
-                if siblings:
-                    meta[sp]["warm_from"] = Path(siblings[0]).name
-                    for seed in range(warm_seeds):
-                        tasks.append(("warm", sp, siblings[0], str(seed), str(budget)))
+            tasks.extend(
+                ("fleet" + str(FLEET_SIZES[-1]), sp, "", str(seed), str(fleet_windows))
+                for seed in range(fleet_seeds)
+            )
+            # Seeds past ``seeds`` that the fleet's one node or the warm start's cold
+            # side needs: one cold run serves both, as the kernelstream runs do.
+            for seed in range(seeds, max(fleet_seeds, warm_seeds if sibling else 0)):
+                fleet_w = str(fleet_windows) if seed < fleet_seeds else ""
+                tasks.append(("cold", sp, fleet_w, str(seed), str(budget)))
+            if sibling:
+                meta[sp]["warm_from"] = Path(sibling).name
+                tasks.extend(
+                    ("warm", sp, sibling, str(seed), str(budget)) for seed in range(warm_seeds)
+                )
         # Longest runs first, so no process idles at the end waiting on one straggler
         # (stable: seeds stay in order within each method and space).
         tasks.sort(key=lambda t: _COST_RANK.get(t[0], len(_COST_RANK)))
@@ -527,11 +542,16 @@ def run_benchmark(
             ),
             default=None,
         )
+        # Cold runs by seed: the kernelstream runs, then the extra seeds' cold runs.
+        cold = {
+            r["seed"]: r for kind in ("kernelstream", "cold") for r in results.get((kind, sp), [])
+        }
         fleet: dict[str, Any] = {}
         for nodes in FLEET_SIZES:
-            runs = results.get((f"fleet{nodes}", sp), [])
-            if nodes == 1:  # seeds run as kernelstream first, in seed order
-                runs = results.get(("kernelstream", sp), [])[:fleet_seeds] + runs
+            if nodes == 1:
+                runs = [cold[s] for s in sorted(cold) if s < fleet_seeds]
+            else:
+                runs = results.get((f"fleet{nodes}", sp), [])
             rounds = [r.get("rounds_to_5") for r in runs]
             vals = _or_over(rounds, fleet_windows)
             fleet[f"{nodes}_node"] = {
@@ -548,6 +568,7 @@ def run_benchmark(
             fleet[f"{FLEET_SIZES[-1]}_node"]["per_seed"],
             fleet_windows,
         )
+        fleet["paired"] = _paired_fleet(fleet, fleet_windows)
         report["spaces"][meta[sp]["file"]] = {
             **meta[sp],
             "methods": methods,
@@ -556,6 +577,7 @@ def run_benchmark(
             # kernelstream against the best peer, random search included.
             "verdict": verdict(methods, ["random", *strategies]),
             "fleet": fleet,
+            "warm": _warm_against_cold(results.get(("warm", sp), []), cold, opt, budget),
             "median_gap_curve": curves,
             # Runs that raised (method -> "seed N: error"): left out of every figure above.
             "failed_runs": {
@@ -563,6 +585,53 @@ def run_benchmark(
             },
         }
     return report
+
+
+def _sibling(p: Path, files: Sequence[Path], meta: dict[str, dict[str, Any]]) -> str | None:
+    """Another GPU's cache of the same kernel over the same parameters, if the folder has one.
+
+    A kernel of the same name tuned over other parameters teaches nothing here.
+    """
+    mine = meta[str(p)]
+    return next(
+        (
+            str(q)
+            for q in files
+            if q != p
+            and meta[str(q)]["kernel"] == mine["kernel"]
+            and meta[str(q)]["params"] == mine["params"]
+            and meta[str(q)]["device"] != mine["device"]
+        ),
+        None,
+    )
+
+
+def _paired_fleet(fleet: dict[str, Any], windows: int) -> dict[str, Any] | None:
+    """Seed by seed, log(windows of one node / windows of the fleet); see paired_log_ratio."""
+    one = fleet[f"{FLEET_SIZES[0]}_node"]["per_seed"]
+    many = fleet[f"{FLEET_SIZES[-1]}_node"]["per_seed"]
+    if len(one) != len(many):  # runs failed on one side: no pairs to speak of
+        return None
+    return paired_log_ratio(one, many, windows + 1)
+
+
+def _warm_against_cold(
+    warm: Sequence[dict[str, Any]], cold: dict[int, dict[str, Any]], opt: float, budget: int
+) -> dict[str, Any] | None:
+    """Evaluations to 5%, warm and cold, on the warm runs' seeds, and their paired log ratio."""
+    pairs = [(r, cold[r["seed"]]) for r in warm if r["seed"] in cold]
+    if not pairs:
+        return None
+    w = [_evals_to(r["curve"], opt * 1.05) for r, _ in pairs]
+    c = [_evals_to(r["curve"], opt * 1.05) for _, r in pairs]
+    return {
+        "seeds": [r["seed"] for r, _ in pairs],
+        "warm_per_seed": w,
+        "cold_per_seed": c,
+        "warm_median": float(np.median(_or_over(w, budget))),
+        "cold_median": float(np.median(_or_over(c, budget))),
+        "paired": paired_log_ratio(w, c, budget + 1),
+    }
 
 
 def _speedup_interval(
@@ -638,6 +707,7 @@ def format_table(report: dict[str, Any]) -> str:
                 if speedup and (ci := sp["fleet"].get("speedup_ci90"))
                 else ""
             )
+            + _paired_text(sp["fleet"].get("paired"), "one node / four")
         )
         for m, r in sp["methods"].items():
             if early := r.get("evaluations", {}).get("ended_early_unreached"):
@@ -647,16 +717,15 @@ def format_table(report: dict[str, Any]) -> str:
                 )
         for m, errs in sp.get("failed_runs", {}).items():
             lines.append(f"{m}: {len(errs)} runs failed and are left out, e.g. {errs[0]}")
-        if "warm" in sp["methods"] and "kernelstream" in sp["methods"]:
-            warm = sp["methods"]["warm"]["within_5pct"]
-            # Cold on the same seeds as the warm runs, and on all seeds.
-            cold = sp["methods"]["kernelstream"]["within_5pct"]
-            same = _or_over(cold["per_seed"][: len(warm["per_seed"])], b)
+        if warm := sp.get("warm"):
+            wn = len(warm["seeds"])
             lines.append(
                 f"warm start from {sp.get('warm_from')}: median evaluations to 5% "
-                f"{_n(warm['median'], b)} ({warm['reached']}/{len(warm['per_seed'])}) vs cold "
-                f"{_n(float(np.median(same)), b)} on the same seeds "
-                f"({_n(cold['median'], b)} on all {len(cold['per_seed'])})"
+                f"{_n(warm['warm_median'], b)} "
+                f"({sum(x is not None for x in warm['warm_per_seed'])}/{wn}) vs cold "
+                f"{_n(warm['cold_median'], b)} "
+                f"({sum(x is not None for x in warm['cold_per_seed'])}/{wn}) on the same seeds"
+                + _paired_text(warm.get("paired"), "warm / cold")
             )
         elif report.get("warm_seeds"):
             lines.append(
@@ -671,6 +740,17 @@ def format_table(report: dict[str, Any]) -> str:
     )
     lines.extend(verdict_lines(report))
     return "\n".join(lines)
+
+
+def _paired_text(paired: dict[str, Any] | None, what: str) -> str:
+    """``; paired mean log(what) +0.12 (90% interval ...), 1.13x`` or nothing."""
+    if not paired:
+        return ""
+    m, (lo, hi) = paired["mean"], paired["ci90"]
+    return (
+        f"; paired mean log({what}) {m:+.2f} (90% interval {lo:+.2f} to {hi:+.2f}), "
+        f"{math.exp(m):.2f}x ({math.exp(lo):.2f}-{math.exp(hi):.2f}x) over {paired['seeds']} seeds"
+    )
 
 
 def _regret_lines(sp: dict[str, Any]) -> list[str]:
@@ -795,7 +875,7 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
     type=int,
     default=40,
     show_default=True,
-    help="Seeds for the fleet comparison (a ratio of two medians: noisier than one median).",
+    help="Seeds for the fleet comparison (one node against four, paired seed by seed).",
 )
 @click.option(
     "--fleet-windows",
@@ -803,7 +883,13 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
     default=None,
     help="Windows per node for the fleet comparison, any fleet size [default: 2 x budget].",
 )
-@click.option("--warm-seeds", type=int, default=10, show_default=True)
+@click.option(
+    "--warm-seeds",
+    type=int,
+    default=20,
+    show_default=True,
+    help="Seeds for the warm start against cold (paired seed by seed).",
+)
 @click.option("--no-warm", is_flag=True, help="Skip the cross-device warm-start runs.")
 @click.option("--jobs", type=int, default=os.cpu_count() or 1, show_default=True)
 @click.option(

@@ -15,6 +15,11 @@ Two figures beside the evaluations-to-5% ones of :mod:`bench.tuning`:
   reached on a tie): *beats* when it reaches 5% on at least as many seeds with a
   median no higher, and is better in one of the two; *ties* when both are equal;
   *loses* otherwise.
+- **paired log ratio** (the fleet and the warm start): the same seed run two ways, one
+  node against four or warm against cold, with the same launch noise (common random
+  numbers, :class:`kernels.backends.trace.LaunchNoise`). The mean over seeds of the log
+  ratio of the two counts, with a 90% t interval, says how far apart the two are and how
+  sure that is; a ratio of two medians from a handful of heavy-tailed counts says little.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ __all__ = [
     "best_peer",
     "cumulative_regret",
     "never_tune",
+    "paired_log_ratio",
     "regret_summary",
     "verdict",
 ]
@@ -106,3 +112,33 @@ def verdict(
     else:
         word = "ties"
     return {"result": word, "peer": peer, "reached": list(reach), "median": list(median)}
+
+
+def paired_log_ratio(
+    a: Sequence[int | None], b: Sequence[int | None], miss: int
+) -> dict[str, Any] | None:
+    """Mean over seeds of ``log(a / b)`` with its standard error and 90% t interval.
+
+    ``a[i]`` and ``b[i]`` are counts of the same seed (None: not reached, counted as
+    ``miss``). None with fewer than two seeds. A positive mean: ``a`` needs more.
+
+    >>> r = paired_log_ratio([40, 90, None], [10, 30, 100], miss=401)
+    >>> round(r["mean"], 3), r["seeds"]
+    (1.291, 3)
+    """
+    from scipy.stats import t
+
+    if len(a) != len(b):
+        raise ValueError(f"paired counts of different lengths: {len(a)} and {len(b)}")
+    n = len(a)
+    if n < 2:
+        return None
+    logs = np.log(
+        [
+            (x if x is not None else miss) / (y if y is not None else miss)
+            for x, y in zip(a, b, strict=True)
+        ]
+    )
+    mean, se = float(logs.mean()), float(logs.std(ddof=1) / math.sqrt(n))
+    half = float(t.ppf(0.95, n - 1)) * se
+    return {"mean": mean, "se": se, "ci90": [mean - half, mean + half], "seeds": n}

@@ -41,6 +41,7 @@ from kernelstream.kernels.workloads import WORKLOAD_NAMES, CudaWorkload, get_wor
 from kernelstream.kernels.workloads.base import Geometry, Traits, Workload
 
 __all__ = [
+    "LaunchNoise",
     "TraceDevice",
     "TraceSpace",
     "cache_files_in",
@@ -474,8 +475,44 @@ def load_caches_in(directory: str | Path | None) -> tuple[list[TraceSpace], dict
     return spaces, skipped
 
 
+class LaunchNoise:
+    """Where a trace device's launch durations come from: one stream per configuration.
+
+    The k-th launch of a configuration is the k-th draw of a stream seeded by
+    (``seed``, kernel, configuration), whatever was launched before it, in whichever
+    calls. Trace devices that share one :class:`LaunchNoise` (the nodes of one
+    simulated fleet) draw from the same streams: two runs of the same seed, one node or
+    four, see the same durations for the same launches of a configuration (common random
+    numbers), so a paired comparison of the two measures the tuner, not the draws. Each
+    draw is still an independent, uniform pick of one of the configuration's measured
+    times.
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        self._rngs: dict[tuple[str, str], np.random.Generator] = {}
+
+    def draw(self, kernel: str, config_id: str, times: np.ndarray, n: int) -> np.ndarray:
+        """The next ``n`` durations of ``config_id`` (of ``kernel``), from its ``times``."""
+        key = (kernel, config_id)
+        rng = self._rngs.get(key)
+        if rng is None:
+            words = [self.seed, zlib.crc32(kernel.encode()), zlib.crc32(config_id.encode())]
+            rng = self._rngs[key] = np.random.default_rng(np.random.SeedSequence(words))
+        return rng.choice(times, size=max(n, 0))
+
+    def clear(self) -> None:
+        """Forget every stream (a later draw starts its configuration's stream again)."""
+        self._rngs.clear()
+
+
 class TraceDevice:
-    """A device replaying one or more cache files measured on the same GPU model."""
+    """A device replaying one or more cache files measured on the same GPU model.
+
+    Launch durations come from ``noise`` when given (shared by the nodes of one
+    simulated fleet, see :class:`LaunchNoise`), else from a source of its own seeded by
+    ``seed``.
+    """
 
     backend = "trace"
 
@@ -485,6 +522,7 @@ class TraceDevice:
         *,
         device_index: int = 0,
         seed: int = 0,
+        noise: LaunchNoise | None = None,
     ) -> None:
         files = [trace_files] if isinstance(trace_files, (str, Path)) else list(trace_files)
         if not files:
@@ -508,8 +546,8 @@ class TraceDevice:
                 )
             self.spec = DeviceSpec.unknown(name)
         self.device_index = device_index
-        self._seed = seed
-        self._rngs: dict[tuple[str, str], np.random.Generator] = {}
+        self._owns_noise = noise is None
+        self._noise = LaunchNoise(seed) if noise is None else noise
 
     def workloads(self) -> list[Workload]:
         return list(self._spaces)
@@ -526,16 +564,12 @@ class TraceDevice:
         times = self._times(workload, config)
         if times is None:
             return LaunchResult.failed(max(n, 0))
-        cid = workload.space.config_id(config)
-        key = (workload.name, cid)
-        rng = self._rngs.get(key)
-        if rng is None:
-            words = [self._seed, zlib.crc32(workload.name.encode()), zlib.crc32(cid.encode())]
-            rng = self._rngs[key] = np.random.default_rng(np.random.SeedSequence(words))
-        return LaunchResult(rng.choice(times, size=max(n, 0)), np.ones(max(n, 0), dtype=bool))
+        durations = self._noise.draw(workload.name, workload.space.config_id(config), times, n)
+        return LaunchResult(durations, np.ones(max(n, 0), dtype=bool))
 
     def sample(self) -> dict[str, float] | None:
         return None  # cache files carry no device samples
 
     def close(self) -> None:
-        self._rngs.clear()
+        if self._owns_noise:  # a shared source is the fleet's, not this node's, to reset
+            self._noise.clear()

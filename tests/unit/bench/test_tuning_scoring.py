@@ -303,3 +303,54 @@ def test_the_warm_run_gets_a_node_of_its_own(tmp_path: Path) -> None:
     # A new config in every window from the second on, as a cold node has (the first
     # window measures the start config), until the optimum is found.
     assert len(rounds) >= 4 and rounds == [2, *range(2, len(rounds) + 1)], rounds
+
+
+def test_the_fleets_nodes_draw_one_noise_source_with_the_one_node_run(tmp_path: Path) -> None:
+    from kernelstream.bench.tuning import _loop
+
+    # Paired fleet figures: a config launched by any node of four sees the durations the
+    # single node of the same seed sees for it (each node drew its own before, so the
+    # one-node and four-node runs of a seed differed in their noise as well).
+    write_toy_cache(tmp_path / "toy.json.gz")
+    path = str(tmp_path / "toy.json.gz")
+    fleet, one = _loop([path], 3, 4, budget=0), _loop([path], 3, 1, budget=0)
+    w = one.nodes[0].workload
+    config = {"block_size_x": 64, "tile_size_x": 2}
+    first = one.nodes[0].device.launch(w, config, 40).duration_us
+    got = [fleet.nodes[i].device.launch(w, config, 10).duration_us for i in (2, 0, 3, 1)]
+    assert list(itertools.chain(*got)) == list(first)
+
+
+def test_paired_log_ratio_counts_misses_and_brackets_the_mean() -> None:
+    from kernelstream.bench.tuning_score import paired_log_ratio
+
+    r = paired_log_ratio([40, 90, None, 60], [10, 30, 100, 20], miss=401)
+    assert r is not None and r["seeds"] == 4
+    logs = [math.log(4), math.log(3), math.log(4.01), math.log(3)]
+    assert r["mean"] == pytest.approx(sum(logs) / 4)
+    low, high = r["ci90"]
+    assert low < r["mean"] < high and r["se"] > 0
+    # The same ratio on every seed: no spread, however spread the seeds' counts are.
+    exact = paired_log_ratio([30, 300, 3], [10, 100, 1], miss=401)
+    assert exact is not None and exact["ci90"] == pytest.approx([math.log(3)] * 2)
+    assert paired_log_ratio([5], [2], miss=401) is None
+    with pytest.raises(ValueError, match="different lengths"):
+        paired_log_ratio([5, 6], [2], miss=401)
+
+
+def test_fleet_and_warm_lines_give_the_paired_ratio_on_their_own_seeds(tmp_path: Path) -> None:
+    truth = write_toy_cache(tmp_path / "toy_a100.json.gz")
+    write_toy_cache(tmp_path / "toy_a4000.json.gz", device_name="NVIDIA RTX A4000")
+    # More warm and fleet seeds than seeds: the extra seeds get cold runs of their own.
+    report = _bench(tmp_path, seeds=1, fleet_seeds=3, warm_seeds=2)
+    sp = report["spaces"]["toy_a100.json.gz"]
+    assert sp["fleet"]["1_node"]["seeds"] == 3 and sp["fleet"]["paired"]["seeds"] == 3
+    warm = sp["warm"]
+    assert warm["seeds"] == [0, 1] and len(warm["cold_per_seed"]) == 2
+    assert warm["paired"]["seeds"] == 2
+    path = str(tmp_path / "toy_a100.json.gz")
+    cold = _run_kernelstream(path, seed=1, budget=12)["curve"]
+    assert warm["cold_per_seed"][1] == _evals_to(cold, min(truth.values()) * 1.05)
+    table = format_table(report)
+    assert "paired mean log(one node / four)" in table
+    assert "paired mean log(warm / cold)" in table and "over 2 seeds" in table

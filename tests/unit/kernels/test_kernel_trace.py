@@ -270,3 +270,46 @@ def test_real_tuning_spaces(real_spaces: Path) -> None:
             assert w.default["tile_stride_x"] == 0
         elif w.name.startswith("convolution") and "milo" in f.name:
             assert w.space.size() == 4362  # 4201 measured + 161 that failed
+
+
+def _conv_config(bx: int) -> dict[str, int]:
+    return {"block_size_x": bx, "block_size_y": 1, "filter_width": 15, "filter_height": 15}
+
+
+def test_a_configs_launches_are_one_stream_however_split_and_shared(tmp_path: Path) -> None:
+    from kernelstream.kernels.backends.trace import LaunchNoise, TraceDevice
+
+    # Common random numbers: the k-th launch of a config draws the same duration whether
+    # one node launches it in one call or the nodes of a fleet (one noise source) launch
+    # it in pieces between other configs, so runs of one seed differ only by the tuner.
+    f = _cache(tmp_path / "conv.json")
+    alone = TraceDevice(f, seed=7)
+    (w,) = alone.workloads()
+    whole = alone.launch(w, _conv_config(32), 200).duration_us
+    noise = LaunchNoise(7)
+    a, b = TraceDevice(f, noise=noise), TraceDevice(f, noise=noise)
+    pieces = [a.launch(w, _conv_config(32), 50).duration_us]
+    b.launch(w, _conv_config(16), 33)  # another config's launches draw from their own stream
+    pieces.append(b.launch(w, _conv_config(32), 70).duration_us)
+    a.launch(w, _conv_config(64), 9)
+    pieces.append(a.launch(w, _conv_config(32), 80).duration_us)
+    np.testing.assert_array_equal(np.concatenate(pieces), whole)
+    b.close()  # a node closing does not reset the fleet's streams
+    assert not np.array_equal(a.launch(w, _conv_config(32), 50).duration_us, whole[:50])
+
+
+def test_launch_noise_stays_independent_uniform_draws_of_the_measured_times() -> None:
+    from kernelstream.kernels.backends.trace import LaunchNoise
+
+    times = np.array([2.9, 3.0, 3.1])
+    noise = LaunchNoise(11)
+    draws = np.concatenate([noise.draw("k", "c", times, n) for n in (1, 999, 29_000, 30_000)])
+    assert len(draws) == 60_000
+    # Each measured time a third of the draws (binomial sd 0.0019), consecutive draws
+    # equal a third of the time (no serial dependence across calls), and another
+    # config's stream is not this one.
+    share = np.array([np.mean(draws == t) for t in times])
+    assert np.all(np.abs(share - 1 / 3) < 0.01), share
+    assert abs(np.mean(draws[1:] == draws[:-1]) - 1 / 3) < 0.01
+    other = noise.draw("k", "other", times, 60_000)
+    assert abs(np.mean(other == draws) - 1 / 3) < 0.01
