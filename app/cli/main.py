@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -225,8 +226,26 @@ def broker(engine: str, brokers: int, port: int, log_dir: Path, create_topics: b
         if create_topics:
             asyncio.run(ensure_topics(settings, b.bootstrap))
         click.echo(f"broker ready: KAFKA_BOOTSTRAP={b.bootstrap} (log: {b.log_path})")
-        with contextlib.suppress(KeyboardInterrupt):
-            signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        _wait_for_stop_signal()
+
+
+def _wait_for_stop_signal() -> None:
+    """Return on SIGINT or SIGTERM. Python's handlers run on the main thread between
+    bytecodes, so it waits in short steps: ``signal.sigwait`` once hung here after a
+    Ctrl-C (a process-wide signal may be taken by another thread, which sigwait never
+    sees)."""
+    stopped = threading.Event()
+
+    def stop(signum: int, frame: object) -> None:
+        stopped.set()
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stopped.wait(0.2):
+            pass
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 @contextlib.contextmanager
