@@ -164,10 +164,10 @@ def _packed_launch(k: _Kernel) -> Callable[[], None]:
     stream = k.cp.cuda.get_current_stream().ptr
     smem, address = k.geo.dynamic_smem_bytes, ctypes.addressof(params)
 
-    def launch() -> None:
+    # The default argument keeps the packed arguments alive as long as the launcher.
+    def launch(_packed: tuple[Any, ...] = (holders, params)) -> None:
         driver.launchKernel(function, *grid, *block, smem, stream, address, 0)
 
-    launch.keep = (holders, params)  # type: ignore[attr-defined]  # alive as long as launch
     return launch
 
 
