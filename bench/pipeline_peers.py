@@ -46,6 +46,7 @@ from kernelstream.app.settings import Settings
 from kernelstream.bench.pipeline_input import FleetSpec, fleet_batches, produce_messages, recent_t0
 from kernelstream.bench.pipeline_procs import WorkerProc, bench_settings, running
 from kernelstream.bench.results import dated_stem
+from kernelstream.bench.worker_path import aggregates_pass, nonempty_windows, window_parts
 from kernelstream.schemas import LaunchBatch, WindowAggregate, decode, encode
 from kernelstream.schemas.binary import encode_launch_batch
 
@@ -60,15 +61,8 @@ _PEERS = {
 
 def reference_windows(batches: list[LaunchBatch], size_s: float) -> dict[_Key, dict[str, float]]:
     """count, mean and p95 of the durations of launches that ran, per window, from the input."""
-    parts: dict[_Key, list[np.ndarray]] = defaultdict(list)
-    for b in batches:
-        t, d = np.asarray(b.t_end), np.asarray(b.duration_us)
-        ok = np.asarray(b.ok, dtype=bool)
-        win = np.floor(t / size_s).astype(np.int64)
-        for w in np.unique(win):
-            parts[(b.stream_key, b.config_id, float(w * size_s))].append(d[(win == w) & ok])
     out = {}
-    for key, ds in parts.items():
+    for key, ds in window_parts(batches, size_s).items():
         d = np.concatenate(ds)
         if d.size:
             out[key] = {"count": d.size, "mean": d.mean(), "p95": np.percentile(d, 95)}
@@ -335,11 +329,18 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
         },
     }
     rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    parts = nonempty_windows(batches, 1.0)
     for r in range(opts["rounds"]):
         for wire, s in topics.items():
             rows[f"ceiling_{wire}"].append(
                 await _ceiling(broker.bootstrap, s.topic_launches, len(batches), wire == "binary")
             )
+        # What bounds any worker of these windows: their exact aggregates alone, timed here
+        # (in this process, the parts grouped beforehand) in the same rounds as the ceilings.
+        t0 = time.perf_counter()
+        aggregates_pass(parts)
+        seconds = time.perf_counter() - t0
+        rows["aggregates"].append({"seconds": seconds, "per_s": n / seconds})
         runs: list[tuple[str, Settings, str | None, float]] = [
             ("worker_json", topics["json"], None, 600.0),
             ("worker_binary", topics["binary"], None, 600.0),
@@ -414,6 +415,14 @@ def _table(r: dict[str, Any]) -> str:
                 f"match, {c['not_closed']} not closed"
             )
         lines.append(f"{name:<16}{med:>14,.0f}  {span:<28}{med / ceil[wire]:>11.2f}  {check}")
+    if "aggregates" in r and "ceiling_binary" in r:
+        agg_ns = 1e9 / r["aggregates"]["median_per_s"]
+        bound = {w: 1e9 / c / (1e9 / c + agg_ns) for w, c in ceil.items()}
+        lines.append(
+            f"exact aggregates alone (count, mean, p95 per window, grouped beforehand, one "
+            f"process): {agg_ns:.1f} ns/launch; a worker doing nothing else would reach "
+            f"{bound['binary']:.2f} of the binary ceiling and {bound['json']:.2f} of the JSON one"
+        )
     best_peer = max(
         (r[p]["median_per_s"] for p in ("faust_peer", "quix_peer") if p in r), default=0.0
     )

@@ -12,3 +12,39 @@ def test_worker_path_measures_both_passes_on_the_same_input() -> None:
     assert r["windows"] >= 64
     assert r["worker_ns_per_launch"] > 0 and r["ceiling_ns_per_launch"] > 0
     assert r["ratio"] == r["ceiling_ns_per_launch"] / r["worker_ns_per_launch"]
+
+
+def test_the_aggregate_bound_computes_the_reference_windows() -> None:
+    """The timed aggregates are the reference's count, mean and p95 (np.percentile)."""
+    import math
+
+    import numpy as np
+
+    from kernelstream.bench.pipeline_input import FleetSpec, fleet_batches, recent_t0
+    from kernelstream.bench.pipeline_peers import reference_windows
+    from kernelstream.bench.worker_path import aggregates_pass, nonempty_windows
+
+    fleet = FleetSpec(
+        nodes=2, launches_per_s_per_kernel=3000.0, seconds=2.0, max_launches=400, t0=recent_t0(2)
+    )
+    batches = list(fleet_batches(fleet))
+    ref = reference_windows(batches, 1.0)
+    parts = nonempty_windows(batches, 1.0)
+    assert len(parts) == len(ref) > 8
+    before = [[p.copy() for p in ps] for ps in parts]
+    want = sum(w["mean"] + w["p95"] for w in ref.values())
+    assert math.isclose(aggregates_pass(parts), want, rel_tol=1e-12)
+    # the parts are left as they were (not partitioned in place): every round times the
+    # same work
+    pairs = [
+        (p, q) for ps, qs in zip(parts, before, strict=True) for p, q in zip(ps, qs, strict=True)
+    ]
+    assert all(np.array_equal(p, q) for p, q in pairs)
+
+
+def test_binary_wire_prints_the_bound_of_any_worker() -> None:
+    r = measure(seconds=1.5, batch=500, rounds=1, wire="binary")
+    assert 0 < r["bound_vs_binary_ceiling"] < 1
+    assert r["bound_vs_binary_ceiling"] == r["zstd_ns_per_launch"] / (
+        r["zstd_ns_per_launch"] + r["aggregates_ns_per_launch"]
+    )
