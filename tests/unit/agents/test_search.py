@@ -597,8 +597,42 @@ def test_the_local_step_tries_a_value_past_the_measured_range() -> None:
     best = min(configs, key=cost)
     tiles = {}
     for rule in ("off", "local", "arm"):
-        s = ModelGuidedSearch(seed=0, n_init=1, acquisitions=("local",), beyond_range=rule)
+        # Unrounded means: rounded, the trees' ties among the unmeasured tiles fall
+        # another way and "off" may pick a tile too, which is not what this compares.
+        s = ModelGuidedSearch(
+            seed=0, n_init=1, acquisitions=("local",), beyond_range=rule, resolution=0.0
+        )
         p = s.propose(f, SPACE, group, best, lambda c: True)  # type: ignore[arg-type]
         assert p is not None and "(local)" in p.reason
         tiles[rule] = p.config["tile_size_x"]
     assert tiles == {"off": 1, "local": 4, "arm": 4}
+
+
+def test_measurements_enter_the_search_at_its_resolution() -> None:
+    s = ModelGuidedSearch(resolution=0.01)
+    centre = 1.01**500
+    assert s._resolved(centre * 1.004) == s._resolved(centre / 1.004) == pytest.approx(centre)
+    assert s._resolved(centre * 1.006) == pytest.approx(centre * 1.01)
+    assert ModelGuidedSearch(resolution=0.0)._resolved(centre * 1.004) == centre * 1.004
+
+    def group(jitter: float) -> GroupStats:
+        # the same configs, their means on the resolution's grid, moved by +-jitter
+        g = GroupStats()
+        for k, c in enumerate(itertools.islice(SPACE, 12)):
+            us = 1.01 ** round(math.log(cost(c)) / math.log(1.01)) * (1 + jitter * (-1) ** k)
+            g.configs[SPACE.config_id(c)] = Measurement(dict(c), 10, 10 * us, 1)
+        return g
+
+    f = SimpleNamespace(classification="x")
+    for seed in range(6):
+        a, b = (
+            ModelGuidedSearch(seed=seed).propose(
+                f,  # type: ignore[arg-type]
+                SPACE,
+                group(jitter),
+                SPACE.start_config(),
+                lambda c: True,
+            )
+            for jitter in (0.0, 0.003)
+        )
+        assert a is not None and b is not None and a.config == b.config
