@@ -111,11 +111,16 @@ def check_unique_keys(data: bytes, obj: object) -> None:
 
     A JSON parser keeps the last of two equal keys, so ``{"kernel": "a", "kernel": "b"}``
     would pass as "b" while other readers may see "a". orjson does not report them: the
-    keys in the text are counted (one regular-expression scan, C speed; launch columns
-    hold no strings) against the keys parsed, and only where they differ is the text
-    parsed again key by key to tell which.
+    keys in the text are counted (its colons, or one regular-expression scan where a
+    string holds a colon; launch columns hold no strings) against the keys parsed, and
+    only where they differ is the text parsed again key by key to tell which.
     """
-    if len(_KEY_END.findall(data)) == _count_keys(obj):
+    n = _count_keys(obj)
+    # Every key in the text is followed by exactly one ':' and a repeated key adds one
+    # that the parsed objects do not have, so where the colons in the text are exactly
+    # the keys parsed (no string holds a ':') nothing repeats. Counting one byte is
+    # about twice as fast as the key scan below, which handles the other messages.
+    if data.count(b":") == n or len(_KEY_END.findall(data)) == n:
         return
     try:
         json.loads(data, object_pairs_hook=_unique_pairs)
