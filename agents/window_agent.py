@@ -205,6 +205,9 @@ class WindowAgentStats:
     duplicates: int = 0
     checkpoints: int = 0
     restored_partitions: int = 0
+    # Consumer polls that returned messages, and the messages they returned.
+    polls: int = 0
+    polled_messages: int = 0
     # Where the agent's loop spends its time, seconds by stage, from the first batch on
     # (perf_counter twice per stage per batch: ~0.1 ns per launch). fetch = aiokafka
     # getmany with data (decompression included); decode = orjson + validation into
@@ -321,6 +324,9 @@ class WindowIngest(Service):
             try:
                 t0 = time.perf_counter()
                 fetched = await consumer.getmany(timeout_ms=200, max_records=_MAX_POLL_RECORDS)
+                if fetched:
+                    self.stats.polls += 1
+                    self.stats.polled_messages += sum(len(m) for m in fetched.values())
                 if fetched and self.stats.first_batch_at is not None:
                     # Not an empty poll or the wait for the first data: those are idle.
                     stage["fetch"] += time.perf_counter() - t0

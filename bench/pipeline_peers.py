@@ -207,7 +207,12 @@ _IDLE_S = 5.0  # idle seconds measured before the scale-out input is produced
 
 
 async def _scale_out(
-    broker: EmbeddedBroker, items: list[tuple[bytes, bytes]], n: int, k: int, run_dir: Path
+    broker: EmbeddedBroker,
+    items: list[tuple[bytes, bytes]],
+    n: int,
+    k: int,
+    run_dir: Path,
+    busy_loop: bool = False,
 ) -> dict[str, Any]:
     """``k`` workers in one group: each one's rate and the group's CPU per launch.
 
@@ -217,6 +222,10 @@ async def _scale_out(
     nothing to do (timers, heartbeats, empty fetches, and the half second between two
     looks at their stats), which k workers pay k times over: measured first, idle, for
     ``_IDLE_S``, it is also taken off for a marginal CPU per launch.
+
+    ``busy_loop``: a process spinning in a busy loop runs beside the workers throughout,
+    the control for k workers: what sharing the machine's cores with anything costs a
+    worker per launch, with no second worker in its group.
     """
     import psutil
 
@@ -231,6 +240,11 @@ async def _scale_out(
         )
         for i in range(k)
     ]
+    spin = (
+        await asyncio.create_subprocess_exec(sys.executable, "-c", "while True: pass")
+        if busy_loop
+        else None
+    )
     try:
         for w in procs:
             w.start()
@@ -264,14 +278,24 @@ async def _scale_out(
     finally:
         for w in procs:
             w.stop()
+        if spin is not None:
+            spin.kill()
+            await spin.wait()
     per_worker = []
     for st in stats:
         win = (st or {}).get("window") or {}
         span = (win.get("last_batch_at") or 0) - (win.get("first_batch_at") or 0)
         got = win.get("launches", 0)
-        per_worker.append({"launches": got, "per_s": got / span if span > 0 else 0.0})
+        per_worker.append(
+            {
+                "launches": got,
+                "per_s": got / span if span > 0 else 0.0,
+                "messages_per_poll": win.get("polled_messages", 0) / max(win.get("polls", 0), 1),
+            }
+        )
     return {
         "workers": k,
+        "busy_loop": busy_loop,
         "launches": done,
         "per_worker": per_worker,
         "cpu_s": cpu1 - cpu0,
@@ -392,7 +416,8 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
     if opts["workers"] > 1:
         items = [(b.stream_key.encode(), encode_launch_batch(b)) for b in batches]
         out["scale_out"] = [
-            await _scale_out(broker, items, n, k, run_dir) for k in (1, opts["workers"])
+            await _scale_out(broker, items, n, k, run_dir, busy)
+            for k, busy in ((1, False), (1, True), (opts["workers"], False))
         ]
     out["load_avg_end"] = os.getloadavg()
     return out
@@ -467,9 +492,13 @@ def _table(r: dict[str, Any]) -> str:
         )
     for so in r.get("scale_out", []):
         rates = ", ".join(f"{w['per_s'] / 1e6:.2f}M" for w in so["per_worker"])
+        beside = " beside a busy loop" if so.get("busy_loop") else ""
+        per_poll = ", ".join(f"{w.get('messages_per_poll', 0):.0f}" for w in so["per_worker"])
         lines.append(
-            f"{so['workers']} worker(s) in one group: {so['launches']:,} launches, per worker "
-            f"{rates} launches/s, CPU {so['cpu_ns_per_launch']:.0f} ns per launch"
+            f"{so['workers']} worker(s){beside} in one group: {so['launches']:,} launches, "
+            "per worker "
+            f"{rates} launches/s ({per_poll} messages per poll), "
+            f"CPU {so['cpu_ns_per_launch']:.0f} ns per launch"
             + (
                 f" ({so['marginal_cpu_ns_per_launch']:.0f} beyond the "
                 f"{so['idle_cpu_per_s'] * 1e3:.0f} ms/s the workers spend idle, over "
@@ -493,7 +522,8 @@ def _table(r: dict[str, Any]) -> str:
     type=int,
     default=1,
     show_default=True,
-    help="N > 1: also 1 and N workers in one group (binary input): rates and CPU per launch.",
+    help="N > 1: also 1 and N workers in one group (binary input), and 1 beside a busy loop "
+    "(the cost of sharing the cores): rates and CPU per launch.",
 )
 @click.option(
     "--baseline",
