@@ -326,10 +326,10 @@ class WindowIngest(Service):
                 fetched = await consumer.getmany(timeout_ms=200, max_records=_MAX_POLL_RECORDS)
                 if fetched:
                     self.stats.polls += 1
-                    self.stats.polled_messages += sum(len(m) for m in fetched.values())
-                if fetched and self.stats.first_batch_at is not None:
-                    # Not an empty poll or the wait for the first data: those are idle.
-                    stage["fetch"] += time.perf_counter() - t0
+                    self.stats.polled_messages += sum(map(len, fetched.values()))
+                    if self.stats.first_batch_at is not None:
+                        # Not an empty poll or the wait for the first data: those are idle.
+                        stage["fetch"] += time.perf_counter() - t0
             except ConsumerStoppedError:
                 break
             async with self._lock:

@@ -47,6 +47,7 @@ __all__ = [
     "aggregate_reference",
     "launch_rows",
     "make_example_batch",
+    "percentiles",
 ]
 
 _SNAPSHOT_VERSION = 2
@@ -613,7 +614,7 @@ def _aggregate_acc(acc: _Acc, window: int, config_id: str, size_s: float) -> Win
     stats: dict[str, float] = dict.fromkeys(_DURATION_STATS, 0.0)
     stats["busy_fraction"] = stats["idle_gap_mean_us"] = 0.0
     if d.size:
-        p50, p95 = _percentiles(d, (50.0, 95.0))
+        p50, p95 = percentiles(d, (50.0, 95.0))
         # What d.mean() and d.std() compute, the same operations in the same order
         # (bit-identical), without their Python-level wrappers: a third of closing a
         # 1,000-launch window (many small streams).
@@ -816,7 +817,7 @@ def _reference_one(
     )
 
 
-def _percentiles(values: _F64, qs: Sequence[float]) -> list[float]:
+def percentiles(values: _F64, qs: Sequence[float]) -> list[float]:
     """:func:`_percentile` of unsorted ``values``: partial sorts at the needed ranks only.
 
     This is the largest cost of closing a window of tens of thousands of launches.
