@@ -1,13 +1,16 @@
 """A peer: the windowed aggregates written as a Faust user would, NumPy per message.
 
 Run as ``python -m kernelstream.bench.peer_faust`` with the benchmark's settings in the
-environment. One agent reads the batched launch messages (JSON), turns each message's
-columns into NumPy arrays, and keeps, per (stream, config, window), the durations of
-the launches that ran; a window closes when the stream's event time has passed its end
-plus the allowed lateness (the worker's watermark rule), or when its stream has been
-idle ``idle_timeout_s``. A closed window gives count, mean and p95 (NumPy's default
-linear percentile) of its durations. Progress and the closed windows are served as JSON
-on ``/ks/stats/`` and ``/ks/windows/``, so the benchmark can check them against the worker.
+environment. One agent reads the batched launch messages, turns each message's columns
+into NumPy arrays (``orjson`` and ``np.asarray`` for JSON; for kernelstream's binary layout,
+the project's own reader, :func:`schemas.binary.read_launch_batch`, whose columns are
+``np.frombuffer`` views, and ``orjson`` for the per-batch fields), and keeps, per stream,
+the durations of the launches that ran by (config, window); a window closes when the
+stream's event time has passed its end plus the allowed lateness (the worker's watermark
+rule), or when its stream has been idle ``idle_timeout_s``. A closed window gives count,
+mean and p95 (NumPy's default linear percentile) of its durations. Progress and the closed
+windows are served as JSON on ``/ks/stats/`` and ``/ks/windows/``, so the benchmark can
+check them against the worker.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import orjson
 
 from kernelstream.app.settings import load_settings
 from kernelstream.app.worker.faust_app import faust_broker_kwargs
+from kernelstream.schemas.binary import is_binary, read_launch_batch
 
 __all__ = ["main"]
 
@@ -43,21 +47,26 @@ def main() -> None:
     )
     topic = app.topic(s.topic_launches, key_serializer="raw", value_serializer="raw")
     size, slack = s.window_s, s.allowed_lateness_s + s.out_of_orderness_s
-    open_: dict[tuple[str, str, int], list[np.ndarray]] = defaultdict(list)
+    # stream -> (config, window) -> the durations that ran: a message closes only its own
+    # stream's windows, so it looks at those alone.
+    open_: dict[str, dict[tuple[str, int], list[np.ndarray]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
     max_t: dict[str, float] = {}
     seen_at: dict[str, float] = {}
     closed: list[dict[str, Any]] = []
     stats: dict[str, Any] = {"launches": 0, "first_batch_at": None, "last_batch_at": None}
 
     def close(stream: str, before: float) -> None:
-        for k in [k for k in open_ if k[0] == stream and (k[2] + 1) * size <= before]:
-            d = np.concatenate(open_.pop(k))
+        windows = open_[stream]
+        for k in [k for k in windows if (k[1] + 1) * size <= before]:
+            d = np.concatenate(windows.pop(k))
             if d.size:
                 closed.append(
                     {
-                        "stream": k[0],
-                        "config_id": k[1],
-                        "window_start": k[2] * size,
+                        "stream": stream,
+                        "config_id": k[0],
+                        "window_start": k[1] * size,
                         "count": int(d.size),
                         "mean": float(d.mean()),
                         "p95": float(np.percentile(d, 95)),
@@ -67,14 +76,21 @@ def main() -> None:
     @app.agent(topic)
     async def aggregate(stream: Any) -> None:
         async for value in stream:
-            rec = orjson.loads(value)
-            t = np.asarray(rec["t_end"], dtype=np.float64)
-            d = np.asarray(rec["duration_us"], dtype=np.float64)
-            ok = np.asarray(rec["ok"], dtype=bool)
+            if is_binary(value):
+                batch = read_launch_batch(value)
+                rec = orjson.loads(batch.meta_json)
+                t, d = batch.columns["t_end"], batch.columns["duration_us"]
+                ok = batch.columns["ok"].astype(bool)
+            else:
+                rec = orjson.loads(value)
+                t = np.asarray(rec["t_end"], dtype=np.float64)
+                d = np.asarray(rec["duration_us"], dtype=np.float64)
+                ok = np.asarray(rec["ok"], dtype=bool)
             key = f"{rec['node']}:{rec['device_index']}/{rec['kernel']}"
             win = np.floor(t / size).astype(np.int64)
+            windows = open_[key]
             for w in np.unique(win):
-                open_[(key, rec["config_id"], int(w))].append(d[(win == w) & ok])
+                windows[(rec["config_id"], int(w))].append(d[(win == w) & ok])
             max_t[key] = max(max_t.get(key, -np.inf), float(t.max()))
             close(key, max_t[key] - slack)
             now = time.time()

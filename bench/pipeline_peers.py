@@ -9,6 +9,8 @@ Each round runs, one process at a time, on fresh consumer groups:
 * worker JSON / worker binary   the real ``kernelstream worker``;
 * Faust peer       :mod:`bench.peer_faust`: a Faust agent over the JSON batches, NumPy per
                    message;
+* Faust peer binary   the same agent over the binary batches (the nodes' default wire),
+                   its columns read with the project's own reader;
 * Quix peer        :mod:`bench.peer_quix`: a Quix Streams application, tumbling windows
                    over one record per launch (``--quix-s`` caps its run);
 * baseline JSON / baseline binary   with ``--baseline DIR``, the worker of another
@@ -199,6 +201,9 @@ async def _system(
         "per_s": win["launches"] / seconds,
         "complete": win["launches"] >= n,
         "load_avg": os.getloadavg(),
+        "stage_s": win.get("stage_s"),
+        "polls": win.get("polls"),
+        "polled_messages": win.get("polled_messages"),
         "_windows": windows,
     }
 
@@ -393,6 +398,7 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
             ]
         if opts["peers"]:
             runs.append(("faust_peer", topics["json"], _PEERS["faust_peer"], 600.0))
+            runs.append(("faust_peer_binary", topics["binary"], _PEERS["faust_peer"], 600.0))
         if opts["peers"] and opts["quix_s"] > 0:
             runs.append(("quix_peer", topics["json"], _PEERS["quix_peer"], opts["quix_s"]))
         for name, base, module, cap in runs:
@@ -430,7 +436,7 @@ def _table(r: dict[str, Any]) -> str:
         f"({inp['launches_per_message_mean']:.0f} per message), "
         f"{inp['reference_windows']} reference windows; load average "
         f"{r['load_avg_start'][0]:.1f} -> {r['load_avg_end'][0]:.1f}",
-        f"{'system':<16}{'launches/s':>14}  {'rounds':<28}{'vs ceiling':>11}  windows check",
+        f"{'system':<18}{'launches/s':>14}  {'rounds':<28}{'vs ceiling':>11}  windows check",
     ]
     ceil = {w: r[f"ceiling_{w}"]["median_per_s"] for w in ("json", "binary") if f"ceiling_{w}" in r}
     for name in (
@@ -441,6 +447,7 @@ def _table(r: dict[str, Any]) -> str:
         "baseline_json",
         "baseline_binary",
         "faust_peer",
+        "faust_peer_binary",
         "quix_peer",
     ):
         if name not in r:
@@ -456,7 +463,7 @@ def _table(r: dict[str, Any]) -> str:
                 f"{'equal' if c['equal'] else 'DIFFERENT'}: {c['matching']}/{c['windows']} "
                 f"match, {c['not_closed']} not closed"
             )
-        lines.append(f"{name:<16}{med:>14,.0f}  {span:<28}{med / ceil[wire]:>11.2f}  {check}")
+        lines.append(f"{name:<18}{med:>14,.0f}  {span:<28}{med / ceil[wire]:>11.2f}  {check}")
     if "aggregates" in r and "ceiling_binary" in r:
         agg_ns = 1e9 / r["aggregates"]["median_per_s"]
         bound = {w: 1e9 / c / (1e9 / c + agg_ns) for w, c in ceil.items()}
@@ -465,14 +472,13 @@ def _table(r: dict[str, Any]) -> str:
             f"process): {agg_ns:.1f} ns/launch; a worker doing nothing else would reach "
             f"{bound['binary']:.2f} of the binary ceiling and {bound['json']:.2f} of the JSON one"
         )
-    best_peer = max(
-        (r[p]["median_per_s"] for p in ("faust_peer", "quix_peer") if p in r), default=0.0
-    )
-    if best_peer and "worker_binary" in r:
-        lines.append(
-            f"worker binary / best peer = {r['worker_binary']['median_per_s'] / best_peer:.2f}; "
-            f"worker JSON / best peer = {r['worker_json']['median_per_s'] / best_peer:.2f}"
-        )
+    for wire, peers in (("json", ("faust_peer", "quix_peer")), ("binary", ("faust_peer_binary",))):
+        best = max((r[p]["median_per_s"] for p in peers if p in r), default=0.0)
+        if best and f"worker_{wire}" in r:
+            lines.append(
+                f"worker / best peer on the same {wire} messages = "
+                f"{r[f'worker_{wire}']['median_per_s'] / best:.2f}"
+            )
     for wire in ("json", "binary"):
         if f"baseline_{wire}" in r:
             paired = [
