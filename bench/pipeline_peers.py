@@ -218,6 +218,7 @@ async def _scale_out(
     k: int,
     run_dir: Path,
     busy_loop: bool = False,
+    separate: bool = False,
 ) -> dict[str, Any]:
     """``k`` workers in one group: each one's rate and the group's CPU per launch.
 
@@ -231,20 +232,34 @@ async def _scale_out(
     ``busy_loop``: a process spinning in a busy loop runs beside the workers throughout,
     the control for k workers: what sharing the machine's cores with anything costs a
     worker per launch, with no second worker in its group.
+
+    ``separate``: the control for the group itself: each of the ``k`` workers has its own
+    topic and group and the whole input on it (k times the launches, produced to the k
+    topics at once), so the workers share the machine as k workers of one group do and
+    each receives launches at the rate a member of one group does (the producers share
+    the cores too), but no group spreads a topic's partitions over them.
     """
     import psutil
 
     s = bench_settings(broker.bootstrap, run_dir / "state", window_s=1.0)
-    await ensure_topics(s, broker.bootstrap)
+    groups = [
+        bench_settings(broker.bootstrap, run_dir / "state", window_s=1.0) if i else s
+        for i in range(k if separate else 1)
+    ]
+    for g in groups:
+        await ensure_topics(g, broker.bootstrap)
     for i in range(k):
         (s.data_dir / f"w{i}").mkdir(parents=True, exist_ok=True)
     procs = [
         WorkerProc(
-            s.model_copy(update={"web_port": free_port(), "data_dir": s.data_dir / f"w{i}"}),
-            run_dir / f"scale-{k}-{i}.log",
+            groups[i if separate else 0].model_copy(
+                update={"web_port": free_port(), "data_dir": s.data_dir / f"w{i}"}
+            ),
+            run_dir / f"scale-{k}-{i}{'-separate' if separate else ''}.log",
         )
         for i in range(k)
     ]
+    n *= len(groups)
     spin = (
         await asyncio.create_subprocess_exec(sys.executable, "-c", "while True: pass")
         if busy_loop
@@ -269,8 +284,18 @@ async def _scale_out(
         await asyncio.sleep(_IDLE_S)
         cpu0, t0 = sum(sum(p.cpu_times()[:2]) for p in ps), time.monotonic()
         idle_cpu_per_s = (cpu0 - idle0) / (t0 - t_idle)
-        await produce_messages(
-            broker.bootstrap, s.topic_launches, items, compression_type=s.producer_compression()
+        # one producer per topic, all at once: each separate worker gets its input at the
+        # rate a worker of one group gets its share
+        await asyncio.gather(
+            *(
+                produce_messages(
+                    broker.bootstrap,
+                    g.topic_launches,
+                    items,
+                    compression_type=s.producer_compression(),
+                )
+                for g in groups
+            )
         )
         deadline = time.monotonic() + 600
         while True:
@@ -301,6 +326,7 @@ async def _scale_out(
     return {
         "workers": k,
         "busy_loop": busy_loop,
+        "separate": separate,
         "launches": done,
         "per_worker": per_worker,
         "cpu_s": cpu1 - cpu0,
@@ -422,8 +448,13 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
     if opts["workers"] > 1:
         items = [(b.stream_key.encode(), encode_launch_batch(b)) for b in batches]
         out["scale_out"] = [
-            await _scale_out(broker, items, n, k, run_dir, busy)
-            for k, busy in ((1, False), (1, True), (opts["workers"], False))
+            await _scale_out(broker, items, n, k, run_dir, busy, separate)
+            for k, busy, separate in (
+                (1, False, False),
+                (1, True, False),
+                (opts["workers"], False, False),
+                (opts["workers"], False, True),
+            )
         ]
     out["load_avg_end"] = os.getloadavg()
     return out
@@ -499,9 +530,14 @@ def _table(r: dict[str, Any]) -> str:
     for so in r.get("scale_out", []):
         rates = ", ".join(f"{w['per_s'] / 1e6:.2f}M" for w in so["per_worker"])
         beside = " beside a busy loop" if so.get("busy_loop") else ""
+        groups = (
+            "each in its own group, each the whole input"
+            if so.get("separate")
+            else ("in one group")
+        )
         per_poll = ", ".join(f"{w.get('messages_per_poll', 0):.0f}" for w in so["per_worker"])
         lines.append(
-            f"{so['workers']} worker(s){beside} in one group: {so['launches']:,} launches, "
+            f"{so['workers']} worker(s){beside} {groups}: {so['launches']:,} launches, "
             "per worker "
             f"{rates} launches/s ({per_poll} messages per poll), "
             f"CPU {so['cpu_ns_per_launch']:.0f} ns per launch"
@@ -528,8 +564,9 @@ def _table(r: dict[str, Any]) -> str:
     type=int,
     default=1,
     show_default=True,
-    help="N > 1: also 1 and N workers in one group (binary input), and 1 beside a busy loop "
-    "(the cost of sharing the cores): rates and CPU per launch.",
+    help="N > 1: also 1 and N workers in one group (binary input), 1 beside a busy loop "
+    "(the cost of sharing the cores), and N each in its own group with the whole input "
+    "(the cost of the group): rates and CPU per launch.",
 )
 @click.option(
     "--baseline",
