@@ -172,23 +172,23 @@ def _is_pair(c: object) -> bool:
 
 def _columns(data: bytes, meta_json: bytes, pos: int, n: int) -> dict[str, npt.NDArray[Any]]:
     plan = _plan_of(meta_json)
-    end = pos + _columns_bytes(plan, n)
+    # Each column's offset, and the end of the last one, inline: this runs on every batch
+    # a worker reads, and a call per column was a third of splitting a 182-launch batch.
+    offsets = []
+    end = pos
+    for _, _, itemsize in plan:
+        offsets.append(end)
+        size = itemsize * n
+        end += size + (-size % 8)
     if end != len(data):
         _check_lengths(data, plan, pos, n)  # raises, naming the column that is cut off
         raise SchemaError(
             f"binary launch batch has {len(data) - end} bytes after its last column", "truncated"
         )
-    out: dict[str, npt.NDArray[Any]] = {}
-    for name, dtype, itemsize in plan:
-        out[name] = np.frombuffer(data, dtype=dtype, count=n, offset=pos)
-        size = itemsize * n
-        pos += size + _pad8(size)
-    return out
-
-
-def _columns_bytes(plan: list[tuple[str, np.dtype[Any], int]], n: int) -> int:
-    """Bytes of ``n`` launches' columns, each padded to a multiple of 8."""
-    return sum(itemsize * n + _pad8(itemsize * n) for _, _, itemsize in plan)
+    return {
+        name: np.frombuffer(data, dtype=dtype, count=n, offset=at)
+        for (name, dtype, _), at in zip(plan, offsets, strict=True)
+    }
 
 
 def _check_lengths(
