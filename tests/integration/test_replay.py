@@ -26,7 +26,7 @@ from kernelstream.app.replay.command import (
 )
 from kernelstream.app.settings import Settings
 from kernelstream.kernels.resolve import SpaceResolver
-from kernelstream.schemas import Finding, LaunchBatch, WindowAggregate
+from kernelstream.schemas import DeadLetter, Finding, LaunchBatch, WindowAggregate
 from tests.integration.helpers import TopicReader
 
 pytestmark = pytest.mark.integration
@@ -120,6 +120,7 @@ async def _live_run(settings: Settings) -> tuple[list[WindowAggregate], list[Fin
         settings.topic_windows,
         settings.topic_findings,
         settings.topic_late,
+        settings.topic_deadletter,
     ) as r:
         await r.until(lambda: len(r.records[settings.topic_windows]) >= 8, 90, "live windows")
         await asyncio.sleep(4.0)
@@ -152,7 +153,17 @@ async def _live_run(settings: Settings) -> tuple[list[WindowAggregate], list[Fin
             return sum(len(b.t_end) for b in r.records[settings.topic_late] if b is not None)
 
         def figures() -> str:
-            return f"launches made {total}, read {launches()}, windowed {windowed()}, late {late()}"
+            # A batch the worker refused is on the dead-letter topic with its reason: a
+            # timeout names it (none is expected here).
+            refused = [
+                f"{d.reason_code}: {d.reason[:200]}"
+                for d in r.records[settings.topic_deadletter]
+                if isinstance(d, DeadLetter)
+            ]
+            return (
+                f"launches made {total}, read {launches()}, windowed {windowed()}, "
+                f"late {late()}, dead letters {refused}"
+            )
 
         # The worker flushes the last windows once the keys are idle (processing time).
         await r.until(
