@@ -531,9 +531,7 @@ def _table(r: dict[str, Any]) -> str:
         rates = ", ".join(f"{w['per_s'] / 1e6:.2f}M" for w in so["per_worker"])
         beside = " beside a busy loop" if so.get("busy_loop") else ""
         groups = (
-            "each in its own group, each the whole input"
-            if so.get("separate")
-            else ("in one group")
+            "each in its own group, each the whole input" if so.get("separate") else "in one group"
         )
         per_poll = ", ".join(f"{w.get('messages_per_poll', 0):.0f}" for w in so["per_worker"])
         lines.append(
