@@ -197,6 +197,10 @@ class WindowAgentStats:
     windows: int = 0
     first_batch_at: float | None = None
     last_batch_at: float | None = None
+    # The process's CPU time (all its threads, user + system) at those two moments: a
+    # rate per core for the benchmark, whatever threads the process runs.
+    cpu_at_first_batch: float | None = None
+    cpu_at_last_batch: float | None = None
     assigned_at: float | None = None
     assigned_partitions: int = 0
     handovers_out: int = 0
@@ -410,6 +414,7 @@ class WindowIngest(Service):
             await self.publish(closed)
         stage["emit"] += time.perf_counter() - t0
         self.stats.last_batch_at = time.time()
+        self.stats.cpu_at_last_batch = time.process_time()
 
     async def _admit(self, event: Any, cols: LaunchColumns) -> LaunchColumns | None:
         """The batch's launches not counted before, or None (dead-lettered with the reason).
@@ -443,6 +448,7 @@ class WindowIngest(Service):
         ctx.counters["launches.in"] += n
         if stats.first_batch_at is None:
             stats.first_batch_at = now
+            stats.cpu_at_first_batch = time.process_time()
         keys.add(key)
         if self.detector is not None:
             self.detector.on_batch(cols)

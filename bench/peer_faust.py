@@ -55,7 +55,9 @@ def main() -> None:
     max_t: dict[str, float] = {}
     seen_at: dict[str, float] = {}
     closed: list[dict[str, Any]] = []
-    stats: dict[str, Any] = {"launches": 0, "first_batch_at": None, "last_batch_at": None}
+    stats: dict[str, Any] = dict.fromkeys(
+        ("first_batch_at", "last_batch_at", "cpu_at_first_batch", "cpu_at_last_batch")
+    ) | {"launches": 0}
 
     def close(stream: str, before: float) -> None:
         windows = open_[stream]
@@ -98,7 +100,9 @@ def main() -> None:
             stats["launches"] += int(t.size)
             if stats["first_batch_at"] is None:
                 stats["first_batch_at"] = now
+                stats["cpu_at_first_batch"] = time.process_time()
             stats["last_batch_at"] = now
+            stats["cpu_at_last_batch"] = time.process_time()
 
     @app.timer(interval=0.5)
     async def idle() -> None:

@@ -50,15 +50,20 @@ def main() -> None:
     s = load_settings()
     size_ms = round(s.window_s * 1000)
     grace_ms = round((s.allowed_lateness_s + s.out_of_orderness_s) * 1000)
-    stats: dict[str, Any] = {"launches": 0, "first_batch_at": None, "last_batch_at": None}
+    stats: dict[str, Any] = dict.fromkeys(
+        ("first_batch_at", "last_batch_at", "cpu_at_first_batch", "cpu_at_last_batch")
+    ) | {"launches": 0}
     closed: list[dict[str, Any]] = []
     _serve(s.web_port, stats, closed)
 
     def launches(rec: dict[str, Any]) -> list[dict[str, Any]]:
         now = time.time()
         stats["launches"] += len(rec["t_end"])
-        stats["first_batch_at"] = stats["first_batch_at"] or now
+        if stats["first_batch_at"] is None:
+            stats["first_batch_at"] = now
+            stats["cpu_at_first_batch"] = time.process_time()
         stats["last_batch_at"] = now
+        stats["cpu_at_last_batch"] = time.process_time()
         c = rec["config_id"]
         return [
             {"c": c, "t": t, "d": d}

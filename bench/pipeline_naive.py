@@ -38,7 +38,9 @@ def main() -> None:
     counts = app.Table("launch_counts", default=int, partitions=s.partitions).tumbling(
         s.window_s, expires=timedelta(seconds=60)
     )
-    stats: dict[str, Any] = {"launches": 0, "first_batch_at": None, "last_batch_at": None}
+    stats: dict[str, Any] = dict.fromkeys(
+        ("first_batch_at", "last_batch_at", "cpu_at_first_batch", "cpu_at_last_batch")
+    ) | {"launches": 0}
 
     @app.agent(topic)
     async def count(stream: Any) -> None:
@@ -49,7 +51,9 @@ def main() -> None:
             now = time.time()
             if stats["first_batch_at"] is None:
                 stats["first_batch_at"] = now
+                stats["cpu_at_first_batch"] = time.process_time()
             stats["last_batch_at"] = now
+            stats["cpu_at_last_batch"] = time.process_time()
 
     @app.page("/ks/stats/")
     async def page(web: Any, request: Any) -> Any:

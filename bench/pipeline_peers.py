@@ -21,7 +21,9 @@ Every system computes count, mean and p95 of the durations per (stream, config, 
 window). Their closed windows are checked against a reference computed from the input
 batches with NumPy: a window matches when its count is equal and mean and p95 agree to
 1e-9 relative. Rates are each process's launches over its own first-to-last batch time;
-every system is one process, so a rate is a rate per core.
+each process also reads its own CPU clock (all its threads) at those two batches, so
+a rate per CPU second is a rate per core whatever threads a system runs (Faust's
+consumer, a worker's checkpoint writer). "cores" is CPU seconds per second.
 """
 
 from __future__ import annotations
@@ -116,11 +118,12 @@ async def _ceiling(bootstrap: str, topic: str, n_msgs: int, binary: bool) -> dic
     )
     await c.start()
     got = launches = 0
-    t0 = t1 = 0.0
+    t0 = t1 = cpu0 = cpu1 = 0.0
     try:
         while got < n_msgs:
             for msgs in (await c.getmany(timeout_ms=1000)).values():
-                t0 = t0 or time.perf_counter()
+                if not t0:
+                    t0, cpu0 = time.perf_counter(), time.process_time()
                 for m in msgs:
                     v = m.value
                     launches += (
@@ -129,11 +132,17 @@ async def _ceiling(bootstrap: str, topic: str, n_msgs: int, binary: bool) -> dic
                         else len(orjson.loads(v)["t_end"])
                     )
                     got += 1
-                t1 = time.perf_counter()
+                t1, cpu1 = time.perf_counter(), time.process_time()
     finally:
         await c.stop()
         zstd_decode.uninstall()
-    return {"launches": launches, "seconds": t1 - t0, "per_s": launches / (t1 - t0)}
+    return {
+        "launches": launches,
+        "seconds": t1 - t0,
+        "per_s": launches / (t1 - t0),
+        "cpu_s": cpu1 - cpu0,
+        "per_cpu_s": launches / (cpu1 - cpu0),
+    }
 
 
 async def _kernelstream_windows(s: Settings) -> list[dict[str, Any]]:
@@ -195,10 +204,14 @@ async def _system(
         )
     win = st["window"]
     seconds = win["last_batch_at"] - win["first_batch_at"]
+    # the process's own CPU clock over the same span, all its threads: a rate per core
+    cpu_s = win["cpu_at_last_batch"] - win["cpu_at_first_batch"]
     return {
         "launches": win["launches"],
         "seconds": seconds,
         "per_s": win["launches"] / seconds,
+        "cpu_s": cpu_s,
+        "per_cpu_s": win["launches"] / cpu_s,
         "complete": win["launches"] >= n,
         "load_avg": os.getloadavg(),
         "stage_s": win.get("stage_s"),
@@ -460,6 +473,14 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
     return out
 
 
+def _per_cpu(row: dict[str, Any]) -> float:
+    """Median launches per CPU second of a system's rounds (0 for results without it)."""
+    rounds = row["rounds"]
+    if not all("per_cpu_s" in x for x in rounds):
+        return 0.0
+    return float(statistics.median(x["per_cpu_s"] for x in rounds))
+
+
 def _table(r: dict[str, Any]) -> str:
     inp = r["input"]
     lines = [
@@ -467,7 +488,8 @@ def _table(r: dict[str, Any]) -> str:
         f"({inp['launches_per_message_mean']:.0f} per message), "
         f"{inp['reference_windows']} reference windows; load average "
         f"{r['load_avg_start'][0]:.1f} -> {r['load_avg_end'][0]:.1f}",
-        f"{'system':<18}{'launches/s':>14}  {'rounds':<28}{'vs ceiling':>11}  windows check",
+        f"{'system':<18}{'launches/s':>14}  {'rounds':<22}{'cores':>6}{'per CPU-s':>14}"
+        f"{'vs ceiling':>11}  windows check",
     ]
     ceil = {w: r[f"ceiling_{w}"]["median_per_s"] for w in ("json", "binary") if f"ceiling_{w}" in r}
     for name in (
@@ -487,6 +509,8 @@ def _table(r: dict[str, Any]) -> str:
         med = r[name]["median_per_s"]
         wire = "binary" if name.endswith("binary") else "json"
         span = f"{min(rounds) / 1e6:.2f}M-{max(rounds) / 1e6:.2f}M"
+        # CPU seconds per second (0 for results without CPU clocks)
+        cores = statistics.median(x.get("cpu_s", 0.0) / x["seconds"] for x in r[name]["rounds"])
         check = ""
         if "check" in r[name]["rounds"][-1]:
             c = r[name]["rounds"][-1]["check"]
@@ -494,7 +518,10 @@ def _table(r: dict[str, Any]) -> str:
                 f"{'equal' if c['equal'] else 'DIFFERENT'}: {c['matching']}/{c['windows']} "
                 f"match, {c['not_closed']} not closed"
             )
-        lines.append(f"{name:<18}{med:>14,.0f}  {span:<28}{med / ceil[wire]:>11.2f}  {check}")
+        lines.append(
+            f"{name:<18}{med:>14,.0f}  {span:<22}{cores:>6.2f}{_per_cpu(r[name]):>14,.0f}"
+            f"{med / ceil[wire]:>11.2f}  {check}"
+        )
     if "aggregates" in r and "ceiling_binary" in r:
         agg_ns = 1e9 / r["aggregates"]["median_per_s"]
         bound = {w: 1e9 / c / (1e9 / c + agg_ns) for w, c in ceil.items()}
@@ -505,10 +532,12 @@ def _table(r: dict[str, Any]) -> str:
         )
     for wire, peers in (("json", ("faust_peer", "quix_peer")), ("binary", ("faust_peer_binary",))):
         best = max((r[p]["median_per_s"] for p in peers if p in r), default=0.0)
+        best_cpu = max((_per_cpu(r[p]) for p in peers if p in r), default=0.0)
         if best and f"worker_{wire}" in r:
             lines.append(
                 f"worker / best peer on the same {wire} messages = "
-                f"{r[f'worker_{wire}']['median_per_s'] / best:.2f}"
+                f"{r[f'worker_{wire}']['median_per_s'] / best:.2f} per second, "
+                f"{_per_cpu(r[f'worker_{wire}']) / best_cpu:.2f} per CPU second"
             )
     for wire in ("json", "binary"):
         if f"baseline_{wire}" in r:
