@@ -178,6 +178,7 @@ def launch_batch_problem(
     *,
     config_problem: Callable[[LaunchBatch], str | None] | None = None,
     backstep_s: float = 0.0,
+    batch_key: str | None = None,
 ) -> SchemaError | None:
     """Why a well-formed launch batch must still be refused, or None.
 
@@ -188,9 +189,10 @@ def launch_batch_problem(
     the columns elsewhere (columnar decoding), else taken from ``batch.t_end``.
     ``config_problem`` (a :class:`ConfigCheck`) refuses a configuration outside the
     workload's space; ``backstep_s`` is how far the batch's end times go back
-    (:meth:`LaunchColumns.max_backstep`).
+    (:meth:`LaunchColumns.max_backstep`); ``batch_key`` is ``batch.stream_key`` when the
+    caller has it.
     """
-    if key != batch.stream_key:
+    if key != (batch_key or batch.stream_key):
         return SchemaError(
             f"key {key!r} is not the batch's stream key {batch.stream_key!r}: its launches "
             "would be windowed on the wrong partition",
@@ -411,6 +413,7 @@ class WorkerContext:
         from kernelstream.schemas.columnar import decode_launch_columns_many
 
         max_bytes = self.settings.max_message_bytes
+        limits, now = self.launch_limits, time.time()  # one poll, one reading of each
         errors: dict[int, SchemaError] = {}
         framed: list[tuple[int, bytes, str | None]] = []
         for i, event in enumerate(events):
@@ -428,12 +431,13 @@ class WorkerContext:
             problem = launch_batch_problem(
                 cols.meta,
                 key,
-                time.time(),
-                self.launch_limits,
+                now,
+                limits,
                 self.known_workload,
                 cols.t_range(),
                 config_problem=self.config_problem,
                 backstep_s=cols.max_backstep(),
+                batch_key=cols.key,
             )
             if problem is None:
                 out[i] = cols
@@ -478,4 +482,4 @@ def _value(event: Any, max_bytes: int) -> bytes:
         raise SchemaError(
             f"message of {len(value)} bytes exceeds the {max_bytes}-byte limit", "oversized"
         )
-    return bytes(value)
+    return value if type(value) is bytes else bytes(value)

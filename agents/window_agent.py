@@ -404,7 +404,7 @@ class WindowIngest(Service):
         except Exception as ex:
             await self._internal_error(event, ex)
             return
-        key = cols.meta.stream_key
+        key = cols.stream_key
         stage = self.stats.stage_s
         t0 = time.perf_counter()
         for too_late in late:
@@ -440,7 +440,7 @@ class WindowIngest(Service):
     ) -> tuple[list[LaunchBatch], list[WindowAggregate]]:
         """Count the launches; their too-late ones and the windows they closed."""
         stats, ctx, stage = self.stats, self.ctx, self.stats.stage_s
-        key = cols.meta.stream_key
+        key = cols.stream_key
         now = time.time()
         n = len(cols)
         stats.batches += 1

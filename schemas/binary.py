@@ -50,6 +50,9 @@ __all__ = ["MAGIC", "BinaryBatch", "encode_launch_batch", "is_binary", "read_lau
 MAGIC = b"KSLB"
 LAYOUT_VERSION = 1
 _HEAD = struct.Struct("<4sB3xIQI8x")  # 32 bytes
+HEAD_SIZE = _HEAD.size
+# (magic, version, n, seq_start, m) of a message at least HEAD_SIZE bytes long
+read_head = _HEAD.unpack_from
 
 
 def is_binary(data: bytes) -> bool:

@@ -33,7 +33,14 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from kernelstream.schemas.binary import BinaryBatch, is_binary, read_launch_batch
+from kernelstream.schemas.binary import (
+    HEAD_SIZE,
+    LAYOUT_VERSION,
+    BinaryBatch,
+    is_binary,
+    read_head,
+    read_launch_batch,
+)
 from kernelstream.schemas.codec import (
     MAX_MESSAGE_BYTES,
     _validate,
@@ -73,6 +80,14 @@ class LaunchColumns:
     # after the one before), else None: the edge check and the windower then skip the
     # comparison of the whole column that each would make.
     known_in_order: bool | None = None
+    # ``meta.stream_key`` when the decoder already has it (one string per stream, not
+    # one f-string per batch and reader), else None.
+    key: str | None = None
+
+    @property
+    def stream_key(self) -> str:
+        """The batch's stream key: ``meta.stream_key``."""
+        return self.key if self.key is not None else self.meta.stream_key
 
     def __len__(self) -> int:
         return int(self.t_end.size)
@@ -122,6 +137,7 @@ class LaunchColumns:
             None if self.host_waited is None else self.host_waited[k:],
             copies,
             known_in_order=self.known_in_order,  # a tail of an ordered column is ordered
+            key=self.key,
         )
 
     def to_batch(self) -> LaunchBatch:
@@ -174,6 +190,9 @@ def _wire_columns() -> list[tuple[str, str]]:
 #: The columns of a launch batch in the binary wire format (:mod:`schemas.binary`), in
 #: wire order, derived from :class:`LaunchColumns` so a column added there travels too.
 WIRE_COLUMNS: list[tuple[str, str]] = _wire_columns()
+if WIRE_COLUMNS != [("t_end", "<f8"), ("duration_us", "<f8"), ("ok", "|u1")]:
+    # _known_binary reads the columns at offsets that follow from this list
+    raise ImportError(f"binary layout columns {WIRE_COLUMNS}: update _known_binary to them")
 
 
 def decode_launch_columns(data: bytes) -> LaunchColumns:
@@ -421,9 +440,12 @@ def _struct_of(n: int) -> struct.Struct:
 
 # -- the binary layout -----------------------------------------------------------------
 
-# Header bytes already validated (the per-batch fields, ``seq_start`` apart): cleared
-# when it holds _META_CACHE_MAX entries, as the JSON cache is.
-_BIN_META: dict[bytes, LaunchBatch] = {}
+# Header bytes already validated (the per-batch fields, ``seq_start`` apart) -> those
+# fields, their fields-set with ``seq_start`` (what :func:`_with_seq_start` gives each
+# batch) and the stream key. Cleared when it holds _META_CACHE_MAX entries, as the JSON
+# cache is. A hit also tells :func:`_known_binary` the columns' layout: the header lists
+# them, and only a header whose list is exactly WIRE_COLUMNS was ever kept.
+_BIN_META: dict[bytes, tuple[LaunchBatch, set[str], str]] = {}
 
 
 def _binary_columns(bb: BinaryBatch, plain: _Plain | bool | None = True) -> LaunchColumns:
@@ -434,32 +456,34 @@ def _binary_columns(bb: BinaryBatch, plain: _Plain | bool | None = True) -> Laun
     knows it (:func:`decode_launch_columns_many`); True to find it out here.
     """
     cols = bb.columns
-    meta = _BIN_META.get(bb.meta_json)  # only headers without version 2 fields are kept
-    if meta is None and _v2_in_header(bb.meta_json):
+    hit = _BIN_META.get(bb.meta_json)  # only headers without version 2 fields are kept
+    if hit is None and _v2_in_header(bb.meta_json):
         return _binary_v2(bb)
     if plain is True:
         plain = _plain_binary(cols, bb.n)
     if not isinstance(plain, tuple):
         _validate(LaunchBatch, bb.to_wire())  # raises with the model's message
-    if meta is None:
+    if hit is None:
         obj = bb.meta()
         if obj.get("schema") != LaunchBatch.SCHEMA:
             _validate(LaunchBatch, obj)  # raises: unknown schema
         meta = _validate(LaunchBatch, obj | _PLACEHOLDER)
+        hit = (meta, meta.__pydantic_fields_set__ | {"seq_start"}, meta.stream_key)
         if not meta.samples:  # samples change every batch: not worth keeping
             if len(_BIN_META) >= _META_CACHE_MAX:
                 _BIN_META.clear()
-            _BIN_META[bb.meta_json] = meta
+            _BIN_META[bb.meta_json] = hit
     ok = cols.pop("ok").view(np.bool_)
     t_range, in_order = plain if isinstance(plain, tuple) else (None, None)
     # the columns are exactly t_end, duration_us and ok (read_launch_batch's plan)
     return LaunchColumns(
-        _with_seq_start(meta, bb.seq_start),
+        _with_seq_start(hit, bb.seq_start),
         cols["t_end"],
         cols["duration_us"],
         ok,
         t_range,
         known_in_order=in_order,
+        key=hit[2],
     )
 
 
@@ -495,18 +519,22 @@ def _v2_in_header(meta_json: bytes) -> bool:
     return any(name in meta_json and null not in meta_json for name, null in _V2_NEEDLES)
 
 
-def _with_seq_start(meta: LaunchBatch, seq_start: int) -> LaunchBatch:
-    """A shallow copy of the validated ``meta`` with another ``seq_start``.
+def _with_seq_start(hit: tuple[LaunchBatch, set[str], str], seq_start: int) -> LaunchBatch:
+    """A shallow copy of the validated per-batch fields ``hit[0]`` with another
+    ``seq_start``; ``hit[1]`` is their fields-set with ``seq_start`` (an :data:`_BIN_META`
+    entry).
 
     What ``meta.model_copy(update={"seq_start": ...})`` gives (no validation, shared
     nested values), built directly: pydantic's copy machinery cost ~3 us a batch, a
-    tenth of the binary decode of a 182-launch batch.
+    tenth of the binary decode of a 182-launch batch. The fields-set is shared by the
+    copies of one header: the model is frozen, so nothing adds to it.
     """
+    meta = hit[0]
     out = LaunchBatch.__new__(LaunchBatch)
     state = meta.__dict__.copy()
     state["seq_start"] = seq_start
     object.__setattr__(out, "__dict__", state)
-    object.__setattr__(out, "__pydantic_fields_set__", meta.__pydantic_fields_set__ | {"seq_start"})
+    object.__setattr__(out, "__pydantic_fields_set__", hit[1])
     object.__setattr__(out, "__pydantic_extra__", meta.__pydantic_extra__)
     object.__setattr__(out, "__pydantic_private__", meta.__pydantic_private__)
     return out
@@ -559,16 +587,41 @@ def decode_launch_columns_many(values: list[bytes]) -> list[LaunchColumns | Sche
     """
     out: list[LaunchColumns | SchemaError | None] = [None] * len(values)
     frames: list[tuple[int, BinaryBatch]] = []
+    known: list[tuple[int, _Known]] = []
     for i, data in enumerate(values):
         try:
             if len(data) <= MAX_MESSAGE_BYTES and is_binary(data):
-                frames.append((i, read_launch_batch(data)))
+                parts = _known_binary(data)
+                if parts is not None:
+                    known.append((i, parts))
+                else:
+                    frames.append((i, read_launch_batch(data)))
             else:
                 out[i] = decode_launch_columns(data)
         except SchemaError as exc:
             out[i] = exc
-    plains = _plain_binary_many([bb for _, bb in frames])
-    for (i, bb), plain in zip(frames, plains, strict=True):
+    columns: list[_Cols | None] = [(k[2], k[3], k[4]) for _, k in known]
+    columns += [_three_columns(bb.columns) for _, bb in frames]
+    plains = _plain_binary_many(columns)
+    for (i, (hit, seq_start, t, d, ok)), plain in zip(known, plains[: len(known)], strict=True):
+        if not isinstance(plain, tuple):
+            plain = _plain_binary({"t_end": t, "duration_us": d, "ok": ok}, t.size)
+        if plain is None:  # not plainly valid: the full decoder and the model decide
+            try:
+                out[i] = _binary_columns(read_launch_batch(values[i]), None)
+            except SchemaError as exc:
+                out[i] = exc
+            continue
+        out[i] = LaunchColumns(
+            _with_seq_start(hit, seq_start),
+            t,
+            d,
+            ok.view(np.bool_),
+            plain[0],
+            known_in_order=plain[1],
+            key=hit[2],
+        )
+    for (i, bb), plain in zip(frames, plains[len(known) :], strict=True):
         try:
             out[i] = _binary_columns(bb, plain)
         except SchemaError as exc:
@@ -576,19 +629,92 @@ def decode_launch_columns_many(values: list[bytes]) -> list[LaunchColumns | Sche
     return typing.cast("list[LaunchColumns | SchemaError]", out)  # every entry is set
 
 
-def _plain_binary_many(batches: list[BinaryBatch]) -> list[_Plain | bool | None]:
-    """:func:`_plain_binary` of each batch (True: not computed, the batch does it alone)."""
+# (header entry, seq_start, t_end, duration_us, ok as uint8) of a batch whose header
+# bytes were decoded before
+_Known = tuple[
+    tuple[LaunchBatch, set[str], str],
+    int,
+    npt.NDArray[np.float64],
+    npt.NDArray[np.float64],
+    npt.NDArray[np.uint8],
+]
+
+
+def _known_binary(data: bytes) -> _Known | None:
+    """The parts of a binary batch whose header bytes a batch decoded before had, in
+    one pass and two ``frombuffer`` calls; None for anything else (the full reader
+    decides, and names what is wrong).
+
+    A header that passed once declared exactly the layout's columns (the header lists
+    them, :func:`schemas.binary.read_launch_batch` refuses any other list), so with the
+    same header bytes only the lengths are left to check.
+    """
+    if len(data) < HEAD_SIZE:
+        return None
+    _, version, n, seq_start, m = read_head(data)
+    hit = _BIN_META.get(data[HEAD_SIZE : HEAD_SIZE + m])
+    if hit is None or version != LAYOUT_VERSION or not 1 <= n <= _MAX_LAUNCHES:
+        return None
+    pos = HEAD_SIZE + m + (-m % 8)
+    if pos + 17 * n + (-n % 8) != len(data):  # two f8 columns, one u1, the last padded
+        return None
+    f8 = np.frombuffer(data, dtype="<f8", count=2 * n, offset=pos)
+    ok = np.frombuffer(data, dtype=np.uint8, count=n, offset=pos + 16 * n)
+    return hit, seq_start, f8[:n], f8[n:], ok
+
+
+# (t_end, duration_us, ok) of one batch
+_Cols = tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]
+
+
+def _three_columns(cols: dict[str, npt.NDArray[Any]]) -> _Cols | None:
+    if cols.keys() != _KNOWN_COLUMNS:
+        return None
+    return cols["t_end"], cols["duration_us"], cols["ok"]
+
+
+def _plain_binary_many(batches: list[_Cols | None]) -> list[_Plain | bool | None]:
+    """:func:`_plain_binary` of each batch's (t_end, duration_us, ok) columns (True: not
+    computed, the batch does it alone; None given, None returned: not the known columns).
+    """
     res: list[_Plain | bool | None] = [True] * len(batches)
-    pick = [
-        i
-        for i, bb in enumerate(batches)
-        if 1 <= bb.n <= _MAX_LAUNCHES and bb.columns.keys() == _KNOWN_COLUMNS
-    ]
+    pick: list[int] = []
+    sel: list[_Cols] = []
+    for i, c in enumerate(batches):
+        if c is not None and 1 <= c[0].size <= _MAX_LAUNCHES:
+            pick.append(i)
+            sel.append(c)
     if len(pick) < 2:
         return res
-    sel = [batches[i] for i in pick]
-    t = np.concatenate([bb.columns["t_end"] for bb in sel])
-    sizes = np.fromiter((bb.n for bb in sel), dtype=np.int64, count=len(sel))
+    t = np.concatenate([c[0] for c in sel])
+    sizes = np.fromiter((c[0].size for c in sel), dtype=np.int64, count=len(sel))
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    # Each step back (NaN compares false) by the index of its later value: one into a
+    # batch's first value crosses from the batch before, any other is inside a batch.
+    back = np.flatnonzero(~(t[1:] >= t[:-1])) + 1
+    in_order = np.ones(len(sel), dtype=bool)
+    if back.size:
+        batch = np.searchsorted(ends, back, side="right")
+        in_order[batch[back != starts[batch]]] = False
+    lo, hi = t[starts], t[ends - 1]
+    for j in np.flatnonzero(~in_order).tolist():
+        part = t[starts[j] : ends[j]]
+        lo[j], hi[j] = part.min(), part.max()
+    d_bits = np.concatenate([c[1] for c in sel]).view("<u8")
+    ok = np.concatenate([c[2] for c in sel])
+    fine = np.isfinite(lo) & np.isfinite(hi)
+    # all durations and flags in range (the common case) in two passes; else by batch
+    if int(d_bits.max()) > _MAX_DURATION_BITS or int(ok.max()) > 1:
+        fine &= np.maximum.reduceat(d_bits, starts) <= _MAX_DURATION_BITS
+        fine &= np.maximum.reduceat(ok, starts) <= 1
+    for i, f, a, b, o in zip(
+        pick, fine.tolist(), lo.tolist(), hi.tolist(), in_order.tolist(), strict=True
+    ):
+        res[i] = ((a, b), o) if f else None
+    return res
+    t = np.concatenate([c[0] for c in sel])
+    sizes = np.fromiter((c[0].size for c in sel), dtype=np.int64, count=len(sel))
     ends = np.cumsum(sizes)
     starts = ends - sizes
     # Steps out of order (NaN compares false), counted per batch by a running sum; the
@@ -598,8 +724,8 @@ def _plain_binary_many(batches: list[BinaryBatch]) -> list[_Plain | bool | None]
     in_order = back[ends - 1] == back[starts]
     lo = np.where(in_order, t[starts], np.minimum.reduceat(t, starts))
     hi = np.where(in_order, t[ends - 1], np.maximum.reduceat(t, starts))
-    d_bits = np.concatenate([bb.columns["duration_us"] for bb in sel]).view("<u8")
-    ok = np.concatenate([bb.columns["ok"] for bb in sel])
+    d_bits = np.concatenate([c[1] for c in sel]).view("<u8")
+    ok = np.concatenate([c[2] for c in sel])
     fine = (
         np.isfinite(lo)
         & np.isfinite(hi)

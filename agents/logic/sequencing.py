@@ -74,7 +74,7 @@ def judge_sequence(
     """
     meta, n = cols.meta, len(cols)
     first, last = meta.seq_start, meta.seq_start + n - 1
-    key = meta.stream_key
+    key = cols.stream_key
     if last >= SEQ_BOUND:
         return SeqVerdict(
             "implausible",

@@ -258,11 +258,11 @@ class Windower:
             acc.device.add(sample)
 
     def _add_launches(self, cols: LaunchColumns, now: float) -> list[LaunchBatch]:
-        batch, t = cols.meta, cols.t_end
+        batch, t, key = cols.meta, cols.t_end, cols.stream_key
         n = t.size
-        st = self._keys.get(batch.stream_key)
+        st = self._keys.get(key)
         if st is None:
-            st = self._keys[batch.stream_key] = _KeyState()
+            st = self._keys[key] = _KeyState()
         st.last_seen = now
         st.seq_hi = max(st.seq_hi, batch.seq_start + n - 1)
         self.metrics.launches_in += n

@@ -226,6 +226,7 @@ def _same(got: LaunchColumns | SchemaError, want: LaunchColumns | SchemaError) -
         a, b = getattr(got, name), getattr(want, name)
         assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), name
     assert got.meta == want.meta
+    assert got.stream_key == want.meta.stream_key
     assert got.known_t_range == want.known_t_range
     assert got.known_in_order == want.known_in_order
 
@@ -284,4 +285,30 @@ def test_a_poll_of_flipped_bytes_gets_the_verdicts_of_its_messages() -> None:
                 flipped[at] = int(rng.integers(0, 256))
             poll.append(bytes(flipped))
         for raw, one in zip(poll, decode_launch_columns_many(poll), strict=True):
+            _same(one, _alone(raw))
+
+
+def test_a_known_header_does_not_vouch_for_the_rest_of_the_message() -> None:
+    """A poll reads a batch whose header bytes it has seen in two steps (lengths, then
+    values); anything else about it gets the verdict it gets alone."""
+    good = _binary([1.5, 2.5, 3.5], [3.0, 4.0, 5.0], [1, 0, 1])
+    n_at, version_at = 8, 4
+    longer = bytearray(good)
+    longer[n_at] = 4  # claims a fourth launch the columns do not hold
+    newer = bytearray(good)
+    newer[version_at] = 2
+    cases = [
+        good + b"\0" * 8,
+        good[:-8],
+        bytes(longer),
+        bytes(newer),
+        _binary([1.5, 2.5, 3.5], [3.0, -4.0, 5.0], [1, 0, 1]),
+        _binary([1.5, 2.5, 3.5], [3.0, 4.0, 5.0], [1, 2, 1]),
+        _binary([1.5, float("inf"), 3.5], [3.0, 4.0, 5.0], [1, 0, 1]),
+    ]
+    for bad in cases:
+        poll = [good, bad, good]
+        got = decode_launch_columns_many(poll)
+        assert isinstance(got[1], SchemaError), bad[:40]
+        for raw, one in zip(poll, got, strict=True):
             _same(one, _alone(raw))
