@@ -312,3 +312,23 @@ def test_a_known_header_does_not_vouch_for_the_rest_of_the_message() -> None:
         assert isinstance(got[1], SchemaError), bad[:40]
         for raw, one in zip(poll, got, strict=True):
             _same(one, _alone(raw))
+
+
+def test_the_poll_builds_every_field_of_the_columns() -> None:
+    """The poll's plain batches are built field by field (no ``__init__``): each field of
+    LaunchColumns is set, as the constructor sets it."""
+    from dataclasses import fields
+
+    raw = _binary([1.5, 2.5], [3.0, 4.0], [1, 0])
+    decode_launch_columns_many([raw])  # the header is known from now on
+    [got] = decode_launch_columns_many([raw])
+    assert isinstance(got, LaunchColumns)
+    assert set(vars(got)) == {f.name for f in fields(LaunchColumns)}
+    want = _alone(raw)
+    assert isinstance(want, LaunchColumns)
+    for f in fields(LaunchColumns):
+        a, b = getattr(got, f.name), getattr(want, f.name)
+        if isinstance(a, np.ndarray):
+            assert a.tobytes() == b.tobytes(), f.name
+        else:
+            assert a == b, f.name
