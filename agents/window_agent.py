@@ -71,7 +71,7 @@ from mode import Service
 from kernelstream.agents.context import WorkerContext
 from kernelstream.agents.detector_agent import InlineDetector
 from kernelstream.agents.logic.errors import SnapshotError
-from kernelstream.agents.logic.sequencing import judge_sequence
+from kernelstream.agents.logic.sequencing import SeqVerdict, judge_sequence
 from kernelstream.agents.logic.snapshot_codec import pack, unpack
 from kernelstream.agents.logic.windowing import Windower, WindowSpec
 from kernelstream.agents.window_checkpoints import CheckpointStore
@@ -90,6 +90,10 @@ log = logging.getLogger("kernelstream.window")
 # whole fetches and 289-330 MiB taking 128 messages (~250k launches, ~7 MiB of JSON)
 # at a time, with no measurable cost in throughput.
 _MAX_POLL_RECORDS = 128
+
+# What a counted batch leaves to publish: its stream key, its too-late launches and the
+# windows it closed.
+_Counted = tuple[str, list[LaunchBatch], list[WindowAggregate]]
 
 
 def window_spec(settings: Any) -> WindowSpec:
@@ -348,9 +352,13 @@ class WindowIngest(Service):
                     events = [_event(msg) for msg in msgs if msg.offset >= nxt]
                     for event, cols in zip(events, await self._decode(events), strict=True):
                         if cols is not None:
-                            await self._process(event, cols, keys)
+                            done = self._count(event, cols, keys)
+                            if done is not None:
+                                await self._finish(event, done)
                     self._next[tp] = max(nxt, msgs[-1].offset + 1)
                     self._dirty.add(tp)
+                if fetched and self.stats.first_batch_at is not None:
+                    self.stats.cpu_at_last_batch = time.process_time()
                 if time.monotonic() - self._checkpointed_at >= interval:
                     t0 = time.perf_counter()
                     await self._checkpoint()
@@ -388,52 +396,64 @@ class WindowIngest(Service):
         )
 
     async def _process(self, event: Any, decoded: LaunchColumns, keys: set[str]) -> None:
-        """Check the sequence of one decoded message, window it, publish what it closed.
+        """Check the sequence of one decoded message, window it, publish what it closed."""
+        done = self._count(event, decoded, keys)
+        if done is not None:
+            await self._finish(event, done)
 
-        A failure of the checks or the window maths that nothing foresaw is
-        dead-lettered (``internal_error``) and the message skipped: raised, it would
-        stop the agent before the offset is committed, and every restart would fail on
-        the same message again. A failure to publish (the broker) still raises: the
-        worker restarts from its checkpoint and nothing is lost.
+    def _count(
+        self, event: Any, decoded: LaunchColumns, keys: set[str]
+    ) -> _Counted | SeqVerdict | Exception | None:
+        """The synchronous part of :meth:`_process`: the sequence check and the windowing.
+
+        None when the batch was counted and closed nothing (most batches: nothing to
+        await); else what :meth:`_finish` publishes or dead-letters. A failure of the
+        checks or the window maths that nothing foresaw is returned, to be dead-lettered
+        (``internal_error``) and the message skipped: raised, it would stop the agent
+        before the offset is committed, and every restart would fail on the same message
+        again.
         """
         try:
-            cols = await self._admit(event, decoded)
-            if cols is None:
-                return
+            verdict = judge_sequence(self.windower, decoded, time.time(), self.ctx.seq_limits)
+            if verdict.action != "count":
+                return verdict
+            if verdict.skipped:
+                self.ctx.counters["launches.duplicate"] += verdict.skipped
+            cols = verdict.cols
             late, closed = self._window(cols, keys)
         except Exception as ex:
-            await self._internal_error(event, ex)
+            return ex
+        self.stats.last_batch_at = time.time()
+        return (cols.stream_key, late, closed) if late or closed else None
+
+    async def _finish(self, event: Any, done: _Counted | SeqVerdict | Exception) -> None:
+        """Publish what a batch closed and its too-late launches, or dead-letter it.
+
+        A failure to publish (the broker) raises: the worker restarts from its
+        checkpoint and nothing is lost.
+        """
+        if isinstance(done, Exception):
+            await self._internal_error(event, done)
             return
-        key = cols.stream_key
-        stage = self.stats.stage_s
+        if isinstance(done, SeqVerdict):
+            # The edge checks (size, JSON, schema, key, event-time bounds, workload,
+            # space) were made on the whole poll (:meth:`_decode`); this is the stream's
+            # sequence numbers (:mod:`agents.logic.sequencing`).
+            code = "duplicate" if done.action == "duplicate" else "implausible_seq"
+            if code == "duplicate":
+                self.stats.duplicates += 1
+                self.ctx.counters["launches.duplicate"] += len(done.cols)
+            await self.ctx.dead_letter("window", event, done.reason, code)
+            return
+        key, late, closed = done
         t0 = time.perf_counter()
         for too_late in late:
             for part in late_parts(too_late):
                 await self.ctx.send("late", key.encode(), encode(part))
         if closed:
             await self.publish(closed)
-        stage["emit"] += time.perf_counter() - t0
+        self.stats.stage_s["emit"] += time.perf_counter() - t0
         self.stats.last_batch_at = time.time()
-        self.stats.cpu_at_last_batch = time.process_time()
-
-    async def _admit(self, event: Any, cols: LaunchColumns) -> LaunchColumns | None:
-        """The batch's launches not counted before, or None (dead-lettered with the reason).
-
-        The edge checks (size, JSON, schema, key, event-time bounds, workload, space)
-        were made on the whole poll (:meth:`_decode`); here the stream's sequence
-        numbers (:mod:`agents.logic.sequencing`).
-        """
-        stats, ctx = self.stats, self.ctx
-        verdict = judge_sequence(self.windower, cols, time.time(), ctx.seq_limits)
-        if verdict.action != "count":
-            code = "duplicate" if verdict.action == "duplicate" else "implausible_seq"
-            if code == "duplicate":
-                stats.duplicates += 1
-                ctx.counters["launches.duplicate"] += len(cols)
-            await ctx.dead_letter("window", event, verdict.reason, code)
-            return None
-        ctx.counters["launches.duplicate"] += verdict.skipped
-        return verdict.cols
 
     def _window(
         self, cols: LaunchColumns, keys: set[str]

@@ -80,6 +80,8 @@ class LaunchColumns:
     # after the one before), else None: the edge check and the windower then skip the
     # comparison of the whole column that each would make.
     known_in_order: bool | None = None
+    # True when the decoder already found that every launch ran (``ok`` all 1), else None.
+    known_all_ok: bool | None = None
     # ``meta.stream_key`` when the decoder already has it (one string per stream, not
     # one f-string per batch and reader), else None.
     key: str | None = None
@@ -137,6 +139,7 @@ class LaunchColumns:
             None if self.host_waited is None else self.host_waited[k:],
             copies,
             known_in_order=self.known_in_order,  # a tail of an ordered column is ordered
+            known_all_ok=self.known_all_ok,
             key=self.key,
         )
 
@@ -474,7 +477,7 @@ def _binary_columns(bb: BinaryBatch, plain: _Plain | bool | None = True) -> Laun
                 _BIN_META.clear()
             _BIN_META[bb.meta_json] = hit
     ok = cols.pop("ok").view(np.bool_)
-    t_range, in_order = plain if isinstance(plain, tuple) else (None, None)
+    t_range, in_order, all_ok = plain if isinstance(plain, tuple) else (None, None, None)
     # the columns are exactly t_end, duration_us and ok (read_launch_batch's plan)
     return LaunchColumns(
         _with_seq_start(hit, bb.seq_start),
@@ -483,6 +486,7 @@ def _binary_columns(bb: BinaryBatch, plain: _Plain | bool | None = True) -> Laun
         ok,
         t_range,
         known_in_order=in_order,
+        known_all_ok=all_ok,
         key=hit[2],
     )
 
@@ -504,9 +508,16 @@ def _binary_v2(bb: BinaryBatch) -> LaunchColumns:
         return LaunchColumns.from_batch(_validate(LaunchBatch, bb.to_wire()))  # exact verdict
     meta = meta.model_copy(update={"seq_start": bb.seq_start})
     ok = cols["ok"].view(np.bool_)
-    t_range, in_order = plain
+    t_range, in_order, all_ok = plain
     return LaunchColumns(
-        meta, cols["t_end"], cols["duration_us"], ok, t_range, *v2, known_in_order=in_order
+        meta,
+        cols["t_end"],
+        cols["duration_us"],
+        ok,
+        t_range,
+        *v2,
+        known_in_order=in_order,
+        known_all_ok=all_ok,
     )
 
 
@@ -547,12 +558,13 @@ def _with_seq_start(hit: tuple[LaunchBatch, set[str], str], seq_start: int) -> L
 _MAX_DURATION_BITS = int(np.array([_MAX_DURATION_US], dtype="<f8").view("<u8")[0])
 
 
-_Plain = tuple[tuple[float, float], bool]
+# (earliest and latest end time, end times in completion order, every launch ran)
+_Plain = tuple[tuple[float, float], bool, bool]
 
 
 def _plain_binary(cols: dict[str, npt.NDArray[Any]], n: int) -> _Plain | None:
-    """The end times' range and whether they are in completion order, when the three
-    known columns plainly pass the model's rules; else None.
+    """The end times' range, whether they are in completion order and whether every
+    launch ran, when the three known columns plainly pass the model's rules; else None.
 
     A column this module has no check for also returns None (the model decides). Each
     numpy reduction costs ~1-2 us whatever the size, so on small batches their number
@@ -568,7 +580,7 @@ def _plain_binary(cols: dict[str, npt.NDArray[Any]], n: int) -> _Plain | None:
         return None
     if int(d.view("<u8").max()) > _MAX_DURATION_BITS or int(ok.max()) > 1:
         return None
-    return (lo, hi), in_order
+    return (lo, hi), in_order, bool(ok.min() == 1)
 
 
 # -- a consumer poll at once ------------------------------------------------------------
@@ -631,7 +643,8 @@ def _plain_columns(
     plain: _Plain,
     key: str,
 ) -> LaunchColumns:
-    """``LaunchColumns(meta, t, d, ok, plain[0], known_in_order=plain[1], key=key)``, built
+    """``LaunchColumns(meta, t, d, ok, plain[0], known_in_order=plain[1],
+    known_all_ok=plain[2], key=key)``, built
     without the frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field, 1 us
     of the ~7 us a small batch's decoding costs). Every field is set here: a field added
     to LaunchColumns must be added here too (a test compares the two)."""
@@ -646,6 +659,7 @@ def _plain_columns(
         host_waited=None,
         copies=None,
         known_in_order=plain[1],
+        known_all_ok=plain[2],
         key=key,
     )
     return out
@@ -730,32 +744,15 @@ def _plain_binary_many(batches: list[_Cols | None]) -> list[_Plain | bool | None
     if int(d_bits.max()) > _MAX_DURATION_BITS or int(ok.max()) > 1:
         fine &= np.maximum.reduceat(d_bits, starts) <= _MAX_DURATION_BITS
         fine &= np.maximum.reduceat(ok, starts) <= 1
-    for i, f, a, b, o in zip(
-        pick, fine.tolist(), lo.tolist(), hi.tolist(), in_order.tolist(), strict=True
+    all_ok = np.minimum.reduceat(ok, starts) == 1
+    for i, f, a, b, o, r in zip(
+        pick,
+        fine.tolist(),
+        lo.tolist(),
+        hi.tolist(),
+        in_order.tolist(),
+        all_ok.tolist(),
+        strict=True,
     ):
-        res[i] = ((a, b), o) if f else None
-    return res
-    t = np.concatenate([c[0] for c in sel])
-    sizes = np.fromiter((c[0].size for c in sel), dtype=np.int64, count=len(sel))
-    ends = np.cumsum(sizes)
-    starts = ends - sizes
-    # Steps out of order (NaN compares false), counted per batch by a running sum; the
-    # step from one batch's last end time to the next one's first is in no batch's range.
-    back = np.zeros(t.size, dtype=np.int64)
-    np.cumsum(~(t[1:] >= t[:-1]), out=back[1:])
-    in_order = back[ends - 1] == back[starts]
-    lo = np.where(in_order, t[starts], np.minimum.reduceat(t, starts))
-    hi = np.where(in_order, t[ends - 1], np.maximum.reduceat(t, starts))
-    d_bits = np.concatenate([c[1] for c in sel]).view("<u8")
-    ok = np.concatenate([c[2] for c in sel])
-    fine = (
-        np.isfinite(lo)
-        & np.isfinite(hi)
-        & (np.maximum.reduceat(d_bits, starts) <= _MAX_DURATION_BITS)
-        & (np.maximum.reduceat(ok, starts) <= 1)
-    )
-    for i, f, a, b, o in zip(
-        pick, fine.tolist(), lo.tolist(), hi.tolist(), in_order.tolist(), strict=True
-    ):
-        res[i] = ((a, b), o) if f else None
+        res[i] = ((a, b), o, r) if f else None
     return res

@@ -288,8 +288,9 @@ class Windower:
         late_ok = int(np.searchsorted(t, watermark0, side="left")) if watermark0 > t[0] else 0
         st.max_t = max(st.max_t, float(t[-1]))
         self.metrics.late_accepted += late_ok
+        all_ok = bool(cols.known_all_ok)
         if first == last:
-            self._add_slice(st, batch, first, t, cols.duration_us, cols.ok, 0, late_ok)
+            self._add_slice(st, batch, first, t, cols.duration_us, cols.ok, 0, late_ok, all_ok)
             return []
         cuts = [0, *(np.flatnonzero(np.diff(idx)) + 1).tolist(), n]
         for lo, hi in itertools.pairwise(cuts):
@@ -302,6 +303,7 @@ class Windower:
                 cols.ok[lo:hi],
                 lo,
                 max(0, min(late_ok, hi) - lo),
+                all_ok,
             )
         return []
 
@@ -315,13 +317,15 @@ class Windower:
         ok: npt.NDArray[np.bool_],
         row: int,
         late_accepted: int,
+        all_ok: bool = False,
     ) -> None:
-        """Launches of one window, in batch order: rows ``row`` .. ``row + t.size - 1``."""
+        """Launches of one window, in batch order: rows ``row`` .. ``row + t.size - 1``
+        (``all_ok``: the decoder found that every launch of the batch ran)."""
         key = (window, batch.config_id)
         acc = st.open.get(key)
         if acc is None:
             acc = st.open[key] = _Acc(meta=_meta(batch))
-        n_ok = int(np.count_nonzero(ok))
+        n_ok = t.size if all_ok else int(np.count_nonzero(ok))
         if n_ok == t.size:
             acc.t_end.append(t)
             acc.duration_us.append(dur)

@@ -360,3 +360,28 @@ def test_in_order_fast_path_equals_reference(seed: int, monkeypatch: Any) -> Non
                 assert va == db[k], (k, va, db[k])
     assert w.metrics.late_dropped_to_topic == 0
     assert w.metrics.launches_in == sum(a.count + a.failures for a in want)
+
+
+def test_what_the_binary_decoder_knows_changes_no_window() -> None:
+    """Columns decoded from the binary wire carry what the decoder found (order, every
+    launch ran, the stream key); the windows are those of the same batches as records."""
+    from kernelstream.schemas.binary import encode_launch_batch
+    from kernelstream.schemas.columnar import LaunchColumns, decode_launch_columns_many
+
+    rng = np.random.default_rng(5)
+    batches, seq = [], 0
+    for i in range(40):
+        n = int(rng.integers(1, 300))
+        t = 10.0 + i * 0.3 + np.sort(rng.random(n)) * 0.3
+        ok = (rng.random(n) < (1.0 if i % 3 else 0.9)).astype(int).tolist()
+        batches.append(batch(t.tolist(), (rng.random(n) * 50).tolist(), ok, seq_start=seq))
+        seq += n
+    # one header for all: from the second batch on, the poll reads it as a known one
+    decoded = decode_launch_columns_many([encode_launch_batch(b) for b in batches])
+    assert {c.known_all_ok for c in decoded if isinstance(c, LaunchColumns)} == {True, False}
+    by_wire, by_record = Windower(NO_WAIT), Windower(NO_WAIT)
+    for b, cols in zip(batches, decoded, strict=True):
+        assert isinstance(cols, LaunchColumns)
+        by_wire.add_columns(cols, now=0.0)
+        by_record.add_columns(LaunchColumns.from_batch(b), now=0.0)
+    assert _drain(by_wire) == _drain(by_record)

@@ -229,6 +229,7 @@ def _same(got: LaunchColumns | SchemaError, want: LaunchColumns | SchemaError) -
     assert got.stream_key == want.meta.stream_key
     assert got.known_t_range == want.known_t_range
     assert got.known_in_order == want.known_in_order
+    assert got.known_all_ok == want.known_all_ok
 
 
 def _poll_of_every_case() -> list[bytes]:
