@@ -618,21 +618,15 @@ def _aggregate_acc(acc: _Acc, window: int, config_id: str, size_s: float) -> Win
     stats: dict[str, float] = dict.fromkeys(_DURATION_STATS, 0.0)
     stats["busy_fraction"] = stats["idle_gap_mean_us"] = 0.0
     if d.size:
-        (p50, p95), d_min, d_max = order_stats(d, (50.0, 95.0))
         # What d.mean() and d.std() compute, the same operations in the same order
-        # (bit-identical), without their Python-level wrappers: a third of closing a
-        # 1,000-launch window (many small streams).
-        # np.add.reduce is what ndarray.sum runs, without its Python-level wrapper
+        # (bit-identical), without their Python-level wrappers (np.add.reduce is what
+        # ndarray.sum runs): a third of closing a 1,000-launch window (many small streams).
         total = float(_add(d))
         mean = total / d.size
         dev = d - mean
         np.multiply(dev, dev, out=dev)
         stats.update(
             duration_mean_us=mean,
-            duration_p50_us=float(p50),
-            duration_p95_us=float(p95),
-            duration_min_us=d_min,
-            duration_max_us=d_max,
             duration_std_us=math.sqrt(float(_add(dev)) / d.size),
             busy_fraction=total * 1e-6 / size_s,
         )
@@ -644,13 +638,23 @@ def _aggregate_acc(acc: _Acc, window: int, config_id: str, size_s: float) -> Win
             else:
                 order = np.argsort(t, kind="stable")
                 ts, ds = t[order], d[order]
-            # max(0, (t[i] - d[i] * 1e-6) - t[i-1]) in one buffer (a + -b is a - b exactly):
-            # each temporary of a large window is a fresh allocation to fault in.
-            gaps = ds[1:] * -1e-6
+            # max(0, (t[i] - d[i] * 1e-6) - t[i-1]) in one buffer (a + -b is a - b exactly),
+            # the deviations' (done with): each temporary of a large window is a fresh
+            # allocation to fault in.
+            gaps = np.multiply(ds[1:], -1e-6, out=dev[1:])
             gaps += ts[1:]
             gaps -= ts[:-1]
             np.maximum(gaps, 0.0, out=gaps)
             stats["idle_gap_mean_us"] = float(_add(gaps)) / gaps.size * 1e6
+        # Last, as it reorders d when d is this function's own concatenation of the
+        # window's chunks (a single chunk is a view of a message or a snapshot's array).
+        (p50, p95), d_min, d_max = order_stats(d, (50.0, 95.0), overwrite=len(acc.duration_us) > 1)
+        stats.update(
+            duration_p50_us=p50,
+            duration_p95_us=p95,
+            duration_min_us=d_min,
+            duration_max_us=d_max,
+        )
     return _build(
         acc.meta,
         config_id,
@@ -829,12 +833,22 @@ def _reference_one(
 _SORT_MAX = 4096
 
 
-def order_stats(values: _F64, qs: Sequence[float]) -> tuple[list[float], float, float]:
-    """:func:`percentiles` of ``values`` at ``qs``, their minimum and their maximum."""
+def order_stats(
+    values: _F64, qs: Sequence[float], *, overwrite: bool = False
+) -> tuple[list[float], float, float]:
+    """:func:`percentiles` of ``values`` at ``qs``, their minimum and their maximum.
+
+    ``overwrite``: ``values`` may be reordered in place (no copy).
+    """
     n = values.size
     if n > _SORT_MAX:
-        return percentiles(values, qs), float(values.min()), float(values.max())
-    ranked = np.sort(values)
+        lo, hi = float(values.min()), float(values.max())
+        return percentiles(values, qs, overwrite=overwrite), lo, hi
+    if overwrite:
+        values.sort()
+        ranked = values
+    else:
+        ranked = np.sort(values)
     out = []
     for p in ((n - 1) * q / 100.0 for q in qs):
         k = math.floor(p)
@@ -843,7 +857,7 @@ def order_stats(values: _F64, qs: Sequence[float]) -> tuple[list[float], float, 
     return out, float(ranked[0]), float(ranked[-1])
 
 
-def percentiles(values: _F64, qs: Sequence[float]) -> list[float]:
+def percentiles(values: _F64, qs: Sequence[float], *, overwrite: bool = False) -> list[float]:
     """:func:`_percentile` of unsorted ``values``: partial sorts at the needed ranks only.
 
     This is the largest cost of closing a window of tens of thousands of launches.
@@ -852,17 +866,20 @@ def percentiles(values: _F64, qs: Sequence[float]) -> list[float]:
     path for a list of ranks (22,000 durations: 45 us for one rank, 457 us for the
     four that p50 and p95 read; 70 us for the four this way, ``np.percentile`` ~2x
     the list form). Windows of up to ``_SORT_MAX`` launches are sorted instead
-    (:func:`order_stats`).
+    (:func:`order_stats`). ``overwrite``: ``values`` may be reordered in place (no copy).
     """
     n = values.size
     if n <= _SORT_MAX:
-        return order_stats(values, qs)[0]
+        return order_stats(values, qs, overwrite=overwrite)[0]
     pos = [(n - 1) * q / 100.0 for q in qs]
     ranks = sorted({r for p in pos for r in (math.floor(p), min(math.floor(p) + 1, n - 1))})
-    part = values.copy()
+    part = values if overwrite else values.copy()
     at: dict[int, float] = {}
     lo = 0  # part[lo:] holds exactly the values of ranks >= lo, in some order
     for r in ranks:
+        if r == lo > 0:  # the rank just above a partition: the least of what lies above
+            at[r] = float(part[lo:].min())
+            continue
         part[lo:].partition(r - lo)
         at[r] = float(part[r])
         lo = r + 1
