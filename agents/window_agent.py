@@ -61,7 +61,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from aiokafka.abc import ConsumerRebalanceListener
@@ -349,7 +348,7 @@ class WindowIngest(Service):
                         continue  # revoked while this fetch was in flight
                     keys = self._keys_of[tp]
                     # below nxt: a fetch from before a re-assignment
-                    events = [_event(msg) for msg in msgs if msg.offset >= nxt]
+                    events = [_Event(msg) for msg in msgs if msg.offset >= nxt]
                     for event, cols in zip(events, await self._decode(events), strict=True):
                         if cols is not None:
                             done = self._count(event, cols, keys)
@@ -664,9 +663,13 @@ class _Listener(ConsumerRebalanceListener):
             log.exception("window state takeover failed for %s", sorted(map(str, assigned)))
 
 
-def _event(msg: Any) -> SimpleNamespace:
+class _Event:
     """A consumer record as the dead-letter helpers take it (Faust's event shape)."""
-    return SimpleNamespace(message=msg, key=msg.key, value=msg.value)
+
+    __slots__ = ("key", "message", "value")
+
+    def __init__(self, msg: Any) -> None:
+        self.message, self.key, self.value = msg, msg.key, msg.value
 
 
 async def _read_states(ingest: WindowIngest, partitions: set[int]) -> dict[int, bytes]:
