@@ -199,6 +199,29 @@ def launch_batch_problem(
             "bad_key",
         )
     lo, hi = t_range if t_range is not None else (min(batch.t_end), max(batch.t_end))
+    problem = event_time_problem(lo, hi, now, limits, backstep_s)
+    if problem is not None:
+        return problem
+    if known_workload is not None and not known_workload(batch.workload, batch.problem_size):
+        return SchemaError(
+            f"unknown kernel: workload {batch.workload!r} with problem size "
+            f"{batch.problem_size} is not built in (or refuses that size) and has no "
+            "tuning-space file on this worker",
+            "unknown_kernel",
+        )
+    if config_problem is not None:
+        why = config_problem(batch)
+        if why:
+            return SchemaError(why, "bad_config")
+    return None
+
+
+def event_time_problem(
+    lo: float, hi: float, now: float, limits: LaunchLimits, backstep_s: float = 0.0
+) -> SchemaError | None:
+    """Why a batch's event times (earliest ``lo``, latest ``hi``, going back by
+    ``backstep_s`` within the batch) must be refused at ``now``, or None: the checks of
+    :func:`launch_batch_problem` that change from batch to batch of a stream."""
     if hi > now + limits.max_future_s:
         return SchemaError(
             f"event time {hi:.3f} is {hi - now:.0f} s ahead of the worker's clock "
@@ -217,17 +240,6 @@ def launch_batch_problem(
             f"{limits.max_disorder_s:.3f} s): one device's launches complete in order",
             "unordered",
         )
-    if known_workload is not None and not known_workload(batch.workload, batch.problem_size):
-        return SchemaError(
-            f"unknown kernel: workload {batch.workload!r} with problem size "
-            f"{batch.problem_size} is not built in (or refuses that size) and has no "
-            "tuning-space file on this worker",
-            "unknown_kernel",
-        )
-    if config_problem is not None:
-        why = config_problem(batch)
-        if why:
-            return SchemaError(why, "bad_config")
     return None
 
 
@@ -250,6 +262,10 @@ class WorkerContext:
     app: Any = None
     _known: dict[tuple[str, tuple[int, ...]], bool] = field(default_factory=dict, repr=False)
     _config_check: ConfigCheck | None = field(default=None, repr=False)
+    # (id of a decoded header's configuration, message key) -> that configuration, for
+    # headers whose key, workload and configuration checks passed with that key: see
+    # decode_launches_many. Bounded.
+    _header_passed: dict[tuple[int, str | None], Any] = field(default_factory=dict, repr=False)
     _resolver: Any = field(default=None, repr=False)
     _producer_ready: bool = field(default=False, repr=False)
     _limits_of: tuple[Any, LaunchLimits, SeqLimits] | None = field(default=None, repr=False)
@@ -414,6 +430,7 @@ class WorkerContext:
 
         max_bytes = self.settings.max_message_bytes
         limits, now = self.launch_limits, time.time()  # one poll, one reading of each
+        passed = self._header_passed
         errors: dict[int, SchemaError] = {}
         framed: list[tuple[int, bytes, str | None]] = []
         for i, event in enumerate(events):
@@ -428,17 +445,29 @@ class WorkerContext:
             if isinstance(cols, SchemaError):
                 errors[i] = cols
                 continue
-            problem = launch_batch_problem(
-                cols.meta,
-                key,
-                now,
-                limits,
-                self.known_workload,
-                cols.t_range(),
-                config_problem=self.config_problem,
-                backstep_s=cols.max_backstep(),
-                batch_key=cols.key,
-            )
+            # A binary batch whose header bytes were decoded before shares that header's
+            # validated configuration object: when its key, workload and configuration
+            # checks passed under this message key, only the event times are left.
+            config = cols.meta.config
+            if cols.key is not None and passed.get((id(config), key)) is config:
+                lo, hi = cols.t_range()
+                problem = event_time_problem(lo, hi, now, limits, cols.max_backstep())
+            else:
+                problem = launch_batch_problem(
+                    cols.meta,
+                    key,
+                    now,
+                    limits,
+                    self.known_workload,
+                    cols.t_range(),
+                    config_problem=self.config_problem,
+                    backstep_s=cols.max_backstep(),
+                    batch_key=cols.key,
+                )
+                if problem is None and cols.key is not None:
+                    if len(passed) >= 4096:
+                        passed.clear()
+                    passed[(id(config), key)] = config  # holds it: its id stays its own
             if problem is None:
                 out[i] = cols
             else:

@@ -112,3 +112,30 @@ def test_an_oversize_original_is_kept_by_reference_within_the_producer_limit() -
     assert dl.value_truncated and dl.key_truncated and dl.value_bytes == len(value)
     assert dl.value_sha256 == hashlib.sha256(value).hexdigest() and dl.offset == 42
     assert dl.reason_code == "oversized"
+
+
+def test_a_header_that_passed_once_still_gets_every_check_with_another_key_or_time() -> None:
+    """A poll checks a header's key, workload and configuration once per message key;
+    the event times of every batch, and a batch under another key, are checked anew."""
+    from kernelstream.schemas.binary import encode_launch_batch
+
+    def shifted(by_s: float, seq: int) -> bytes:
+        t = [x + by_s for x in TEMPLATE.t_end]
+        return encode_launch_batch(TEMPLATE.model_copy(update={"t_end": t, "seq_start": seq}))
+
+    key = TEMPLATE.stream_key.encode()
+    poll = [
+        event(key, shifted(0.0, 0), 0),
+        event(b"n9:0/matmul", shifted(0.1, 20), 1),  # bad_key
+        event(key, shifted(-30 * 86400.0, 40), 2),  # too old: bad_timestamp
+        event(key, shifted(3600.0, 60), 3),  # ahead of the clock: bad_timestamp
+        event(key, shifted(0.2, 80), 4),
+    ]
+    ctx, dlq = context()
+    got = asyncio.run(ctx.decode_launches_many("window", poll))
+    assert [c is not None for c in got] == [True, False, False, False, True]
+    codes = [decode(v, DeadLetter).reason_code for _, v in dlq.sent]
+    assert codes == ["bad_key", "bad_timestamp", "bad_timestamp"]
+    for ev, cols in zip(poll, got, strict=True):  # the verdicts of each message alone
+        alone, _ = context()
+        assert (asyncio.run(alone.decode_launches("window", ev)) is None) == (cols is None)
