@@ -842,8 +842,7 @@ def order_stats(
     """
     n = values.size
     if n > _SORT_MAX:
-        lo, hi = float(values.min()), float(values.max())
-        return percentiles(values, qs, overwrite=overwrite), lo, hi
+        return _partitioned(values if overwrite else values.copy(), qs)
     if overwrite:
         values.sort()
         ranked = values
@@ -868,12 +867,19 @@ def percentiles(values: _F64, qs: Sequence[float], *, overwrite: bool = False) -
     the list form). Windows of up to ``_SORT_MAX`` launches are sorted instead
     (:func:`order_stats`). ``overwrite``: ``values`` may be reordered in place (no copy).
     """
-    n = values.size
-    if n <= _SORT_MAX:
-        return order_stats(values, qs, overwrite=overwrite)[0]
+    return order_stats(values, qs, overwrite=overwrite)[0]
+
+
+def _partitioned(part: _F64, qs: Sequence[float]) -> tuple[list[float], float, float]:
+    """:func:`order_stats` by partial sorts of ``part`` (reordered in place, 2+ values).
+
+    The minimum and the maximum come from the parts the partitions leave: all below the
+    lowest rank needed, all above the highest (at p50 and p95 of 16,000 values, scans of
+    7,999 and 800 values instead of two of 16,000).
+    """
+    n = part.size
     pos = [(n - 1) * q / 100.0 for q in qs]
     ranks = sorted({r for p in pos for r in (math.floor(p), min(math.floor(p) + 1, n - 1))})
-    part = values if overwrite else values.copy()
     at: dict[int, float] = {}
     lo = 0  # part[lo:] holds exactly the values of ranks >= lo, in some order
     for r in ranks:
@@ -888,7 +894,11 @@ def percentiles(values: _F64, qs: Sequence[float], *, overwrite: bool = False) -
         k = math.floor(p)
         a, b = at[k], at[min(k + 1, n - 1)]
         out.append(a + (b - a) * (p - k))
-    return out
+    # part[:ranks[0]] holds the values of lower ranks (the first rank was partitioned),
+    # part[lo:] those of ranks >= lo
+    least = float(part[: ranks[0]].min()) if ranks[0] > 0 else at[0]
+    most = float(part[lo:].max()) if lo < n else at[n - 1]
+    return out, least, most
 
 
 def _percentile(sorted_values: Sequence[float], q: float) -> float:
