@@ -20,10 +20,16 @@ Each round runs, one process at a time, on fresh consumer groups:
 Every system computes count, mean and p95 of the durations per (stream, config, 1 s
 window). Their closed windows are checked against a reference computed from the input
 batches with NumPy: a window matches when its count is equal and mean and p95 agree to
-1e-9 relative. Rates are each process's launches over its own first-to-last batch time;
-each process also reads its own CPU clock (all its threads) at those two batches, so
-a rate per CPU second is a rate per core whatever threads a system runs (Faust's
-consumer, a worker's checkpoint writer). "cores" is CPU seconds per second.
+1e-9 relative. Rates are each process's launches over its own time from the start of
+the consumer poll that returned its first messages to its last batch; each process also
+reads its own CPU clock (all its threads) at those two moments, so a rate per CPU second
+is a rate per core whatever threads a system runs (Faust's consumer, a worker's
+checkpoint writer). "cores" is CPU seconds per second. The clock starts before that first
+poll, not at the first batch, because a poll decompresses everything it returns: a
+consumer that takes a whole fetch at once (the ceilings, Faust's consumer thread) would
+otherwise do much of its work before its clock started. For the Quix peer, whose
+librdkafka consumer fetches and decompresses in its own threads from the moment it has
+partitions, the clock starts at its partition assignment.
 """
 
 from __future__ import annotations
@@ -121,9 +127,11 @@ async def _ceiling(bootstrap: str, topic: str, n_msgs: int, binary: bool) -> dic
     t0 = t1 = cpu0 = cpu1 = 0.0
     try:
         while got < n_msgs:
+            # from the start of the poll that returns the first messages: it decompressed them
+            polled = time.perf_counter(), time.process_time()
             for msgs in (await c.getmany(timeout_ms=1000)).values():
                 if not t0:
-                    t0, cpu0 = time.perf_counter(), time.process_time()
+                    t0, cpu0 = polled
                 for m in msgs:
                     v = m.value
                     launches += (
@@ -203,9 +211,11 @@ async def _system(
             else await asyncio.to_thread(_fetch_windows, s.web_port)
         )
     win = st["window"]
-    seconds = win["last_batch_at"] - win["first_batch_at"]
-    # the process's own CPU clock over the same span, all its threads: a rate per core
-    cpu_s = win["cpu_at_last_batch"] - win["cpu_at_first_batch"]
+    # From the start of the consumer poll that returned the first messages (it
+    # decompressed them) to the last batch, the process's own CPU clock over the same
+    # span (all its threads: a rate per core).
+    seconds = win["last_batch_at"] - win["first_poll_at"]
+    cpu_s = win["cpu_at_last_batch"] - win["cpu_at_first_poll"]
     return {
         "launches": win["launches"],
         "seconds": seconds,

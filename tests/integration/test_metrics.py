@@ -170,6 +170,11 @@ async def test_worker_and_node_metrics(
         )
 
     await wait_for(flowing, 120, "recommendations applied and a dead letter")
+    # The benchmark's clocks: from the start of the poll that brought the first data (it
+    # decompressed them), through the first batch counted, to the last one.
+    win = json.loads(get(wport, "/ks/stats/")[1])["window"]
+    assert win["first_poll_at"] <= win["first_batch_at"] <= win["last_batch_at"]
+    assert win["cpu_at_first_poll"] <= win["cpu_at_first_batch"] <= win["cpu_at_last_batch"]
     check_worker_samples(scrape(wport), settings)
     check_node_samples(scrape(node_port), settings.node_id)
     check_node_samples(scrape(node_b_port), f"{settings.node_id}-b")
