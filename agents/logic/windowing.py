@@ -269,35 +269,35 @@ class Windower:
         if n > 1 and not (cols.known_in_order or bool((t[1:] >= t[:-1]).all())):
             return self._add_unordered(st, cols)
         spec = self.spec
+        size = spec.size_s
         # In completion order the largest time seen before launch i is max(st.max_t,
         # t[i-1]) and t[i-1] < end of launch i's window, so only st.max_t can make a
         # launch too late, and only the first window can be affected first.
         watermark0 = st.max_t - spec.out_of_orderness_s
-        first = math.floor(float(t[0]) / spec.size_s)
-        last = math.floor(float(t[-1]) / spec.size_s)
+        t_first, t_last = float(t[0]), float(t[-1])
+        first = math.floor(t_first / size)
+        last = math.floor(t_last / size)
         if (
             spec.closes_by(first, watermark0)
             or (st.closed_below is not None and first < st.closed_below)
-            or not float(t[-1]) < (last + 1) * spec.size_s  # float rounding at an edge
+            or not t_last < (last + 1) * size  # float rounding at an edge
         ):
             return self._add_unordered(st, cols)  # some launches too late: general path
-        if first != last:
-            idx = np.floor(t / spec.size_s).astype(np.int64)
-            if not bool(((idx + 1) * spec.size_s > t).all()):
-                return self._add_unordered(st, cols)
-        late_ok = int(np.searchsorted(t, watermark0, side="left")) if watermark0 > t[0] else 0
-        st.max_t = max(st.max_t, float(t[-1]))
+        cuts = _window_cuts(t, first, last, size) if first != last else None
+        if first != last and cuts is None:
+            return self._add_unordered(st, cols)
+        late_ok = int(np.searchsorted(t, watermark0, side="left")) if watermark0 > t_first else 0
+        st.max_t = max(st.max_t, t_last)
         self.metrics.late_accepted += late_ok
         all_ok = bool(cols.known_all_ok)
-        if first == last:
+        if cuts is None:
             self._add_slice(st, batch, first, t, cols.duration_us, cols.ok, 0, late_ok, all_ok)
             return []
-        cuts = [0, *(np.flatnonzero(np.diff(idx)) + 1).tolist(), n]
-        for lo, hi in itertools.pairwise(cuts):
+        for window, lo, hi in cuts:
             self._add_slice(
                 st,
                 batch,
-                int(idx[lo]),
+                window,
                 t[lo:hi],
                 cols.duration_us[lo:hi],
                 cols.ok[lo:hi],
@@ -925,6 +925,37 @@ def _columns(acc: _Acc, arrays: bool) -> dict[str, Any]:
     acc.duration_us = [_cat(acc.duration_us, np.float64)]
     cols = {"t_end": acc.t_end[0], "duration_us": acc.duration_us[0]}
     return cols if arrays else {k: v.tolist() for k, v in cols.items()}
+
+
+def _window_cuts(t: _F64, first: int, last: int, size: float) -> list[tuple[int, int, int]] | None:
+    """(window, lo, hi) of each window the end times ``t`` (in completion order) fall in,
+    exactly as ``floor(t / size)`` splits them; None where a window's end, computed as
+    ``(window + 1) * size``, is not above its last time (float rounding at an edge: the
+    general path decides).
+
+    A binary search per window edge instead of a window index per launch: the index is
+    monotonic in ``t``, so each edge is found near where ``t`` crosses ``k * size``, then
+    moved to where the index itself changes.
+    """
+    n = t.size
+    out: list[tuple[int, int, int]] = []
+    lo = 0
+    for k in range(first + 1, last + 2):
+        if k > last:
+            hi = n
+        else:
+            hi = int(np.searchsorted(t, k * size, side="left"))
+            while hi > lo and math.floor(float(t[hi - 1]) / size) >= k:
+                hi -= 1
+            while hi < n and math.floor(float(t[hi]) / size) < k:
+                hi += 1
+        if hi > lo:
+            window = math.floor(float(t[lo]) / size)
+            if not float(t[hi - 1]) < (window + 1) * size:
+                return None
+            out.append((window, lo, hi))
+            lo = hi
+    return out
 
 
 _add = np.add.reduce

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from typing import Any
@@ -385,3 +386,42 @@ def test_what_the_binary_decoder_knows_changes_no_window() -> None:
         by_wire.add_columns(cols, now=0.0)
         by_record.add_columns(LaunchColumns.from_batch(b), now=0.0)
     assert _drain(by_wire) == _drain(by_record)
+
+
+@pytest.mark.parametrize("size", [1.0, 0.1, 0.3, 0.05, 7.0 / 3.0])
+def test_window_cuts_split_end_times_as_their_window_index_does(size: float) -> None:
+    """The in-order path's edge search gives, for every split, the windows and slices
+    ``floor(t / size)`` gives launch by launch, and declines exactly where a window's
+    computed end is not above one of its times (float rounding at an edge)."""
+    from kernelstream.agents.logic.windowing import _window_cuts
+
+    rng = np.random.default_rng(round(size * 1000))
+    # window edges of present-day times and of small ones, where rounding misplaces some
+    edges = np.arange(1_780_000_000 // size, 1_780_000_000 // size + 6) * size
+    small = np.arange(40.0, 140.0) * size
+    # times on each edge, one and two ulps either side, and between: every rounding case
+    near = np.concatenate([np.nextafter(edges, -np.inf), edges, np.nextafter(edges, np.inf)])
+    near = np.concatenate([near, np.nextafter(near, -np.inf), np.nextafter(near, np.inf)])
+    near_small = np.concatenate([np.nextafter(small, -np.inf), small])
+    declined = 0
+    for i in range(600):
+        pool = (
+            np.concatenate([rng.choice(near, 6), rng.uniform(edges[0], edges[-1], 6)])
+            if i % 2
+            else np.concatenate([rng.choice(near_small, 6), rng.uniform(small[0], small[-1], 6)])
+        )
+        t = np.sort(rng.choice(pool, int(rng.integers(2, 12))))
+        idx = np.floor(t / size).astype(np.int64)
+        first, last = int(idx[0]), int(idx[-1])
+        if first == last:
+            continue
+        got = _window_cuts(t, first, last, size)
+        if not bool(((idx + 1) * size > t).all()):
+            assert got is None
+            declined += 1
+            continue
+        cuts = [0, *(np.flatnonzero(np.diff(idx)) + 1).tolist(), t.size]
+        want = [(int(idx[lo]), lo, hi) for lo, hi in itertools.pairwise(cuts)]
+        assert got == want, (t.tolist(), size)
+    if size != 1.0:
+        assert declined, "the input must reach a rounding edge"
