@@ -140,6 +140,18 @@ class Settings(BaseSettings):
             "adds up to this much latency; lower costs idle fetch requests."
         ),
     )
+    worker_heap_retain_mib: int = Field(
+        default=64,
+        ge=0,
+        le=4096,
+        description=(
+            "Free heap memory the worker keeps for reuse instead of returning it to the "
+            "kernel (glibc's malloc; 0 leaves its defaults). A poll's buffers, megabytes of "
+            "decompressed batches and joined columns, come and go every poll; memory given "
+            "back and taken again faults in page by page: keeping 64 MiB made the worker "
+            "2-4% faster per launch for 5 MiB more peak RSS (bench pipeline-peers)."
+        ),
+    )
     checkpoint_interval_s: float = Field(
         default=1.0,
         gt=0,

@@ -18,8 +18,11 @@ and the handover topic, which need the app).
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import gc
 import importlib
+import logging
 
 from aiokafka import AIOKafkaConsumer
 
@@ -27,7 +30,45 @@ from kernelstream.agents.window_consumer import EarlyConsumer
 from kernelstream.app.kafka.capabilities import probe
 from kernelstream.app.settings import Settings
 
-__all__ = ["run_worker", "start_window_consumer", "window_consumer"]
+__all__ = ["retain_heap", "run_worker", "start_window_consumer", "window_consumer"]
+
+log = logging.getLogger("kernelstream.worker")
+
+# mallopt(3) parameters (glibc's malloc.h)
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling for M_MMAP_THRESHOLD on 64-bit
+
+
+def retain_heap(mib: int) -> bool:
+    """Have glibc's malloc keep up to ``mib`` MiB of freed heap for reuse; False where
+    there is nothing to set (0, or a C library without ``mallopt``, as musl's that ignores it).
+
+    By default glibc serves blocks above a threshold that adapts (128 KiB to 32 MiB) with
+    fresh mappings, and gives the top of the heap back once more than twice that is free.
+    A worker's poll allocates and frees megabytes (decompressed record batches, the
+    columns joined for the edge checks, window concatenations), so the same memory went
+    back and forth and every page of it faulted in again. Here blocks up to 32 MiB come
+    from the heap, and it is trimmed only above ``mib`` MiB free.
+    """
+    if mib <= 0:
+        return False
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
+        return False
+    ok = all(
+        mallopt(param, value) == 1
+        for param, value in (
+            (_M_MMAP_THRESHOLD, min(mib << 20, _MMAP_THRESHOLD_MAX)),
+            (_M_TRIM_THRESHOLD, mib << 20),
+            (_M_TOP_PAD, min(mib << 20, 16 << 20)),
+        )
+    )
+    if not ok:
+        log.warning("the C library refused a heap setting (mallopt): its defaults apply")
+    return ok
+
 
 # Imported on a thread while the group join is held by the broker.
 _HEAVY_MODULES = (
@@ -99,6 +140,7 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str) -> None:
     # What start-up created (modules, the app, its agents) lives as long as the process:
     # out of the collector's sight, a full collection scans only what came after.
     gc.freeze()
+    retain_heap(settings.worker_heap_retain_mib)
     Worker(
         app, loop=loop, loglevel=loglevel, quiet=True, override_logging=False
     ).execute_from_commandline()
