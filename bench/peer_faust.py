@@ -25,6 +25,7 @@ import orjson
 
 from kernelstream.app.settings import load_settings
 from kernelstream.app.worker.faust_app import faust_broker_kwargs
+from kernelstream.bench.pipeline_procs import peer_stats
 from kernelstream.schemas.binary import is_binary, read_launch_batch
 
 __all__ = ["main"]
@@ -77,16 +78,7 @@ def main() -> None:
     max_t: dict[str, float] = {}
     seen_at: dict[str, float] = {}
     closed: list[dict[str, Any]] = []
-    stats: dict[str, Any] = dict.fromkeys(
-        (
-            "first_poll_at",
-            "cpu_at_first_poll",
-            "first_batch_at",
-            "last_batch_at",
-            "cpu_at_first_batch",
-            "cpu_at_last_batch",
-        )
-    ) | {"launches": 0}
+    stats = peer_stats()
     _stamp_first_poll(stats)
 
     def close(stream: str, before: float) -> None:

@@ -25,6 +25,7 @@ from quixstreams import Application
 from quixstreams.dataframe.windows import Collect
 
 from kernelstream.app.settings import load_settings
+from kernelstream.bench.pipeline_procs import peer_stats
 
 __all__ = ["main"]
 
@@ -68,16 +69,7 @@ def main() -> None:
     s = load_settings()
     size_ms = round(s.window_s * 1000)
     grace_ms = round((s.allowed_lateness_s + s.out_of_orderness_s) * 1000)
-    stats: dict[str, Any] = dict.fromkeys(
-        (
-            "first_poll_at",
-            "cpu_at_first_poll",
-            "first_batch_at",
-            "last_batch_at",
-            "cpu_at_first_batch",
-            "cpu_at_last_batch",
-        )
-    ) | {"launches": 0}
+    stats = peer_stats()
     _stamp_assignment(stats)
     closed: list[dict[str, Any]] = []
     _serve(s.web_port, stats, closed)

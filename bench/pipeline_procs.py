@@ -19,7 +19,7 @@ import orjson
 from kernelstream.app.kafka.embedded import die_with_parent, free_port
 from kernelstream.app.settings import Settings
 
-__all__ = ["WorkerProc", "bench_settings", "settings_env"]
+__all__ = ["WorkerProc", "bench_settings", "peer_stats", "settings_env"]
 
 
 def bench_settings(bootstrap: str, data_dir: Path, **overrides: Any) -> Settings:
@@ -35,6 +35,14 @@ def bench_settings(bootstrap: str, data_dir: Path, **overrides: Any) -> Settings
     }
     data_dir.mkdir(parents=True, exist_ok=True)
     return Settings(**(base | overrides))
+
+
+def peer_stats() -> dict[str, Any]:
+    """A peer's progress as its ``/ks/stats/`` page serves it under ``window``: the
+    worker's fields that the benchmark reads (:class:`agents.window_agent.WindowAgentStats`)."""
+    clocks = ("first_poll_at", "cpu_at_first_poll", "first_batch_at", "last_batch_at")
+    cpu = ("cpu_at_first_batch", "cpu_at_last_batch")
+    return dict.fromkeys(clocks + cpu) | {"launches": 0}
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
