@@ -61,7 +61,8 @@ def _stamp_assignment(stats: dict[str, Any]) -> None:
         if partitions and stats["first_poll_at"] is None:
             stats["first_poll_at"], stats["cpu_at_first_poll"] = time.time(), time.process_time()
 
-    Application._on_assign = _on_assign  # type: ignore[method-assign,assignment]
+    # setattr: quixstreams is an optional dependency, untyped where it is not installed
+    setattr(Application, "_on_assign", _on_assign)  # noqa: B010
 
 
 def main() -> None:
