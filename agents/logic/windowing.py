@@ -283,9 +283,11 @@ class Windower:
             or not t_last < (last + 1) * size  # float rounding at an edge
         ):
             return self._add_unordered(st, cols)  # some launches too late: general path
-        cuts = _window_cuts(t, first, last, size) if first != last else None
-        if first != last and cuts is None:
-            return self._add_unordered(st, cols)
+        cuts = None
+        if first != last:
+            cuts = _window_cuts(t, first, last, size)
+            if cuts is None:  # float rounding at an inner edge: general path
+                return self._add_unordered(st, cols)
         late_ok = int(np.searchsorted(t, watermark0, side="left")) if watermark0 > t_first else 0
         st.max_t = max(st.max_t, t_last)
         self.metrics.late_accepted += late_ok
@@ -857,21 +859,21 @@ def order_stats(
 
 
 def percentiles(values: _F64, qs: Sequence[float], *, overwrite: bool = False) -> list[float]:
-    """:func:`_percentile` of unsorted ``values``: partial sorts at the needed ranks only.
-
-    This is the largest cost of closing a window of tens of thousands of launches.
-    One single-rank ``partition`` per needed rank, each on what lies above the
-    previous one: NumPy selects one rank with SIMD but falls back to a much slower
-    path for a list of ranks (22,000 durations: 45 us for one rank, 457 us for the
-    four that p50 and p95 read; 70 us for the four this way, ``np.percentile`` ~2x
-    the list form). Windows of up to ``_SORT_MAX`` launches are sorted instead
-    (:func:`order_stats`). ``overwrite``: ``values`` may be reordered in place (no copy).
+    """:func:`_percentile` of unsorted ``values`` (:func:`order_stats` without the
+    minimum and maximum). ``overwrite``: ``values`` may be reordered in place (no copy).
     """
     return order_stats(values, qs, overwrite=overwrite)[0]
 
 
 def _partitioned(part: _F64, qs: Sequence[float]) -> tuple[list[float], float, float]:
     """:func:`order_stats` by partial sorts of ``part`` (reordered in place, 2+ values).
+
+    This is the largest cost of closing a window of tens of thousands of launches.
+    One single-rank ``partition`` per needed rank, each on what lies above the
+    previous one: NumPy selects one rank with SIMD but falls back to a much slower
+    path for a list of ranks (22,000 durations: 45 us for one rank, 457 us for the
+    four that p50 and p95 read; 70 us for the four this way, ``np.percentile`` ~2x
+    the list form).
 
     The minimum and the maximum come from the parts the partitions leave: all below the
     lowest rank needed, all above the highest (at p50 and p95 of 16,000 values, scans of

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import gc
 import importlib
 import logging
@@ -52,9 +51,8 @@ def retain_heap(mib: int) -> bool:
     """
     if mib <= 0:
         return False
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    mallopt = getattr(libc, "mallopt", None)
+    # the symbols the process already has loaded, the C library's among them
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     if mallopt is None:
         return False
     ok = all(
