@@ -367,12 +367,7 @@ class WindowIngest(Service):
                         continue  # revoked while this fetch was in flight
                     keys = self._keys_of[tp]
                     # below nxt: a fetch from before a re-assignment
-                    events = [_Event(msg) for msg in msgs if msg.offset >= nxt]
-                    for event, cols in zip(events, await self._decode(events), strict=True):
-                        if cols is not None:
-                            done = self._count(event, cols, keys)
-                            if done is not None:
-                                await self._finish(event, done)
+                    await self._ingest([_Event(msg) for msg in msgs if msg.offset >= nxt], keys)
                     self._next[tp] = max(nxt, msgs[-1].offset + 1)
                     self._dirty.add(tp)
                 if fetched and stats.first_batch_at is not None:
@@ -413,16 +408,27 @@ class WindowIngest(Service):
             "window", event, f"the worker failed on this message: {ex!r}", "internal_error"
         )
 
-    async def _process(self, event: Any, decoded: LaunchColumns, keys: set[str]) -> None:
-        """Check the sequence of one decoded message, window it, publish what it closed."""
-        done = self._count(event, decoded, keys)
-        if done is not None:
-            await self._finish(event, done)
+    async def _ingest(self, events: list[Any], keys: set[str]) -> list[LaunchColumns | None]:
+        """One partition's messages of a poll, in order: decoded and checked at the edge
+        (the whole poll at once), then each one's sequence checked, windowed, and what it
+        closed published. Returns the decoded columns (None: dead-lettered).
+
+        Per message this calls :meth:`_count`, and :meth:`_finish` only for what has
+        something to await: most batches close nothing, and a coroutine per message
+        would cost more than the windowing of a small batch.
+        """
+        decoded = await self._decode(events)
+        for event, cols in zip(events, decoded, strict=True):
+            if cols is not None:
+                done = self._count(event, cols, keys)
+                if done is not None:
+                    await self._finish(event, done)
+        return decoded
 
     def _count(
         self, event: Any, decoded: LaunchColumns, keys: set[str]
     ) -> _Counted | SeqVerdict | Exception | None:
-        """The synchronous part of :meth:`_process`: the sequence check and the windowing.
+        """One message's synchronous part of :meth:`_ingest`: its sequence check and windowing.
 
         None when the batch was counted and closed nothing (most batches: nothing to
         await); else what :meth:`_finish` publishes or dead-letters. A failure of the

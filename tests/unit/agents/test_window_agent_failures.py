@@ -44,11 +44,7 @@ def _msg(offset: int, kernel: str = "matmul") -> SimpleNamespace:
 
 async def _poll(ingest: WindowIngest, msgs: list[Any]) -> list[Any]:
     events = [SimpleNamespace(message=m, key=m.key, value=m.value) for m in msgs]
-    decoded = await ingest._decode(events)
-    for event, cols in zip(events, decoded, strict=True):
-        if cols is not None:
-            await ingest._process(event, cols, set())
-    return decoded
+    return await ingest._ingest(events, set())
 
 
 def test_an_unforeseen_failure_is_dead_lettered_and_the_agent_goes_on() -> None:
