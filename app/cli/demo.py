@@ -3,15 +3,17 @@
 Starts the embedded broker, creates the topics, starts one worker and the nodes
 as child processes (two ``sim`` nodes of different GPU models, when a tuning
 space file is found one ``trace`` node, and with ``cupy=True`` one ``cupy`` node
-on a real GPU), follows the windows, findings and
-outcomes topics to show a live table, and ends with a summary computed from the
-measured window aggregates: for every node, device model and kernel, the mean
-durations of its default, best kept and current configurations.
+on a real GPU), follows the windows, findings, outcomes and dead-letter topics to show a live table,
+and ends with a summary computed from the measured window aggregates (for every node,
+device model and kernel, the mean durations of its default, best kept and current
+configurations) and what the stages refused, by reason.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import os
 import shutil
@@ -30,7 +32,14 @@ from kernelstream.app.kafka.embedded import EmbeddedBroker, die_with_parent, fre
 from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.replay.series import series_summary
 from kernelstream.app.settings import Settings
-from kernelstream.schemas import Finding, ReconfigOutcome, SchemaError, WindowAggregate, decode_any
+from kernelstream.schemas import (
+    DeadLetter,
+    Finding,
+    ReconfigOutcome,
+    SchemaError,
+    WindowAggregate,
+    decode_any,
+)
 from kernelstream.schemas.signing import write_keypair
 
 __all__ = ["ChildProcesses", "DemoFailedError", "DemoOptions", "SummaryBuilder", "run_demo"]
@@ -64,10 +73,13 @@ class SummaryBuilder:
         self.outcomes: list[ReconfigOutcome] = []
         self.classification: dict[tuple[str, int, str], str] = {}
         self.host = HostFindingTally()
+        self.dead_letters = DeadLetterTally()
 
     def add(self, record: Any) -> None:
         if isinstance(record, WindowAggregate):
             self.windows.append(record)
+        elif isinstance(record, DeadLetter):
+            self.dead_letters.add(record)
         elif isinstance(record, Finding) and self.host.add(record):
             return
         elif isinstance(record, Finding):
@@ -82,6 +94,67 @@ class SummaryBuilder:
             key = (r["node"], r["device_index"], r["kernel"])
             r["classification"] = self.classification.get(key, "-")
         return rows
+
+
+@dataclass
+class _Refused:
+    count: int
+    first_reason: str
+    keys: dict[str, int]  # original message key -> its dead letters
+
+
+class DeadLetterTally:
+    """The run's dead letters by (stage, reason code): how many, the first one's reason
+    and the message keys they came from (a node's stream key names the node), so the
+    summary says why a node announced at the start has no row."""
+
+    def __init__(self) -> None:
+        self.by_reason: dict[tuple[str, str], _Refused] = {}
+
+    def __len__(self) -> int:
+        return sum(r.count for r in self.by_reason.values())
+
+    def add(self, letter: DeadLetter) -> None:
+        key = _key_text(letter.key_b64)
+        got = self.by_reason.get((letter.stage, letter.reason_code or "-"))
+        if got is None:
+            got = self.by_reason[(letter.stage, letter.reason_code or "-")] = _Refused(
+                0, letter.reason, {}
+            )
+        got.count += 1
+        got.keys[key] = got.keys.get(key, 0) + 1
+
+    def lines(self) -> list[str]:
+        out = []
+        for (stage, code), r in sorted(self.by_reason.items(), key=lambda kv: -kv[1].count):
+            keys = sorted(r.keys, key=lambda k: -r.keys[k])
+            more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+            out.append(
+                f"{r.count:7d}  {stage}/{code} from {', '.join(keys[:3])}{more}: "
+                f"{r.first_reason[:300]}"
+            )
+        return out
+
+    def as_dict(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "stage": stage,
+                "reason_code": code,
+                "count": r.count,
+                "first_reason": r.first_reason,
+                "keys": r.keys,
+            }
+            for (stage, code), r in self.by_reason.items()
+        ]
+
+
+def _key_text(key_b64: str | None) -> str:
+    if key_b64 is None:
+        return "(no key)"
+    try:
+        return base64.b64decode(key_b64, validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return f"(key {key_b64[:24]})"
 
 
 def _us(x: float | None) -> str:
@@ -173,7 +246,13 @@ class ChildProcesses:
     def spawn(self, name: str, args: list[str], **env: str) -> None:
         log = (self.run_dir / f"{name}.log").open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kernelstream.app.cli", *args],
+            # -P: the current folder is not put first on the child's sys.path, so a
+            # child runs the kernelstream the demo runs (a console script's own path),
+            # not a checkout that happens to be the current folder (the worker would
+            # then look for tuning spaces beside that checkout and refuse the trace
+            # node's kernel). A user's kernel module is still found: --kernel adds the
+            # folder it names.
+            [sys.executable, "-P", "-m", "kernelstream.app.cli", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -219,6 +298,7 @@ async def _follow(
         settings.topic_windows,
         settings.topic_findings,
         settings.topic_reconfig,
+        settings.topic_deadletter,
         bootstrap_servers=bootstrap,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
@@ -254,6 +334,8 @@ async def _wait_run(
             if children.failed():
                 raise DemoFailedError(children.failure_message())
             title = f"kernelstream demo: {elapsed:.0f}/{opts.duration_s:.0f} s"
+            if refused := len(builder.dead_letters):
+                title += f", {refused} dead letters"
             if live is not None:
                 live.update(_render(builder.rows(), title))
             elif int(elapsed) % 10 == 0:
@@ -311,6 +393,7 @@ async def _record(settings: Settings, bootstrap: str, directory: Path) -> None:
         settings.topic_findings,
         settings.topic_recommendations,
         settings.topic_reconfig,
+        settings.topic_deadletter,
     ]
     async with KafkaSource(bootstrap, settings.kafka_client_kwargs()) as source:
         counts = await record_topics(source, names, directory)
@@ -451,6 +534,7 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
             broker.stop(timeout_s=1.0)
     rows = builder.rows()
     _print_summary(rows)
+    _print_dead_letters(builder.dead_letters)
     changes = host_changes(builder.outcomes)
     if opts.scenario == "transfers":
         _print_host_findings(builder.host)
@@ -467,6 +551,7 @@ def run_demo(settings: Settings, opts: DemoOptions) -> int:
                     "duration_s": opts.duration_s,
                     "interrupted": interrupted,
                     "series": rows,
+                    "dead_letters": builder.dead_letters.as_dict(),
                     "host_findings": builder.host.as_dict(),
                     "host_changes": {c.key(): c.status for c in changes},
                 },
@@ -489,6 +574,16 @@ def _print_host_findings(tally: HostFindingTally) -> None:
     missing = tally.missing()
     if missing:
         print(f"  not seen in this run: {', '.join(missing)} (a longer --duration shows them)")
+
+
+def _print_dead_letters(tally: DeadLetterTally) -> None:
+    """What the stages refused, by stage and reason code, with where it came from."""
+    if not len(tally):
+        print("\nDead letters: none (every message was accepted)")
+        return
+    print(f"\nDead letters: {len(tally)} messages refused (topic ks.deadletter, recorded too):")
+    for line in tally.lines():
+        print(line)
 
 
 def _print_summary(rows: list[dict[str, Any]]) -> None:

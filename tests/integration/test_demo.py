@@ -32,7 +32,16 @@ def _broker_alive(port: str) -> bool:
 
 
 def test_demo_summary_from_windows(tmp_path: Path) -> None:
+    """The summary per series, and what the worker refused: a trace node whose kernel no
+    tuning-space file declares (the worker is given an empty folder of them) has every
+    batch dead-lettered, and the summary says so, by reason and stream, instead of
+    leaving the node out without a word."""
+    from tests.toy_cache import write_toy_cache
+
     out = tmp_path / "summary.json"
+    trace = tmp_path / "toy.json.gz"
+    write_toy_cache(trace)
+    (tmp_path / "no-spaces").mkdir()
     proc = subprocess.run(
         [
             sys.executable,
@@ -41,14 +50,15 @@ def test_demo_summary_from_windows(tmp_path: Path) -> None:
             "demo",
             "--duration",
             "20",
-            "--no-trace",
+            "--trace-file",
+            str(trace),
             "--no-live",
             "--json",
             str(out),
             "--run-dir",
             str(tmp_path / "run"),
         ],
-        env=_env(),
+        env={**_env(), "KERNELSTREAM_TUNING_SPACES_DIR": str(tmp_path / "no-spaces")},
         capture_output=True,
         text=True,
         timeout=180,
@@ -56,9 +66,17 @@ def test_demo_summary_from_windows(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     port = re.search(r"broker: 127\.0\.0\.1:(\d+)", proc.stdout).group(1)  # type: ignore[union-attr]
     assert not _broker_alive(port), "the demo left its broker running"
-    series = orjson.loads(out.read_bytes())["series"]
+    doc = orjson.loads(out.read_bytes())
+    [refused] = doc["dead_letters"]
+    assert refused["stage"] == "window" and refused["reason_code"] == "unknown_kernel"
+    assert refused["count"] > 0 and set(refused["keys"]) == {"trace-1:0/toy"}
+    assert f"{refused['count']:7d}  window/unknown_kernel from trace-1:0/toy: " in proc.stdout
+    letters = (tmp_path / "run" / "recording" / "ks.deadletter.jsonl").read_bytes().splitlines()
+    assert len(letters) == refused["count"]
+    series = doc["series"]
     kernels = {(s["node"], s["kernel"]) for s in series}
     assert {("sim-a100", "matmul"), ("sim-h100", "transpose")} <= kernels
+    assert not any(s["node"] == "trace-1" for s in series)
     for s in series:
         assert s["windows"] > 0 and s["default_mean_us"] > 0 and s["best_kept_mean_us"] > 0
         assert s["speedup"] == pytest.approx(s["default_mean_us"] / s["best_kept_mean_us"])

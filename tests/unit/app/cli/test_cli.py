@@ -1,7 +1,10 @@
-"""Every command answers --help; the demo summary comes from window aggregates."""
+"""Every command answers --help; the demo summary comes from window aggregates and says
+what was refused."""
 
 from __future__ import annotations
 
+import base64
+import os
 from pathlib import Path
 
 import pytest
@@ -9,7 +12,7 @@ from click.testing import CliRunner
 
 from kernelstream.app.cli import main
 from kernelstream.app.cli.demo import SummaryBuilder
-from kernelstream.schemas import ReconfigOutcome, WindowAggregate
+from kernelstream.schemas import DeadLetter, ReconfigOutcome, WindowAggregate
 
 
 @pytest.mark.parametrize("command", ["demo", "broker", "worker", "node", "watch"])
@@ -124,3 +127,58 @@ def test_demo_trace_node_replays_the_first_file_that_is_a_cache(tmp_path: Path) 
     assert _find_trace_file(settings, None) == tmp_path / "B.json.gz"
     (tmp_path / "B.json.gz").unlink()
     assert _find_trace_file(settings, None) is None
+
+
+def _letter(key: bytes | None, code: str, reason: str) -> DeadLetter:
+    return DeadLetter(
+        stage="window",
+        topic="ks.launches",
+        key_b64=base64.b64encode(key).decode() if key is not None else None,
+        value_b64="",
+        reason=reason,
+        reason_code=code,
+        at=0.0,
+    )
+
+
+def test_summary_says_what_was_refused_and_from_where(capsys: pytest.CaptureFixture[str]) -> None:
+    """A node whose every batch is refused has no row; the dead letters say why."""
+    from kernelstream.app.cli.demo import _print_dead_letters
+
+    b = SummaryBuilder()
+    _print_dead_letters(b.dead_letters)
+    assert "Dead letters: none" in capsys.readouterr().out
+    unknown = "unknown kernel: workload 'convolution_kernel' with problem size [4096, 4096]"
+    for _ in range(186):
+        b.add(_letter(b"trace-1:0/convolution_kernel", "unknown_kernel", unknown))
+    b.add(_letter(b"sim-a100:0/matmul", "bad_timestamp", "event time 1.000 is 9 s ahead"))
+    b.add(_letter(None, "invalid_json", "invalid JSON: unexpected character"))
+    b.add(_letter(b"\xff\xfe", "invalid_json", "invalid JSON: unexpected character"))
+    assert len(b.dead_letters) == 189 and b.rows() == []
+    _print_dead_letters(b.dead_letters)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "Dead letters: 189 messages refused (topic ks.deadletter, recorded too):"
+    assert out[2] == f"    186  window/unknown_kernel from trace-1:0/convolution_kernel: {unknown}"
+    assert out[3].startswith("      2  window/invalid_json from (no key), (key //4=)")
+    assert out[4].startswith("      1  window/bad_timestamp from sim-a100:0/matmul: event time")
+    [row] = [d for d in b.dead_letters.as_dict() if d["reason_code"] == "unknown_kernel"]
+    assert row["count"] == 186 and row["keys"] == {"trace-1:0/convolution_kernel": 186}
+
+
+def test_demo_children_run_the_demos_kernelstream_not_the_current_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started in a folder that holds another ``kernelstream`` package (a second checkout),
+    the demo's children import the one the demo runs."""
+    from kernelstream.app.cli.demo import ChildProcesses
+
+    decoy = tmp_path / "kernelstream"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("raise SystemExit('the decoy kernelstream was imported')\n")
+    monkeypatch.chdir(tmp_path)
+    children = ChildProcesses(tmp_path, dict(os.environ))
+    children.spawn("probe", ["--help"])
+    [(_, proc)] = children.procs
+    assert proc.wait(timeout=60) == 0
+    log = (tmp_path / "probe.log").read_text()
+    assert "decoy" not in log and "Usage" in log
