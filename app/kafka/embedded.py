@@ -74,6 +74,13 @@ async def wait_for_kafka(
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
+        # A port that does not accept yet is asked again without a Kafka client: aiokafka
+        # logs each refused bootstrap connection as an error, which a user would read
+        # as a failure while a broker is only starting.
+        if not await _any_accepts(bootstrap):
+            last = ConnectionRefusedError(f"nothing listens at {bootstrap} yet")
+            await asyncio.sleep(0.1)
+            continue
         admin = AIOKafkaAdminClient(
             bootstrap_servers=bootstrap, request_timeout_ms=2000, **client_kwargs
         )
@@ -89,6 +96,25 @@ async def wait_for_kafka(
             with contextlib.suppress(Exception):
                 await admin.close()
     raise BrokerError(f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f} s: {last}")
+
+
+async def _any_accepts(bootstrap: str) -> bool:
+    """Whether a TCP connection to one of ``bootstrap``'s ``host:port`` addresses opens."""
+    for address in bootstrap.split(","):
+        host, sep, port = address.strip().rpartition(":")
+        if not sep or host.endswith(":"):  # no port (or a bare IPv6 address): Kafka's default
+            host, port = address.strip(), "9092"
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(host.strip("[]"), int(port)), 2.0
+            )
+        except (OSError, ValueError, TimeoutError):
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+    return False
 
 
 class EmbeddedBroker:
