@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 
 from kernelstream.app.settings import load_settings
-from kernelstream.app.worker.faust_app import faust_broker_kwargs
+from kernelstream.app.worker.faust_app import faust_broker_kwargs, transport
 from kernelstream.bench.pipeline_procs import peer_stats
 from kernelstream.schemas.binary import is_binary, read_launch_batch
 
@@ -68,6 +68,9 @@ def main() -> None:
         datadir=str(s.data_dir),
         **faust_broker_kwargs(s),
     )
+    # The fetch wait the worker's own Faust agents use (Faust hardcodes 1.5 s, which the
+    # embedded broker waits out in full): without it this agent idles most of its run.
+    app.transport = transport(s, app)
     topic = app.topic(s.topic_launches, key_serializer="raw", value_serializer="raw")
     size, slack = s.window_s, s.allowed_lateness_s + s.out_of_orderness_s
     # stream -> (config, window) -> the durations that ran: a message closes only its own
