@@ -3,10 +3,10 @@
 Starts the embedded broker, creates the topics, starts one worker and the nodes
 as child processes (two ``sim`` nodes of different GPU models, when a tuning
 space file is found one ``trace`` node, and with ``cupy=True`` one ``cupy`` node
-on a real GPU), follows the windows, findings, outcomes and dead-letter topics to show a live table,
-and ends with a summary computed from the measured window aggregates (for every node,
-device model and kernel, the mean durations of its default, best kept and current
-configurations) and what the stages refused, by reason.
+on a real GPU), follows the windows, findings, outcomes and dead-letter topics to show
+a live table, and ends with a summary computed from the measured window aggregates (for
+every node, device model and kernel, the mean durations of its default, best kept and
+current configurations) and what the stages refused, by reason.
 """
 
 from __future__ import annotations
@@ -115,12 +115,11 @@ class DeadLetterTally:
         return sum(r.count for r in self.by_reason.values())
 
     def add(self, letter: DeadLetter) -> None:
+        reason = (letter.stage, letter.reason_code or "-")
+        if reason not in self.by_reason:
+            self.by_reason[reason] = _Refused(0, letter.reason, {})
+        got = self.by_reason[reason]
         key = _key_text(letter.key_b64)
-        got = self.by_reason.get((letter.stage, letter.reason_code or "-"))
-        if got is None:
-            got = self.by_reason[(letter.stage, letter.reason_code or "-")] = _Refused(
-                0, letter.reason, {}
-            )
         got.count += 1
         got.keys[key] = got.keys.get(key, 0) + 1
 
