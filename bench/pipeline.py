@@ -930,11 +930,25 @@ def command(
         table = _table(result)
     click.echo(table)
     text = json.dumps(result, indent=1, default=str)
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(text)
     name = "pipeline-latency" if latency_only else "pipeline"
     name += {"tansu": "", "kafka": "-kafka", "both": "-brokers"}[engine]
-    stem = dated_stem(results_dir, name, result["date"])
+    stem = write_results(results_dir, name, result["date"], text, table, json_path)
+    click.echo(f"wrote {stem}.json and {stem}.txt", err=True)
+
+
+def write_results(
+    results_dir: Path, name: str, date: str, text: str, table: str, json_path: Path
+) -> Path:
+    """The run's JSON ``text`` and ``table`` as the next dated copy of ``name`` under
+    ``results_dir``, and the JSON at ``json_path``; returns the copy's stem.
+
+    The dated copy is chosen first, so a ``json_path`` that names it (the docs suggest
+    ``bench/results/pipeline-<date>.json``) is that copy, not a second one numbered after it.
+    """
+    stem = dated_stem(results_dir, name, date)
     Path(f"{stem}.json").write_text(text)
     Path(f"{stem}.txt").write_text(table + "\n")
-    click.echo(f"wrote {stem}.json and {stem}.txt", err=True)
+    if json_path.resolve() != Path(f"{stem}.json").resolve():
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(text)
+    return stem
