@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,12 @@ from typing import Any
 import orjson
 
 from kernelstream.app.cli.demo_transfers import TRANSFER_NODES, HostFindingTally, host_changes
-from kernelstream.app.kafka.embedded import EmbeddedBroker, die_with_parent, free_port
+from kernelstream.app.kafka.embedded import (
+    EmbeddedBroker,
+    cli_command,
+    die_with_parent,
+    free_port,
+)
 from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.replay.series import series_summary
 from kernelstream.app.settings import Settings
@@ -245,13 +249,7 @@ class ChildProcesses:
     def spawn(self, name: str, args: list[str], **env: str) -> None:
         log = (self.run_dir / f"{name}.log").open("wb")
         proc = subprocess.Popen(
-            # -P: the current folder is not put first on the child's sys.path, so a
-            # child runs the kernelstream the demo runs (a console script's own path),
-            # not a checkout that happens to be the current folder (the worker would
-            # then look for tuning spaces beside that checkout and refuse the trace
-            # node's kernel). A user's kernel module is still found: --kernel adds the
-            # folder it names.
-            [sys.executable, "-P", "-m", "kernelstream.app.cli", *args],
+            cli_command(*args),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -43,6 +43,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cli_command(*args: str) -> list[str]:
+    """The command line of a ``kernelstream`` child process (a worker, a node) run by
+    this one, on this one's interpreter and kernelstream.
+
+    ``-P``: the current folder is not put first on the child's ``sys.path``, so the child
+    does not import a checkout that happens to be the current folder (a worker would then
+    look for tuning spaces beside that checkout and refuse the kernels this process
+    declared). A user's kernel module is still found: ``--kernel`` adds the folder it names.
+    """
+    return [sys.executable, "-P", "-m", "kernelstream.app.cli", *args]
+
+
 def die_with_parent() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -99,16 +111,18 @@ async def wait_for_kafka(
 
 
 async def _any_accepts(bootstrap: str) -> bool:
-    """Whether a TCP connection to one of ``bootstrap``'s ``host:port`` addresses opens."""
-    for address in bootstrap.split(","):
-        host, sep, port = address.strip().rpartition(":")
-        if not sep or host.endswith(":"):  # no port (or a bare IPv6 address): Kafka's default
-            host, port = address.strip(), "9092"
+    """Whether a TCP connection to one of ``bootstrap``'s addresses opens (parsed as
+    aiokafka's client parses them: ``host[:port]``, ``[v6]:port``, 9092 by default)."""
+    from aiokafka.conn import collect_hosts
+
+    try:
+        addresses = collect_hosts(bootstrap, randomize=False)
+    except ValueError:  # a port that is not a number: the timeout names the address
+        return False
+    for host, port, _ in addresses:
         try:
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(host.strip("[]"), int(port)), 2.0
-            )
-        except (OSError, ValueError, TimeoutError):
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2.0)
+        except (OSError, TimeoutError):
             continue
         writer.close()
         with contextlib.suppress(OSError):

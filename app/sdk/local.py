@@ -10,13 +10,17 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import IO
 
 from pydantic import SecretStr
 
-from kernelstream.app.kafka.embedded import EmbeddedBroker, die_with_parent, free_port
+from kernelstream.app.kafka.embedded import (
+    EmbeddedBroker,
+    cli_command,
+    die_with_parent,
+    free_port,
+)
 from kernelstream.app.settings import Settings
 
 __all__ = ["LocalStack", "settings_env"]
@@ -62,7 +66,7 @@ class LocalStack:
         )
         self._log = (self.run_dir / "worker.log").open("wb")
         self.worker = subprocess.Popen(
-            [sys.executable, "-m", "kernelstream.app.cli", "worker"],
+            cli_command("worker"),
             env=settings_env(settings),
             stdout=self._log,
             stderr=subprocess.STDOUT,
