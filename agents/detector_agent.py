@@ -24,15 +24,20 @@ another worker loses the host-side findings of its open windows, never its launc
 
 from __future__ import annotations
 
+import logging
+from types import SimpleNamespace
+
 from kernelstream.agents.context import WorkerContext
 from kernelstream.agents.logic.detection import Detector, finding_id
 from kernelstream.agents.logic.transfers import TransferWindows, finding_records, transfer_findings
 from kernelstream.kernels.devices import device_spec_for_name
-from kernelstream.schemas import WindowAggregate, encode
+from kernelstream.schemas import Finding, WindowAggregate, encode
 from kernelstream.schemas.columnar import LaunchColumns
 from kernelstream.schemas.keys import group_key
 
 __all__ = ["InlineDetector"]
+
+log = logging.getLogger(__name__)
 
 
 class InlineDetector:
@@ -48,14 +53,44 @@ class InlineDetector:
         self.transfers.add(cols)
 
     async def on_window(self, agg: WindowAggregate) -> None:
-        finding = self.detector.classify(agg)
-        self.ctx.counters[f"findings.{finding.classification}"] += 1
+        """Publish the findings of a window the window agent published.
+
+        Classifying is pure: should it fail on a window in a way nothing foresaw, the
+        window is dead-lettered (``internal_error``, stage ``detector``) and the
+        stream goes on; raised, the failure would stop the window agent, whose restart
+        closes the same window again. A failure to publish raises, as the window
+        agent's own publishing does (the broker: restart from the checkpoint).
+        """
         key = group_key(agg.device_model, agg.workload, agg.problem_size).encode()
-        await self.ctx.send("findings", key, encode(finding))
-        host = self.transfers.close(agg)
-        if host is None:
+        try:
+            records = self._findings(agg)
+        except Exception as ex:
+            log.exception("classifying window %s failed", finding_id(agg))
+            await self.ctx.dead_letter(
+                "detector",
+                _ClosedWindow(self.ctx.settings.topic_windows, agg),
+                f"the detector failed on this window: {ex!r}",
+                "internal_error",
+            )
             return
-        found = transfer_findings(host, device_spec_for_name(agg.device_model), agg.config)
-        for record in finding_records(agg, found, finding_id(agg)):
+        for record in records:
             self.ctx.counters[f"findings.{record.classification}"] += 1
             await self.ctx.send("findings", key, encode(record))
+
+    def _findings(self, agg: WindowAggregate) -> list[Finding]:
+        """The window's roofline finding, then those of its host side (if it has one)."""
+        out = [self.detector.classify(agg)]
+        host = self.transfers.close(agg)
+        if host is not None:
+            found = transfer_findings(host, device_spec_for_name(agg.device_model), agg.config)
+            out += finding_records(agg, found, finding_id(agg))
+        return out
+
+
+class _ClosedWindow:
+    """A window the window agent published, as the event a dead letter describes."""
+
+    def __init__(self, topic: str, agg: WindowAggregate) -> None:
+        self.key = agg.stream_key.encode()
+        self.value = encode(agg)
+        self.message = SimpleNamespace(topic=topic, partition=None, offset=None)

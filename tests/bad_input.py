@@ -23,10 +23,12 @@ from kernelstream.schemas import LaunchBatch, encode
 
 __all__ = [
     "ACCEPTED",
+    "OVERFLOWING",
     "OVERSIZE_BYTES",
     "BadInput",
     "bad_inputs",
     "good_batch",
+    "overflowing",
     "sequence_inputs",
 ]
 
@@ -337,6 +339,33 @@ def sequence_inputs(template: LaunchBatch, now: float) -> list[BadInput]:
     ]
 
 
+#: Valid batches whose derived ratios overflow a double: every field is within its schema,
+#: only the quotients a window and its finding compute are not (name -> changed fields).
+OVERFLOWING: dict[str, dict[str, Any]] = {
+    "a device peak of 1e-300 GB/s (ridge point, bandwidth fraction)": {
+        "peak_gbs": 1e-300,
+        "peak_gflops": 1e300,
+    },
+    "1e308 bytes per launch in 1e-4 us (achieved GB/s)": {
+        "bytes_moved": 1e308,
+        "duration_us": 1e-4,
+    },
+    "1e308 FLOPs over 1e-300 bytes (arithmetic intensity)": {
+        "flops": 1e308,
+        "bytes_moved": 1e-300,
+    },
+    "launches of 5e-324 us, the smallest double": {"duration_us": 5e-324},
+}
+
+
+def overflowing(batch: LaunchBatch, changes: dict[str, Any]) -> LaunchBatch:
+    """``batch`` with an :data:`OVERFLOWING` entry's fields (a duration: every launch's)."""
+    over = dict(changes)
+    if "duration_us" in over:
+        over["duration_us"] = [over["duration_us"]] * len(batch.t_end)
+    return LaunchBatch.model_validate({**batch.to_wire(), **over})
+
+
 #: What happens to input that is *not* refused, and why (docs/reliability/bad-input.md).
 ACCEPTED = [
     (
@@ -366,6 +395,12 @@ ACCEPTED = [
         "end times going back by up to max_event_disorder_s (1 s)",
         "windowed: two CUDA streams of one device finish out of order by milliseconds; "
         "launches behind the watermark go to the late topic.",
+    ),
+    (
+        "valid numbers whose quotients overflow a double (a peak of 1e-300 GB/s, launches "
+        "of 5e-324 us moving 1e308 bytes)",
+        "windowed: a rate, fraction or ratio that would be infinite is the largest double "
+        "(1.8e308) in the window and its finding (agents/logic/ratios.py).",
     ),
     (
         "launches older than their window's close (allowed lateness passed)",

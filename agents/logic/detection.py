@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kernelstream.agents.logic.errors import LogicSettingsError, SnapshotError
+from kernelstream.agents.logic.ratios import finite_ratio
 from kernelstream.schemas.records import Classification, Finding, WindowAggregate
 
 __all__ = ["DEVICE_EVIDENCE", "Detector", "DetectorThresholds", "finding_id"]
@@ -141,7 +142,7 @@ class Detector:
             return None
         evidence["baseline_us"] = base.mean_us
         evidence["baseline_windows"] = base.windows
-        ratio = agg.duration_mean_us / base.mean_us if base.mean_us > 0 else 0.0
+        ratio = finite_ratio(agg.duration_mean_us, base.mean_us)
         evidence["regression_ratio"] = ratio
         if ratio > th.regression_factor:
             return "regression", (
@@ -240,7 +241,7 @@ class Detector:
 
 def _roofline_evidence(agg: WindowAggregate) -> Evidence:
     known = agg.roofline_known
-    ridge = agg.peak_gflops / agg.peak_gbs if known else 0.0
+    ridge = finite_ratio(agg.peak_gflops, agg.peak_gbs) if known else 0.0
     return {
         "roofline_known": known,
         "count": agg.count,

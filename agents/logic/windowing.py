@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kernelstream.agents.logic.errors import LogicSettingsError, SnapshotError
+from kernelstream.agents.logic.ratios import finite_ratio
 from kernelstream.schemas.columnar import LaunchColumns
 from kernelstream.schemas.records import DeviceSample, LaunchBatch, WindowAggregate
 
@@ -698,9 +699,10 @@ def _build(
     """The roofline placement shared by the batched path and the reference."""
     mean_us = stats["duration_mean_us"]
     bytes_moved, flops = float(meta["bytes_moved"]), float(meta["flops"])
-    # bytes / (mean_us * 1e-6 s) / 1e9 = GB/s
-    gbs = bytes_moved / (mean_us * 1e3) if mean_us > 0 else 0.0
-    gflops = flops / (mean_us * 1e3) if mean_us > 0 else 0.0
+    # bytes / (mean_us * 1e-6 s) / 1e9 = GB/s; each quotient finite whatever the input
+    # (agents.logic.ratios)
+    gbs = finite_ratio(bytes_moved, mean_us * 1e3) if mean_us > 0 else 0.0
+    gflops = finite_ratio(flops, mean_us * 1e3) if mean_us > 0 else 0.0
     return WindowAggregate(
         node=meta["node"],
         device_index=meta["device_index"],
@@ -720,9 +722,9 @@ def _build(
         achieved_gbs=gbs,
         achieved_gflops=gflops,
         # Peaks of 0: the GPU model is not known, nor its roofline (DeviceSpec.unknown).
-        bw_fraction=gbs / float(meta["peak_gbs"]) if meta["peak_gbs"] else 0.0,
-        flops_fraction=gflops / float(meta["peak_gflops"]) if meta["peak_gflops"] else 0.0,
-        arithmetic_intensity=flops / bytes_moved if bytes_moved > 0 else 0.0,
+        bw_fraction=finite_ratio(gbs, float(meta["peak_gbs"])),
+        flops_fraction=finite_ratio(gflops, float(meta["peak_gflops"])),
+        arithmetic_intensity=finite_ratio(flops, bytes_moved),
         occupancy=meta["occupancy"],
         resources_source=meta.get("resources_source"),
         waves=meta["waves"],

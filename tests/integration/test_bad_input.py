@@ -1,5 +1,6 @@
 """Every class of bad input through a real worker: dead-lettered with its reason, counted,
-and the windows of the good records are exactly those of the good records alone.
+and the windows of the good records are exactly those of the good records alone; valid
+records whose derived ratios overflow a double get their windows and findings.
 
 At real sizes: the worker runs with its default limits (``max_message_bytes`` 8 MiB, the
 producer's default ``max_request_size`` of 1,000,000 bytes for its dead letters); the
@@ -28,7 +29,7 @@ from kernelstream.agents.logic.windowing import WindowSpec, aggregate_reference,
 from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.settings import Settings
 from kernelstream.schemas import DeadLetter, WindowAggregate, encode
-from tests.bad_input import bad_inputs, good_batch, sequence_inputs
+from tests.bad_input import OVERFLOWING, bad_inputs, good_batch, overflowing, sequence_inputs
 from tests.integration.conftest import settings_env
 from tests.integration.helpers import TopicReader
 
@@ -96,6 +97,12 @@ async def _scenario(s: Settings, worker: subprocess.Popen[bytes]) -> int:
         if i == 0:  # right behind the stream's first batch: a copy and forged numbers
             items += [(k, v) for _, _, k, v in sequence_inputs(good[0], now)]
     bad += sequence_inputs(good[0], now)
+    # Accepted, with numbers whose quotients overflow a double: one stream each.
+    extreme = [
+        overflowing(good_batch(f"x{i}", "matmul", now - 2.5, 150, 0), changes)
+        for i, changes in enumerate(OVERFLOWING.values())
+    ]
+    items += [(b.stream_key.encode(), encode(b)) for b in extreme]
     refused = await _produce_large(bootstrap, s.topic_launches, items)
     # Only records over the broker's own size limit may be refused, and only bad ones.
     assert all(len(v or b"") > 1_000_000 for _, v in refused), [len(v) for _, v in refused]
@@ -103,12 +110,14 @@ async def _scenario(s: Settings, worker: subprocess.Popen[bytes]) -> int:
     bad = [b for b in bad if (b[2], b[3]) not in set(refused)]
 
     spec = WindowSpec(s.window_s, s.out_of_orderness_s, s.allowed_lateness_s, s.idle_timeout_s)
-    want = aggregate_reference(launch_rows(good), spec)
-    async with TopicReader(bootstrap, s.topic_windows, s.topic_deadletter) as r:
+    want = aggregate_reference(launch_rows(good + extreme), spec)
+    topics = (s.topic_windows, s.topic_deadletter, s.topic_findings)
+    async with TopicReader(bootstrap, *topics) as r:
         await r.until(
             lambda: (
                 len(r.records[s.topic_deadletter]) >= len(bad)
                 and len(r.records[s.topic_windows]) >= len(want)
+                and len(r.records[s.topic_findings]) >= len(want)
             ),
             90,
             "every dead letter and every window",
@@ -140,6 +149,10 @@ async def _scenario(s: Settings, worker: subprocess.Popen[bytes]) -> int:
     for g, w in zip(got, want, strict=True):
         assert g.duration_mean_us == pytest.approx(w.duration_mean_us, rel=1e-9)
         assert g.duration_p95_us == pytest.approx(w.duration_p95_us, rel=1e-9)
+        assert g.achieved_gbs == w.achieved_gbs and g.bw_fraction == w.bw_fraction
+    # every window has its finding (the extreme streams' too: decoded, so valid)
+    found = {(f.node, f.window_start) for f in r.records[s.topic_findings]}
+    assert {(w.node, w.window_start) for w in want} <= found
 
     counters = (await asyncio.to_thread(_stats, s.web_port))["counters"]
     for code in {c for _, c, _, _ in bad}:
@@ -177,4 +190,5 @@ def test_every_bad_input_class_is_dead_lettered_and_good_results_are_unchanged(
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert (report / "index.html").exists()
     totals = json.loads((report / "summary.json").read_text())["totals"]
-    assert totals["launches"] == 8 * 50 and sum(totals["rejected"].values()) == on_topic, totals
+    launches = 8 * 50 + 150 * len(OVERFLOWING)
+    assert totals["launches"] == launches and sum(totals["rejected"].values()) == on_topic, totals

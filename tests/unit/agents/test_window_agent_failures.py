@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import math
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -10,11 +12,20 @@ from typing import Any
 import pytest
 
 from kernelstream.agents.context import WorkerContext
+from kernelstream.agents.detector_agent import InlineDetector
+from kernelstream.agents.logic.detection import Detector
 from kernelstream.agents.logic.windowing import Windower
 from kernelstream.agents.window_agent import WindowIngest
 from kernelstream.app.settings import Settings
-from kernelstream.schemas import DeadLetter, columnar, decode, encode
-from tests.bad_input import good_batch
+from kernelstream.schemas import (
+    DeadLetter,
+    Finding,
+    WindowAggregate,
+    columnar,
+    decode,
+    encode,
+)
+from tests.bad_input import OVERFLOWING, good_batch, overflowing
 
 
 class Topic:
@@ -81,3 +92,65 @@ def test_a_poll_that_fails_to_decode_is_decoded_again_one_message_at_a_time(
     [letter] = [decode(v, DeadLetter) for v in topics["deadletter"].sent]
     assert letter.reason_code == "internal_error" and letter.offset == 6
     assert ingest.stats.batches == 2
+
+
+def _extreme_msgs(changes: dict[str, Any]) -> list[SimpleNamespace]:
+    """Three seconds of one stream (two or three windows close), and a normal stream."""
+    now = time.time()
+    msgs: list[SimpleNamespace] = []
+    for node, over in (("n1", changes), ("n2", {})):
+        batch = overflowing(good_batch(node, "matmul", now - 3.2, 300, 0), over)
+        msgs.append(
+            SimpleNamespace(
+                topic="ks.launches",
+                partition=0,
+                offset=len(msgs),
+                key=batch.stream_key.encode(),
+                value=encode(batch),
+            )
+        )
+    return msgs
+
+
+@pytest.mark.parametrize("changes", OVERFLOWING.values(), ids=list(OVERFLOWING))
+def test_valid_batches_whose_ratios_overflow_still_give_windows_and_findings(
+    changes: dict[str, Any],
+) -> None:
+    topics = {role: Topic() for role in ("deadletter", "late", "windows", "findings")}
+    ctx = WorkerContext(Settings(), topics)
+    ingest = WindowIngest(None, ctx, Windower(), InlineDetector(ctx))
+    asyncio.run(_poll(ingest, _extreme_msgs(changes)))  # does not raise
+    assert topics["deadletter"].sent == []
+    windows = [decode(v, WindowAggregate) for v in topics["windows"].sent]
+    findings = [decode(v, Finding) for v in topics["findings"].sent]
+    # the stream with the extreme numbers closes as many windows as the normal one
+    assert [w.window_start for w in windows if w.node == "n1"] == [
+        w.window_start for w in windows if w.node == "n2"
+    ]
+    assert sorted(f.node for f in findings) == sorted(w.node for w in windows)
+    assert len(windows) >= 4
+    for record in (*windows, *findings):  # decode() validated them: finite throughout
+        assert all(math.isfinite(v) for v in record.model_dump().values() if isinstance(v, float))
+
+
+def test_a_detector_failure_dead_letters_the_window_and_the_stream_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    topics = {role: Topic() for role in ("deadletter", "late", "windows", "findings")}
+    ctx = WorkerContext(Settings(), topics)
+    ingest = WindowIngest(None, ctx, Windower(), InlineDetector(ctx))
+
+    def fail(self: Detector, agg: WindowAggregate) -> Finding:
+        raise ZeroDivisionError("a defect in the detector")
+
+    monkeypatch.setattr(Detector, "classify", fail)
+    asyncio.run(_poll(ingest, _extreme_msgs({})))  # does not raise
+    windows = topics["windows"].sent
+    assert len(windows) >= 4 and topics["findings"].sent == []
+    letters = [decode(v, DeadLetter) for v in topics["deadletter"].sent]
+    assert [(d.stage, d.reason_code, d.topic) for d in letters] == [
+        ("detector", "internal_error", "ks.windows")
+    ] * len(windows)
+    assert "ZeroDivisionError" in letters[0].reason
+    assert [base64.b64decode(d.value_b64) for d in letters] == windows
+    assert ctx.counters["deadletter.detector.internal_error"] == len(windows)
