@@ -22,7 +22,7 @@ from kernelstream.kernels.transfers import host_declared
 from kernelstream.schemas import Finding, Recommendation, ReconfigOutcome, encode
 from kernelstream.schemas.signing import signer_from_settings
 
-__all__ = ["register"]
+__all__ = ["recommend_all", "register"]
 
 log = logging.getLogger("kernelstream.tuner")
 
@@ -45,6 +45,30 @@ def tuner_from_settings(settings: Any) -> Tuner:
     )
 
 
+def recommend_all(
+    tuner: Tuner, todo: list[tuple[Any, Finding, Any]]
+) -> tuple[list[Recommendation], list[tuple[Any, Exception]]]:
+    """Each finding of a burst into the tuner, in order; the recommendations it issued,
+    and the events of the findings it failed on (a defect), with the failure.
+
+    A finding the tuner fails on is skipped, to be dead-lettered (``internal_error``):
+    raised, the failure would stop the agent and lose the burst's other findings, and
+    the same finding would come back after a restart.
+    """
+    out, failed = [], []
+    for event, finding, space in todo:
+        try:
+            tuner.observe_finding(finding)
+            rec = tuner.recommend_for(finding, space, time.time())
+        except Exception as ex:
+            log.exception("the tuner failed on finding %s", finding.id)
+            failed.append((event, ex))
+            continue
+        if rec is not None:
+            out.append(rec)
+    return out, failed
+
+
 def register(app: Any, ctx: WorkerContext) -> Tuner:
     tuner = tuner_from_settings(ctx.settings)
     signer = signer_from_settings(ctx.settings)
@@ -65,15 +89,6 @@ def register(app: Any, ctx: WorkerContext) -> Tuner:
     # (milliseconds apiece on a busy machine; bench/pipeline.py (d) per-hop breakdown).
     lock = asyncio.Lock()
 
-    def recommend_all(todo: list[tuple[Finding, Any]]) -> list[Recommendation]:
-        out = []
-        for finding, space in todo:
-            tuner.observe_finding(finding)
-            rec = tuner.recommend_for(finding, space, time.time())
-            if rec is not None:
-                out.append(rec)
-        return out
-
     @app.agent(findings, name="tuner")
     async def tuner_agent(stream: Any) -> None:
         async for events in stream.take_events(_BATCH, within=_BATCH_WITHIN_S):
@@ -88,11 +103,15 @@ def register(app: Any, ctx: WorkerContext) -> Tuner:
                 except (LookupError, ValueError) as exc:  # unknown workload, or a bad size
                     await ctx.dead_letter("tuner", event, str(exc), "unknown_kernel")
                     continue
-                todo.append((finding, space))
+                todo.append((event, finding, space))
             if not todo:
                 continue
             async with lock:
-                recs = await asyncio.to_thread(recommend_all, todo)
+                recs, failed = await asyncio.to_thread(recommend_all, tuner, todo)
+            for event, ex in failed:
+                await ctx.dead_letter(
+                    "tuner", event, f"the tuner failed on this finding: {ex!r}", "internal_error"
+                )
             for rec in recs:
                 if signer is not None:
                     rec = signer.sign(rec)

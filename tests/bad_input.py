@@ -403,6 +403,11 @@ ACCEPTED = [
         "(1.8e308) in the window and its finding (agents/logic/ratios.py).",
     ),
     (
+        "launches timed at 0 us (below the timer's resolution)",
+        "windowed; the tuner counts a mean below 1 ns as 1 ns, so the gains it states and "
+        "the logarithms its model takes stay finite (agents/logic/tuning.py MIN_MEAN_US).",
+    ),
+    (
         "launches older than their window's close (allowed lateness passed)",
         "late topic (ks.late), with their sequence numbers: never windowed, never dropped.",
     ),

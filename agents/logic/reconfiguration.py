@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from kernelstream.agents.logic.ratios import finite_ratio
 from kernelstream.kernels.space import Config, SearchSpace
 from kernelstream.schemas import Recommendation, ReconfigOutcome
 
@@ -326,7 +327,7 @@ def outcome_record(
         return ",".join(f"{k}={v}" for k, v in c.items()) or "-"
 
     before_mean, after_mean = measured.get("before_mean_us"), measured.get("after_mean_us")
-    speedup = before_mean / after_mean if before_mean and after_mean else None
+    speedup = finite_ratio(before_mean, after_mean) if before_mean and after_mean else None
     return ReconfigOutcome(
         id=f"{rec.id}/{status}/{round(at * 1e6)}",
         recommendation_id=rec.id,

@@ -65,6 +65,12 @@ def _slot_of(record: WindowAggregate | Finding | ReconfigOutcome) -> SlotKey:
     return (record.node, record.device_index, record.kernel)
 
 
+#: One nanosecond: no kernel launch completes faster. A mean below it (launches timed at
+#: 0 us, below the timer's resolution, or denormal numbers a node sent) counts as it, so
+#: that the ratios and logarithms of durations the tuner and its model take stay finite.
+MIN_MEAN_US = 1e-3
+
+
 @dataclass
 class Measurement:
     """Count-weighted duration of one config in one group."""
@@ -76,7 +82,8 @@ class Measurement:
 
     @property
     def mean_us(self) -> float:
-        return self.sum_us / self.count if self.count else math.inf
+        """The mean duration, at least :data:`MIN_MEAN_US` (inf when nothing was counted)."""
+        return max(self.sum_us / self.count, MIN_MEAN_US) if self.count else math.inf
 
 
 @dataclass

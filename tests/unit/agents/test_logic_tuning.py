@@ -12,7 +12,13 @@ import pytest
 from kernelstream.agents.logic.detection import Detector
 from kernelstream.agents.logic.errors import LogicSettingsError, SnapshotError
 from kernelstream.agents.logic.search import ModelGuidedSearch
-from kernelstream.agents.logic.tuning import GuidedLocalSearch, Strategy, Tuner, group_of
+from kernelstream.agents.logic.tuning import (
+    MIN_MEAN_US,
+    GuidedLocalSearch,
+    Strategy,
+    Tuner,
+    group_of,
+)
 from kernelstream.agents.logic.windowing import Windower, WindowSpec, make_example_batch
 from kernelstream.kernels.space import Config, Constraint, SearchSpace
 from kernelstream.schemas.records import Finding, Recommendation, ReconfigOutcome
@@ -417,3 +423,26 @@ def test_snapshot_keeps_rolled_back_configs_apart_and_reads_older_snapshots() ->
     old = Tuner.restore(snap).snapshot()
     assert old["settings"]["regression_restart"] == 1.2
     assert (old["slots"][0]["excluded"], old["slots"][0]["rolled_back"]) == ([rec.config_id], [])
+
+
+@pytest.mark.parametrize("mean", [0.0, 5e-324])
+def test_launches_timed_at_zero_us_keep_every_gain_finite(mean: float) -> None:
+    # Valid findings (durations >= 0): a fleet best of 0 us is shared, as 1 ns.
+    t = Tuner(share_after=0)
+    best: Config = {"block": 256, "tile": 2, "use_smem": True}
+    seen(t, finding(START, 100.0, node="a"))
+    t.observe_finding(finding(best, mean, node="a", t=1.0))
+    rec = seen(t, finding(START, 100.0, node="b", t=5.0))
+    assert rec is not None and rec.config == best
+    assert rec.expected_gain == 100.0 / MIN_MEAN_US - 1.0
+    # The model-guided search takes logarithms of such measurements.
+    t = Tuner(strategy=ModelGuidedSearch())
+    config, issued = START, 0
+    for step in range(16):
+        rec = seen(t, finding(config, mean if step % 2 else 100.0, t=float(step)), float(step))
+        if rec is not None:
+            issued += 1
+            assert math.isfinite(rec.expected_gain)
+            t.observe_outcome(outcome(rec, "kept", config, at=step + 0.5))
+            config = dict(rec.config)
+    assert issued >= 4

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kernelstream.agents.logic.reconfiguration import ReconfigPolicy, Reconfigurator
+from kernelstream.agents.logic.reconfiguration import (
+    ReconfigPolicy,
+    Reconfigurator,
+    outcome_record,
+)
+from kernelstream.kernels.backends.sim import SimDevice
 from kernelstream.kernels.space import Constraint, SearchSpace
 from kernelstream.schemas import Recommendation
 from kernelstream.schemas.signing import (
@@ -223,3 +229,11 @@ def test_stale_or_overlong_recommendations_are_rejected(
     )
     d = make().consider(r, now)
     assert d.action == "reject" and reason in d.reason, d.reason
+
+
+def test_an_outcome_after_launches_timed_at_a_denormal_has_a_finite_speedup() -> None:
+    device = SimDevice("A100-SXM4-80GB", seed=1)
+    before, after = {"block": 32, "tile": 1}, {"block": 64, "tile": 1}
+    measured = {"before_mean_us": 100.0, "after_mean_us": 5e-324, "after_count": 10}
+    out = outcome_record(rec(after), "kept", "faster", before, after, device, 1.0, **measured)
+    assert out.speedup == sys.float_info.max
