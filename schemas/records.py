@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -64,6 +64,10 @@ AlertScope = Literal["stream", "fleet_group", "device"]
 _NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 _FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 _Name = Annotated[str, Field(min_length=1, max_length=200)]
+# A record's id, derived from names: a finding's is its stream key (a node and a kernel
+# name), configuration id and window start, and a recommendation's or an outcome's adds
+# to those. Names of 200 characters each make ids of about 650.
+_Id = Annotated[str, Field(min_length=1, max_length=1024)]
 
 
 class Record(BaseModel):
@@ -78,6 +82,60 @@ class Record(BaseModel):
     def to_wire(self) -> dict[str, Any]:
         """Dict ready for orjson (aliases applied, ``schema`` field included)."""
         return self.model_dump(by_alias=True, mode="json")
+
+    @classmethod
+    def computed(cls, fields: dict[str, Any]) -> Self:
+        """The record of ``fields`` (by field name) that the worker computed from records
+        it validated, built without validating them again.
+
+        Records are validated at the edge; a window or a finding the worker derives
+        from validated launches would pass again, and validating its forty fields
+        costs about 6 us, a fifth of publishing a window of a small stream. The caller
+        guarantees what validation would check: each value of its field's type and
+        within its bounds (quotients through :func:`agents.logic.ratios.finite_ratio`);
+        a test holds the result equal to ``cls(**fields)``, types and fields set
+        included. ``fields`` becomes the record's own: the caller does not keep it.
+        Unknown and missing fields raise ``TypeError``.
+        """
+        plan = _COMPUTED.get(cls)
+        if plan is None:
+            plan = _COMPUTED[cls] = _computed_plan(cls)
+        defaults, required, factories = plan
+        state = defaults.copy()
+        state.update(fields)
+        if len(state) != len(defaults) or not required <= fields.keys():
+            unknown = sorted(fields.keys() - defaults.keys())
+            missing = sorted(required - fields.keys())
+            raise TypeError(f"{cls.__name__}: unknown fields {unknown}, missing {missing}")
+        for name, factory in factories:
+            if name not in fields:
+                state[name] = factory()
+        out = cls.__new__(cls)
+        object.__setattr__(out, "__dict__", state)
+        object.__setattr__(out, "__pydantic_fields_set__", set(fields))
+        object.__setattr__(out, "__pydantic_extra__", None)
+        object.__setattr__(out, "__pydantic_private__", None)
+        return out
+
+
+# (defaults in field order, a placeholder for the required and the factory-made; the
+# required fields; (name, default factory) pairs) per record type, for Record.computed
+_ComputedPlan = tuple[dict[str, Any], frozenset[str], tuple[tuple[str, Any], ...]]
+_COMPUTED: dict[type[Record], _ComputedPlan] = {}
+
+
+def _computed_plan(cls: type[Record]) -> _ComputedPlan:
+    if cls.__pydantic_post_init__ or cls.__private_attributes__:
+        raise TypeError(f"{cls.__name__} has private attributes or a post-init hook")
+    defaults: dict[str, Any] = {}
+    required, factories = set(), []
+    for name, info in cls.model_fields.items():
+        defaults[name] = info.default
+        if info.is_required():
+            required.add(name)
+        elif info.default_factory is not None:
+            factories.append((name, info.default_factory))
+    return defaults, frozenset(required), tuple(factories)
 
 
 # No GPU clocks its SMs or memory above 10 GHz (the fastest datasheet boost clocks are
@@ -342,7 +400,7 @@ class Finding(Record):
     SCHEMA: ClassVar[str] = "ks.finding/2"
     schema_: Literal["ks.finding/1", "ks.finding/2"] = Field(default="ks.finding/2", alias="schema")
 
-    id: _Name
+    id: _Id
     node: _Name
     device_index: int = Field(ge=0)
     device_model: _Name
@@ -380,26 +438,43 @@ class Finding(Record):
         evidence: dict[str, float | int | str | bool],
         summary: str,
     ) -> Finding:
-        """The finding ``classification`` of window ``agg``: its identity and measurement."""
-        return cls(
-            id=id,
-            node=agg.node,
-            device_index=agg.device_index,
-            device_model=agg.device_model,
-            kernel=agg.kernel,
-            workload=agg.workload,
-            problem_size=list(agg.problem_size),
-            config=dict(agg.config),
-            config_id=agg.config_id,
-            window_start=agg.window_start,
-            window_end=agg.window_end,
-            classification=classification,
-            evidence=evidence,
-            summary=summary,
-            count=agg.count,
-            failures=agg.failures,
-            duration_mean_us=agg.duration_mean_us,
-        )
+        """The finding ``classification`` of window ``agg``: its identity and measurement.
+
+        ``agg`` is a record (valid), so only ``evidence`` is checked: numbers finite. Their
+        sum is finite when they are (where the sum overflows, validation decides).
+        """
+        fields = _finding_fields(agg, id, classification, evidence, summary)
+        if math.isfinite(sum([v for v in evidence.values() if type(v) is float])):
+            return cls.computed(fields)
+        return cls(**fields)  # raises on a number that is not finite
+
+
+def _finding_fields(
+    agg: WindowAggregate,
+    id: str,
+    classification: Classification,
+    evidence: dict[str, float | int | str | bool],
+    summary: str,
+) -> dict[str, Any]:
+    return {
+        "id": id,
+        "node": agg.node,
+        "device_index": agg.device_index,
+        "device_model": agg.device_model,
+        "kernel": agg.kernel,
+        "workload": agg.workload,
+        "problem_size": list(agg.problem_size),
+        "config": dict(agg.config),
+        "config_id": agg.config_id,
+        "window_start": agg.window_start,
+        "window_end": agg.window_end,
+        "classification": classification,
+        "evidence": evidence,
+        "summary": summary,
+        "count": agg.count,
+        "failures": agg.failures,
+        "duration_mean_us": agg.duration_mean_us,
+    }
 
 
 _FINDING_V2_CLASSES = ("transfer_bound", "pageable_copies", "no_overlap", "host_sync")
@@ -414,7 +489,7 @@ class Recommendation(Record):
     SCHEMA: ClassVar[str] = "ks.recommendation/1"
     schema_: Literal["ks.recommendation/1"] = Field(default="ks.recommendation/1", alias="schema")
 
-    id: _Name
+    id: _Id
     node: _Name
     device_index: int = Field(ge=0)
     device_model: _Name
@@ -450,8 +525,8 @@ class ReconfigOutcome(Record):
     SCHEMA: ClassVar[str] = "ks.reconfig/1"
     schema_: Literal["ks.reconfig/1"] = Field(default="ks.reconfig/1", alias="schema")
 
-    id: _Name
-    recommendation_id: _Name
+    id: _Id
+    recommendation_id: _Id
     node: _Name
     device_index: int = Field(ge=0)
     device_model: _Name
@@ -518,7 +593,7 @@ class Alert(Record):
     SCHEMA: ClassVar[str] = "ks.alert/2"
     schema_: Literal["ks.alert/1", "ks.alert/2"] = Field(default="ks.alert/2", alias="schema")
 
-    id: _Name
+    id: _Id
     state: AlertState
     scope: AlertScope
     key: _Name

@@ -403,6 +403,11 @@ ACCEPTED = [
         "(1.8e308) in the window and its finding (agents/logic/ratios.py).",
     ),
     (
+        "node, kernel and configuration names at their 200-character limit",
+        "windowed: the ids derived from them (a finding's, a recommendation's, an "
+        "outcome's, an alert's) may be up to 1,024 characters.",
+    ),
+    (
         "launches timed at 0 us (below the timer's resolution)",
         "windowed; the tuner counts a mean below 1 ns as 1 ns, so the gains it states and "
         "the logarithms its model takes stay finite (agents/logic/tuning.py MIN_MEAN_US).",

@@ -703,38 +703,42 @@ def _build(
     # (agents.logic.ratios)
     gbs = finite_ratio(bytes_moved, mean_us * 1e3) if mean_us > 0 else 0.0
     gflops = finite_ratio(flops, mean_us * 1e3) if mean_us > 0 else 0.0
-    return WindowAggregate(
-        node=meta["node"],
-        device_index=meta["device_index"],
-        device_model=meta["device_model"],
-        kernel=meta["kernel"],
-        workload=meta["workload"],
-        problem_size=list(meta["problem_size"]),
-        config=dict(meta["config"]),
-        config_id=config_id,
-        window_start=window * size_s,
-        window_end=(window + 1) * size_s,
-        count=count,
-        failures=failures,
-        late_accepted=late_accepted,
-        busy_fraction=stats["busy_fraction"],
-        idle_gap_mean_us=stats["idle_gap_mean_us"],
-        achieved_gbs=gbs,
-        achieved_gflops=gflops,
-        # Peaks of 0: the GPU model is not known, nor its roofline (DeviceSpec.unknown).
-        bw_fraction=finite_ratio(gbs, float(meta["peak_gbs"])),
-        flops_fraction=finite_ratio(gflops, float(meta["peak_gflops"])),
-        arithmetic_intensity=finite_ratio(flops, bytes_moved),
-        occupancy=meta["occupancy"],
-        resources_source=meta.get("resources_source"),
-        waves=meta["waves"],
-        peak_gbs=meta["peak_gbs"],
-        peak_gflops=meta["peak_gflops"],
-        launch_overhead_us=meta["launch_overhead_us"],
-        seq_min=seq_min,
-        seq_max=seq_max,
-        **{k: stats[k] for k in _DURATION_STATS},
-        **(device or {}),
+    # Built from validated launches, each value of its field's type and within its
+    # bounds (quotients through finite_ratio): not validated again (Record.computed).
+    return WindowAggregate.computed(
+        {
+            "node": meta["node"],
+            "device_index": meta["device_index"],
+            "device_model": meta["device_model"],
+            "kernel": meta["kernel"],
+            "workload": meta["workload"],
+            "problem_size": list(meta["problem_size"]),
+            "config": dict(meta["config"]),
+            "config_id": config_id,
+            "window_start": window * size_s,
+            "window_end": (window + 1) * size_s,
+            "count": count,
+            "failures": failures,
+            "late_accepted": late_accepted,
+            "busy_fraction": stats["busy_fraction"],
+            "idle_gap_mean_us": stats["idle_gap_mean_us"],
+            "achieved_gbs": gbs,
+            "achieved_gflops": gflops,
+            # Peaks of 0: the GPU model is not known, nor its roofline (DeviceSpec.unknown).
+            "bw_fraction": finite_ratio(gbs, float(meta["peak_gbs"])),
+            "flops_fraction": finite_ratio(gflops, float(meta["peak_gflops"])),
+            "arithmetic_intensity": finite_ratio(flops, bytes_moved),
+            "occupancy": meta["occupancy"],
+            "resources_source": meta.get("resources_source"),
+            "waves": meta["waves"],
+            "peak_gbs": meta["peak_gbs"],
+            "peak_gflops": meta["peak_gflops"],
+            "launch_overhead_us": meta["launch_overhead_us"],
+            "seq_min": seq_min,
+            "seq_max": seq_max,
+            **{k: stats[k] for k in _DURATION_STATS},
+            **(device or {}),
+        }
     )
 
 

@@ -97,11 +97,13 @@ async def _scenario(s: Settings, worker: subprocess.Popen[bytes]) -> int:
         if i == 0:  # right behind the stream's first batch: a copy and forged numbers
             items += [(k, v) for _, _, k, v in sequence_inputs(good[0], now)]
     bad += sequence_inputs(good[0], now)
-    # Accepted, with numbers whose quotients overflow a double: one stream each.
+    # Accepted, with numbers whose quotients overflow a double (one stream each), and
+    # a node name at its 200-character limit (longer ids of findings and what follows).
     extreme = [
         overflowing(good_batch(f"x{i}", "matmul", now - 2.5, 150, 0), changes)
         for i, changes in enumerate(OVERFLOWING.values())
     ]
+    extreme.append(good_batch("n" * 200, "matmul", now - 2.5, 150, 0))
     items += [(b.stream_key.encode(), encode(b)) for b in extreme]
     refused = await _produce_large(bootstrap, s.topic_launches, items)
     # Only records over the broker's own size limit may be refused, and only bad ones.
@@ -190,5 +192,5 @@ def test_every_bad_input_class_is_dead_lettered_and_good_results_are_unchanged(
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert (report / "index.html").exists()
     totals = json.loads((report / "summary.json").read_text())["totals"]
-    launches = 8 * 50 + 150 * len(OVERFLOWING)
+    launches = 8 * 50 + 150 * len(OVERFLOWING) + 150
     assert totals["launches"] == launches and sum(totals["rejected"].values()) == on_topic, totals

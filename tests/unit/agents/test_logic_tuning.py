@@ -446,3 +446,12 @@ def test_launches_timed_at_zero_us_keep_every_gain_finite(mean: float) -> None:
             t.observe_outcome(outcome(rec, "kept", config, at=step + 0.5))
             config = dict(rec.config)
     assert issued >= 4
+
+
+def test_names_at_their_length_limit_give_valid_recommendations_and_outcomes() -> None:
+    long = "n" * 200
+    f = finding(node=long).model_copy(update={"id": f"{long}:0/{'k' * 200}/{'c' * 200}/0.0"})
+    rec = seen(Tuner(), f)
+    assert rec is not None and rec.node == long
+    Recommendation.model_validate(rec.to_wire())  # its id and evidence within bounds
+    ReconfigOutcome.model_validate(outcome(rec, "kept", START).to_wire())

@@ -133,6 +133,25 @@ def test_valid_batches_whose_ratios_overflow_still_give_windows_and_findings(
         assert all(math.isfinite(v) for v in record.model_dump().values() if isinstance(v, float))
 
 
+def test_names_at_their_length_limit_give_findings_consumers_accept() -> None:
+    # 200 characters each: the finding's id (stream key, config id, window start) is longer
+    topics = {role: Topic() for role in ("deadletter", "late", "windows", "findings")}
+    ctx = WorkerContext(Settings(), topics)
+    ingest = WindowIngest(None, ctx, Windower(), InlineDetector(ctx))
+    batch = good_batch("n" * 200, "matmul", time.time() - 3.2, 300, 0)
+    msg = SimpleNamespace(
+        topic="ks.launches",
+        partition=0,
+        offset=0,
+        key=batch.stream_key.encode(),
+        value=encode(batch),
+    )
+    asyncio.run(_poll(ingest, [msg]))
+    assert topics["deadletter"].sent == [] and len(topics["windows"].sent) >= 2
+    findings = [decode(v, Finding) for v in topics["findings"].sent]
+    assert len(findings) == len(topics["windows"].sent) and len(findings[0].id) > 200
+
+
 def test_a_detector_failure_dead_letters_the_window_and_the_stream_goes_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -9,10 +9,12 @@ from typing import Any
 import jsonschema
 import orjson
 import pytest
+from pydantic import ValidationError
 
 from kernelstream.schemas import (
     RECORD_TYPES,
     DeadLetter,
+    DeviceSample,
     Finding,
     LaunchBatch,
     Recommendation,
@@ -230,3 +232,73 @@ def test_keys() -> None:
     b = launch_batch()
     assert b.stream_key == "n1:0/matmul"
     assert b.device_key == "n1:0"
+
+
+def _windows() -> list[WindowAggregate]:
+    """Windows the worker's windower computes: a simulated fleet with device samples,
+    and the batches whose quotients overflow (tests/bad_input.OVERFLOWING)."""
+    from kernelstream.agents.logic.windowing import Windower
+    from kernelstream.bench.pipeline_input import FleetSpec, fleet_batches
+    from kernelstream.schemas.columnar import LaunchColumns
+    from tests.bad_input import OVERFLOWING, good_batch, overflowing
+
+    fleet = FleetSpec(nodes=2, launches_per_s_per_kernel=200.0, seconds=3.0, t0=1.7e9)
+    batches = [
+        b.model_copy(
+            update={
+                "samples": [DeviceSample(t=b.t_end[0], sm_clock_mhz=1410.0, mem_used_bytes=4e9)]
+            }
+        )
+        if i % 5 == 0
+        else b
+        for i, b in enumerate(fleet_batches(fleet))
+    ]
+    batches += [
+        overflowing(good_batch(f"x{i}", "matmul", 1.7e9, 300, 0), changes)
+        for i, changes in enumerate(OVERFLOWING.values())
+    ]
+    w = Windower()
+    for b in batches:
+        w.add_columns(LaunchColumns.from_batch(b), 0.0)
+    return w.flush_all()
+
+
+def _same_record(built: Record, validated: Record) -> None:
+    assert built == validated
+    assert built.model_fields_set == validated.model_fields_set
+    assert list(built.__dict__) == list(validated.__dict__)
+    for name, value in validated.__dict__.items():
+        assert type(built.__dict__[name]) is type(value), name
+    assert encode(built) == encode(validated)
+
+
+def test_computed_windows_and_findings_are_the_validated_records() -> None:
+    from kernelstream.agents.logic.detection import Detector
+
+    windows = _windows()
+    assert any(w.device_samples for w in windows) and len(windows) > 20
+    detector = Detector()
+    for w in windows:
+        _same_record(w, WindowAggregate(**{k: getattr(w, k) for k in w.model_fields_set}))
+        f = detector.classify(w)
+        _same_record(f, Finding(**{k: getattr(f, k) for k in f.model_fields_set}))
+
+
+def test_computed_refuses_unknown_and_missing_fields() -> None:
+    w = _windows()[0]
+    fields = {k: getattr(w, k) for k in w.model_fields_set}
+    with pytest.raises(TypeError, match="unknown fields \\['colour'\\]"):
+        WindowAggregate.computed({**fields, "colour": "red"})
+    del fields["count"]
+    with pytest.raises(TypeError, match="missing \\['count'\\]"):
+        WindowAggregate.computed(fields)
+
+
+def test_a_finding_with_evidence_that_is_not_finite_is_refused() -> None:
+    w = _windows()[0]
+    for bad in (math.inf, math.nan, -math.inf):
+        with pytest.raises(ValidationError):
+            Finding.of_window(w, id="f", classification="balanced", evidence={"r": bad}, summary="")
+    big = {"a": 1.7e308, "b": 1.7e308}  # finite, though their sum is not
+    f = Finding.of_window(w, id="f", classification="balanced", evidence=big, summary="")
+    assert f.evidence == big
