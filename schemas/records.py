@@ -174,6 +174,9 @@ def _flags(v: Any) -> Any:
 _MAX_COPY_GBS = 20_000.0
 _MAX_COPY_BYTES = 1 << 44  # 16 TiB: more than any GPU's memory
 _Duration = Annotated[float, Field(ge=0.0, le=3.6e9, allow_inf_nan=False)]
+# Launches counted in a window, a finding or an outcome: at most 2^53, where every count
+# is still exact as a double (a tuner's sum of durations stays finite).
+_Count = Annotated[int, Field(ge=0, le=1 << 53)]
 _Flag = Literal[0, 1]
 
 
@@ -339,15 +342,15 @@ class WindowAggregate(Record):
     config_id: _Name
     window_start: _FiniteFloat
     window_end: _FiniteFloat
-    count: int = Field(ge=0)
-    failures: int = Field(ge=0)
-    late_accepted: int = Field(ge=0, default=0)
-    duration_mean_us: _NonNegFloat
-    duration_p50_us: _NonNegFloat
-    duration_p95_us: _NonNegFloat
-    duration_min_us: _NonNegFloat
-    duration_max_us: _NonNegFloat
-    duration_std_us: _NonNegFloat
+    count: _Count
+    failures: _Count
+    late_accepted: _Count = 0
+    duration_mean_us: _Duration  # of launches of at most 3.6e9 us each
+    duration_p50_us: _Duration
+    duration_p95_us: _Duration
+    duration_min_us: _Duration
+    duration_max_us: _Duration
+    duration_std_us: _Duration
     busy_fraction: _NonNegFloat
     idle_gap_mean_us: _NonNegFloat
     achieved_gbs: _NonNegFloat
@@ -416,9 +419,9 @@ class Finding(Record):
     summary: str
     # The window's measurement, so the tuner (keyed by fleet group) learns from
     # findings alone without re-reading the windows topic.
-    count: int = Field(ge=0, default=0)
-    failures: int = Field(ge=0, default=0)
-    duration_mean_us: _NonNegFloat = 0.0
+    count: _Count = 0
+    failures: _Count = 0
+    duration_mean_us: _Duration = 0.0
 
     @model_validator(mode="after")
     def _known_in_version(self) -> Finding:
@@ -539,10 +542,10 @@ class ReconfigOutcome(Record):
     before_config_id: _Name
     after_config: Config
     after_config_id: _Name
-    before_mean_us: _NonNegFloat | None = None
-    after_mean_us: _NonNegFloat | None = None
-    before_count: int = Field(ge=0, default=0)
-    after_count: int = Field(ge=0, default=0)
+    before_mean_us: _Duration | None = None
+    after_mean_us: _Duration | None = None
+    before_count: _Count = 0
+    after_count: _Count = 0
     speedup: _NonNegFloat | None = None
     at: _FiniteFloat
 

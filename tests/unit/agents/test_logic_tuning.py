@@ -455,3 +455,18 @@ def test_names_at_their_length_limit_give_valid_recommendations_and_outcomes() -
     assert rec is not None and rec.node == long
     Recommendation.model_validate(rec.to_wire())  # its id and evidence within bounds
     ReconfigOutcome.model_validate(outcome(rec, "kept", START).to_wire())
+
+
+def test_findings_at_their_largest_durations_and_counts_keep_the_tuner_finite() -> None:
+    # The largest a finding may state (3.6e9 us, 2^53 launches), window after window.
+    t = Tuner(strategy=ModelGuidedSearch())
+    config, issued = START, 0
+    for step in range(16):
+        f = finding(config, 3.6e9 if step % 2 else 1e-3, count=1 << 53, t=float(step))
+        rec = seen(t, f, float(step))
+        if rec is not None:
+            issued += 1
+            Recommendation.model_validate(rec.to_wire())
+            t.observe_outcome(outcome(rec, "kept", config, at=step + 0.5))
+            config = dict(rec.config)
+    assert issued >= 4

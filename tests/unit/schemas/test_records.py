@@ -299,6 +299,28 @@ def test_a_finding_with_evidence_that_is_not_finite_is_refused() -> None:
     for bad in (math.inf, math.nan, -math.inf):
         with pytest.raises(ValidationError):
             Finding.of_window(w, id="f", classification="balanced", evidence={"r": bad}, summary="")
-    big = {"a": 1.7e308, "b": 1.7e308}  # finite, though their sum is not
+    big: dict[str, float | int | str | bool] = {"a": 1.7e308, "b": 1.7e308}  # sum: inf
     f = Finding.of_window(w, id="f", classification="balanced", evidence=big, summary="")
     assert f.evidence == big
+
+
+@pytest.mark.parametrize(
+    "index,field,value",
+    [
+        (1, "duration_mean_us", 3.6e9 * 1.001),  # a window: launches are at most 1 h each
+        (1, "duration_p95_us", 1e300),
+        (1, "count", (1 << 53) + 1),
+        (2, "duration_mean_us", 1.7e308),  # a finding: the tuner sums mean x count
+        (2, "count", 1 << 60),
+        (4, "after_mean_us", 1e300),  # an outcome
+        (4, "after_count", 1 << 60),
+    ],
+)
+def test_durations_and_counts_past_what_launches_can_add_up_to_are_refused(
+    index: int, field: str, value: float
+) -> None:
+    record = samples()[index]
+    wire = {**record.to_wire(), field: value}
+    with pytest.raises(SchemaError) as err:
+        decode(orjson.dumps(wire), type(record))
+    assert err.value.code == "out_of_range"
