@@ -625,10 +625,24 @@ class WindowIngest(Service):
                 self._next[tp] = committed or 0
                 self._keys_of[tp] = set()
                 self._dirty.add(tp)
-                state = self._choose_state(tp, committed, handed.get(tp.partition))
-                if state is None:
+                try:
+                    state = self._choose_state(tp, committed, handed.get(tp.partition))
+                    if state is None:
+                        continue
+                    self.windower.import_keys(state["keys"], now)
+                except (SnapshotError, LookupError, TypeError, ValueError) as ex:
+                    # Readable bytes that are no window state (another version's, a
+                    # foreign writer's): what a lost state is, and a restart would
+                    # read the same; the partition goes on from its committed offset.
+                    self.ctx.counters["window.state_unreadable"] += 1
+                    log.warning(
+                        "window state of %s is unreadable (%r): its open windows are lost; "
+                        "continuing from offset %s",
+                        tp,
+                        ex,
+                        committed,
+                    )
                     continue
-                self.windower.import_keys(state["keys"], now)
                 self._keys_of[tp] = set(state["keys"])
                 self.stats.handovers_in += 1
                 self.stats.restored_partitions += 1
@@ -653,9 +667,18 @@ class WindowIngest(Service):
             if raw is None:
                 continue
             try:
-                candidates.append(unpack(raw))
+                state = unpack(raw)
             except SnapshotError as ex:
                 log.warning("ignoring unreadable window state of %s: %s", tp, ex)
+                continue
+            if not (
+                isinstance(state, dict)
+                and type(state.get("offset")) is int
+                and isinstance(state.get("keys"), dict)
+            ):
+                log.warning("ignoring window state of %s: not a window state record", tp)
+                continue
+            candidates.append(state)
         usable = [c for c in candidates if int(c["offset"]) >= committed]
         if usable:
             return max(usable, key=lambda c: int(c["offset"]))
@@ -684,8 +707,15 @@ class _Listener(ConsumerRebalanceListener):
     async def on_partitions_assigned(self, assigned: Any) -> None:
         try:
             await self.ingest._take_over(set(assigned))
-        except Exception:
+        except Exception as ex:
+            # The state or the committed offsets could not be read (the broker): the
+            # partitions are not set up, and consuming them as they are would skip
+            # their messages. The worker stops, to restart and join again, as when
+            # publishing fails (nothing is lost: offsets are committed after the work).
             log.exception("window state takeover failed for %s", sorted(map(str, assigned)))
+            self.ingest._taken_over.set()
+            await self.ingest.crash(ex)
+            return
         self.ingest._taken_over.set()
 
 

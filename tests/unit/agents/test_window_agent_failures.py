@@ -173,3 +173,66 @@ def test_a_detector_failure_dead_letters_the_window_and_the_stream_goes_on(
     assert "ZeroDivisionError" in letters[0].reason
     assert [base64.b64decode(d.value_b64) for d in letters] == windows
     assert ctx.counters["deadletter.detector.internal_error"] == len(windows)
+
+
+class _Consumer:
+    """What a take-over asks of the consumer: each partition's committed offset."""
+
+    async def committed(self, tp: Any) -> int:
+        return 7
+
+
+def _taking_over(monkeypatch: pytest.MonkeyPatch, handed: Any) -> WindowIngest:
+    from kernelstream.agents import window_agent
+
+    async def read_states(ingest: WindowIngest, partitions: set[int]) -> dict[int, bytes]:
+        if isinstance(handed, Exception):
+            raise handed
+        return dict(handed)
+
+    monkeypatch.setattr(window_agent, "_read_states", read_states)
+    topics = {role: Topic() for role in ("deadletter", "late", "windows", "findings")}
+    ingest = WindowIngest(None, WorkerContext(Settings(), topics), Windower())
+    ingest._consumer = _Consumer()
+    return ingest
+
+
+def test_a_state_record_that_is_no_window_state_loses_only_its_partition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from aiokafka import TopicPartition
+
+    from kernelstream.agents.logic.snapshot_codec import pack
+
+    w = Windower()
+    w.add(good_batch("n1", "matmul", time.time() - 0.5, 20, 0), time.time())
+    good = pack({"partition": 2, "offset": 7, "keys": w.export_keys(["n1:0/matmul"]), "at": 0.0})
+    handed = {
+        0: pack([1, 2, 3]),  # valid encoding, not a state
+        1: pack({"partition": 1, "offset": 9, "keys": {"k": {"max_t": "x"}}, "at": 0.0}),
+        2: good,
+    }
+    ingest = _taking_over(monkeypatch, handed)
+    tps = {TopicPartition("ks.launches", p) for p in (0, 1, 2, 3)}
+    asyncio.run(ingest._take_over(tps))  # does not raise
+    assert {tp.partition: n for tp, n in ingest._next.items()} == {0: 7, 1: 7, 2: 7, 3: 7}
+    assert ingest.ctx.counters["window.state_unreadable"] == 1  # partition 1's keys
+    assert ingest.windower.seen_through("n1:0/matmul") == 19  # partition 2 restored
+
+
+def test_a_take_over_the_broker_fails_stops_the_worker_instead_of_skipping_partitions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from aiokafka import TopicPartition
+
+    from kernelstream.agents.window_agent import _Listener
+
+    ingest = _taking_over(monkeypatch, ConnectionError("the broker went away"))
+    crashed: list[BaseException] = []
+
+    async def crash(reason: BaseException) -> None:
+        crashed.append(reason)
+
+    monkeypatch.setattr(ingest, "crash", crash)
+    asyncio.run(_Listener(ingest).on_partitions_assigned({TopicPartition("ks.launches", 0)}))
+    assert [type(c) for c in crashed] == [ConnectionError] and ingest._taken_over.is_set()
