@@ -116,11 +116,12 @@ class LaunchLimits:
 class ConfigCheck:
     """Why a batch's configuration is not in its workload's declared space, or None.
 
-    ``space_for(workload, problem_size)`` gives the space; a workload it does not know
+    ``space_for(workload, problem_size, config)`` gives the space (the one whose
+    parameters the config names, where a kernel has several); a workload it does not know
     is left to the ``unknown_kernel`` check. Verdicts are cached per configuration.
     """
 
-    def __init__(self, space_for: Callable[[str, tuple[int, ...]], Any]) -> None:
+    def __init__(self, space_for: Callable[[str, tuple[int, ...], Any], Any]) -> None:
         self._space_for = space_for
         self._verdicts: dict[tuple[Any, ...], str | None] = {}
         # Verdicts by the identity of the batch's config object: decoded batches of an
@@ -143,7 +144,7 @@ class ConfigCheck:
         key = (batch.workload, tuple(batch.problem_size), items)
         if key not in self._verdicts:
             try:
-                space = self._space_for(batch.workload, tuple(batch.problem_size))
+                space = self._space_for(batch.workload, tuple(batch.problem_size), batch.config)
             except Exception:  # unknown workload or size: the unknown_kernel check says so
                 return None  # not remembered: a user kernel's space may arrive later
             if len(self._verdicts) >= 65536:
@@ -319,12 +320,12 @@ class WorkerContext:
             )
         return self._limits_of[1], self._limits_of[2]
 
-    def _space_for(self, workload: str, problem_size: tuple[int, ...]) -> Any:
+    def _space_for(self, workload: str, problem_size: tuple[int, ...], config: Any = None) -> Any:
         if self._resolver is None:
             from kernelstream.kernels.resolve import SpaceResolver
 
             self._resolver = SpaceResolver(self.settings.tuning_spaces_dir)
-        return self._resolver.space_for(workload, problem_size)
+        return self._resolver.space_for(workload, problem_size, config)
 
     def config_problem(self, batch: LaunchBatch) -> str | None:
         """Why the batch's configuration is outside its workload's space, or None."""

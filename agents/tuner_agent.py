@@ -98,7 +98,8 @@ def register(app: Any, ctx: WorkerContext) -> Tuner:
                 if finding is None:
                     continue
                 try:
-                    space = spaces.space_for(finding.workload, tuple(finding.problem_size))
+                    size = tuple(finding.problem_size)
+                    space = spaces.space_for(finding.workload, size, finding.config)
                     space = host_declared(space, finding.config)
                 except (LookupError, ValueError) as exc:  # unknown workload, or a bad size
                     await ctx.dead_letter("tuner", event, str(exc), "unknown_kernel")

@@ -10,8 +10,10 @@ carries the user's restrictions.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from kernelstream.kernels.space import SearchSpace
 
@@ -36,18 +38,32 @@ class SpaceResolver:
         self._dir = tuning_spaces_dir
         self._cache: dict[tuple[str, tuple[int, ...]], SearchSpace] = {}
         self._listing: tuple[tuple[str, int, int], ...] | None = None
-        self._index: dict[tuple[str, tuple[int, ...]], SearchSpace] = {}
+        # (kernel, problem size) -> its spaces, one per set of parameters, first-file first
+        self._index: dict[tuple[str, tuple[int, ...]], list[SearchSpace]] = {}
         self._skipped: dict[str, str] = {}
 
-    def space_for(self, workload: str, problem_size: tuple[int, ...]) -> SearchSpace:
+    def space_for(
+        self,
+        workload: str,
+        problem_size: tuple[int, ...],
+        config: Mapping[str, Any] | None = None,
+    ) -> SearchSpace:
         """A built-in's space (cached), else the folder's, as the folder is now: a file
         added later (a user kernel's declared space) is found, one rewritten is read anew
-        (the listing's sizes and times are compared, the files read only on a change)."""
+        (the listing's sizes and times are compared, the files read only on a change).
+
+        Files may declare one kernel name at one problem size with different parameters
+        (two versions of a kernel, two kernels sharing a name): ``config`` tells them
+        apart, by the parameters it names (host knobs aside). Without it, or where none
+        has exactly its parameters, the space of the first file (by name) is given.
+        """
         key = (workload, tuple(problem_size))
         space = self._cache.get(key)
-        return space if space is not None else self._find(workload, key[1])
+        return space if space is not None else self._find(workload, key[1], config)
 
-    def _find(self, workload: str, problem_size: tuple[int, ...]) -> SearchSpace:
+    def _find(
+        self, workload: str, problem_size: tuple[int, ...], config: Mapping[str, Any] | None
+    ) -> SearchSpace:
         from kernelstream.kernels import WORKLOAD_NAMES, default_tuning_spaces_dir, get_workload
 
         if workload in WORKLOAD_NAMES:
@@ -56,9 +72,9 @@ class SpaceResolver:
             return builtin
         d = Path(self._dir or default_tuning_spaces_dir())
         self._scan(d)
-        space = self._index.get((workload, problem_size))
-        if space is not None:
-            return space
+        spaces = self._index.get((workload, problem_size))
+        if spaces:
+            return _by_parameters(spaces, config)
         skipped = "".join(f"; skipped {name}: {why}" for name, why in self._skipped.items())
         raise LookupError(
             f"unknown workload {workload!r} with problem size {problem_size}: not built in "
@@ -81,15 +97,20 @@ class SpaceResolver:
         listing = tuple(sigs)
         if listing == self._listing:
             return
-        index: dict[tuple[str, tuple[int, ...]], SearchSpace] = {}
+        index: dict[tuple[str, tuple[int, ...]], list[SearchSpace]] = {}
         traces, unreadable = load_caches_in(d)  # logs each file it skips, and why
         skipped = {path.name: why for path, why in unreadable.items()}
         for trace in traces:
-            key = (trace.name, tuple(trace.problem_size))
-            have = index.get(key)
-            if have is None:
-                index[key] = trace.space
-            elif (
+            spaces = index.setdefault((trace.name, tuple(trace.problem_size)), [])
+            names = set(trace.space.params)
+            same = [i for i, have in enumerate(spaces) if set(have.params) == names]
+            if not same:
+                # Other parameters: another version of the kernel, or another kernel of
+                # that name. Kept beside the first; a config's parameters pick one.
+                spaces.append(trace.space)
+                continue
+            have = spaces[same[0]]
+            if (
                 dict(have.params) == dict(trace.space.params)
                 and have.allowed is not None
                 and trace.space.allowed is not None
@@ -97,11 +118,11 @@ class SpaceResolver:
                 # The same kernel measured on two GPUs (or a session's partial cache
                 # beside a finished one): the declared space is every config either
                 # file holds, whichever file sorts first.
-                index[key] = replace(have, allowed=have.allowed | trace.space.allowed)
+                spaces[same[0]] = replace(have, allowed=have.allowed | trace.space.allowed)
             else:
                 log.warning(
-                    "tuning spaces: %s declares %s %s with other parameters than an "
-                    "earlier file; the earlier one is used",
+                    "tuning spaces: %s declares %s %s with the parameters of an earlier "
+                    "file but other values or restrictions; the earlier one is used",
                     trace.path,
                     trace.name,
                     trace.problem_size,
@@ -111,7 +132,9 @@ class SpaceResolver:
 
     @staticmethod
     def _add_declared(
-        d: Path, index: dict[tuple[str, tuple[int, ...]], SearchSpace], skipped: dict[str, str]
+        d: Path,
+        index: dict[tuple[str, tuple[int, ...]], list[SearchSpace]],
+        skipped: dict[str, str],
     ) -> None:
         from kernelstream.kernels.declared import read_space, space_files_in
         from kernelstream.kernels.errors import KernelDefinitionError
@@ -123,4 +146,21 @@ class SpaceResolver:
                 skipped[path.name] = str(ex)
                 log.warning("tuning spaces: skipped %s", ex)
                 continue
-            index[(name, size)] = space
+            # Declared wins over a cache of the same parameters (it carries the user's
+            # restrictions), and comes first.
+            names = set(space.params)
+            others = [have for have in index.get((name, size), []) if set(have.params) != names]
+            index[(name, size)] = [space, *others]
+
+
+def _by_parameters(spaces: list[SearchSpace], config: Mapping[str, Any] | None) -> SearchSpace:
+    """The space whose parameters ``config`` names (host knobs aside), else the first."""
+    if config is None or len(spaces) == 1:
+        return spaces[0]
+    from kernelstream.kernels.transfers import HOST_KNOBS
+
+    names = set(config) - set(HOST_KNOBS)
+    for space in spaces:
+        if set(space.params) == names:
+            return space
+    return spaces[0]

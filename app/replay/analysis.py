@@ -156,7 +156,7 @@ class OfflineAnalysis:
     Args:
         spec: the windowing the live workers used (``agents.window_agent.window_spec``).
         known_workload: ``(workload, problem_size) -> bool``, as the worker's edge check.
-        space_for: ``(workload, problem_size) -> SearchSpace`` for the tuner; a
+        space_for: ``(workload, problem_size, config) -> SearchSpace`` for the tuner; a
             ``LookupError``/``ValueError`` skips tuning that finding (the tuner agent
             dead-letters it).
         limits: event-time bounds, relative to each record's timestamp.
@@ -314,7 +314,7 @@ class OfflineAnalysis:
                 continue
             try:
                 space = host_declared(
-                    self.space_for(rec.workload, tuple(rec.problem_size)), rec.config
+                    self.space_for(rec.workload, tuple(rec.problem_size), rec.config), rec.config
                 )
             except (LookupError, ValueError):
                 continue

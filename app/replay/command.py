@@ -711,8 +711,8 @@ async def _to_report(settings: Any, source: Source, opts: ReplayOptions) -> dict
     resolver = SpaceResolver(settings.tuning_spaces_dir)
     known: dict[tuple[str, tuple[int, ...]], bool] = {}
 
-    def space_for(workload: str, size: tuple[int, ...]) -> Any:
-        return resolver.space_for(workload, size)
+    def space_for(workload: str, size: tuple[int, ...], config: Any = None) -> Any:
+        return resolver.space_for(workload, size, config)
 
     def known_workload(workload: str, size: Any) -> bool:
         key = (workload, tuple(size))

@@ -7,7 +7,7 @@ from kernelstream.agents.logic.windowing import make_example_batch
 from kernelstream.kernels.space import SearchSpace
 
 
-def _space(workload: str, size: tuple[int, ...]) -> SearchSpace:
+def _space(workload: str, size: tuple[int, ...], config: object = None) -> SearchSpace:
     return SearchSpace("s", {"block": [64, 128, 256]}, {"block": 128})
 
 

@@ -85,3 +85,42 @@ def test_one_kernel_in_two_files_is_the_union(tmp_path: Path) -> None:
     space = SpaceResolver(tmp_path).space_for("scale", (1024,))
     assert space.size() == 4
     assert space.is_valid({"block_size_x": 64, "tile": 2})
+
+
+def test_one_kernel_name_with_other_parameters_is_another_space(tmp_path: Path) -> None:
+    # A later version of the kernel gained a parameter; both versions' caches are here.
+    _cache(tmp_path / "a-v1.json", "scale", [1024])
+    doc = json.loads(_cache(tmp_path / "b-v2.json", "scale", [1024]).read_text())
+    doc["tune_params"]["unroll"] = [1, 4]
+    doc["tune_params_keys"].append("unroll")
+    doc["cache"] = {f"{k},{u}": {**v, "unroll": u} for k, v in doc["cache"].items() for u in (1, 4)}
+    (tmp_path / "b-v2.json").write_text(json.dumps(doc))
+    resolver = SpaceResolver(tmp_path)
+    v1 = {"block_size_x": 64, "tile": 2}
+    v2 = {**v1, "unroll": 4}
+    assert resolver.space_for("scale", (1024,)).size() == 4  # no config: the first file's
+    assert resolver.space_for("scale", (1024,), v1).is_valid(v1)
+    assert resolver.space_for("scale", (1024,), v2).is_valid(v2)
+    # host knobs a node run under a host pattern adds are not the kernel's parameters
+    assert resolver.space_for("scale", (1024,), {**v2, "pinned": 1}).size() == 8
+
+
+def test_the_shared_convolution_caches_of_two_kernel_versions_both_resolve() -> None:
+    from kernelstream.agents.context import WorkerContext
+    from kernelstream.agents.logic.windowing import make_example_batch
+    from kernelstream.app.settings import Settings
+    from kernelstream.kernels import default_tuning_spaces_dir
+    from kernelstream.kernels.backends.trace import load_cache
+
+    folder = Path(default_tuning_spaces_dir())
+    files = [folder / "convolution_RTX_3090.json.gz", folder / "convolution_milo_A100.json.gz"]
+    if not all(f.exists() for f in files):
+        pytest.skip(f"the shared tuning spaces are not in {folder}")
+    ctx = WorkerContext(Settings(tuning_spaces_dir=folder), {})
+    for f in files:
+        cache = load_cache(f)
+        config = cache.space.start_config()
+        size = list(cache.problem_size)
+        batch = make_example_batch([1.0], kernel=cache.name, problem_size=size, config=config)
+        assert batch.workload == cache.name and ctx.known_workload(cache.name, size)
+        assert ctx.config_problem(batch) is None, f.name
