@@ -658,9 +658,7 @@ class Tuner:
         target = g.configs.get(config_id)
         if target is not None and target.count:
             evidence["target_mean_us"] = target.mean_us
-        slot.outstanding = _Outstanding(rec_id, config_id, now + self.ttl_s)
-        g.trying[config_id] = now + self.ttl_s
-        return Recommendation(
+        rec = Recommendation(
             id=rec_id,
             node=finding.node,
             device_index=finding.device_index,
@@ -677,6 +675,11 @@ class Tuner:
             issued_at=now,
             expires_at=now + self.ttl_s,
         )
+        # Only a recommendation that exists holds the slot: one that failed to build
+        # (a defect) must not leave the kernel waiting for its expiry.
+        slot.outstanding = _Outstanding(rec_id, config_id, now + self.ttl_s)
+        g.trying[config_id] = now + self.ttl_s
+        return rec
 
     # -- queries --------------------------------------------------------------
 

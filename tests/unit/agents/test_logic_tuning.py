@@ -470,3 +470,12 @@ def test_findings_at_their_largest_durations_and_counts_keep_the_tuner_finite() 
             t.observe_outcome(outcome(rec, "kept", config, at=step + 0.5))
             config = dict(rec.config)
     assert issued >= 4
+
+
+def test_a_recommendation_that_fails_to_build_does_not_hold_the_slot() -> None:
+    t = Tuner()
+    bad = finding().model_copy(update={"evidence": {"bw_fraction": math.inf}})  # a defect
+    with pytest.raises(ValueError):
+        seen(t, bad)
+    assert t.outstanding("n1", 0, "k") is None
+    assert seen(t, finding(t=1.0)) is not None  # the next finding is served at once
