@@ -92,7 +92,8 @@ def test_extreme_launch_batches_through_window_agent_tuner_and_forecaster(seed: 
     ctx = WorkerContext(settings, topics)
     spec = WindowSpec(size_s=1.0, out_of_orderness_s=0.0, allowed_lateness_s=0.05)
     ingest = WindowIngest(None, ctx, Windower(spec), InlineDetector(ctx))
-    now, events = time.time(), []
+    now = time.time()
+    events: list[SimpleNamespace] = []
     for step in range(30):
         for node in ("a", "b", "c"):
             for kernel in ("matmul", "transpose"):
