@@ -630,10 +630,11 @@ class WindowIngest(Service):
                     if state is None:
                         continue
                     self.windower.import_keys(state["keys"], now)
-                except (SnapshotError, LookupError, TypeError, ValueError) as ex:
-                    # Readable bytes that are no window state (another version's, a
-                    # foreign writer's): what a lost state is, and a restart would
-                    # read the same; the partition goes on from its committed offset.
+                except SnapshotError as ex:
+                    # A state record whose windows do not restore (another version's, a
+                    # foreign writer's; Windower.restore says which): what a lost state
+                    # is, and a restart would read the same; the partition goes on from
+                    # its committed offset.
                     self.ctx.counters["window.state_unreadable"] += 1
                     log.warning(
                         "window state of %s is unreadable (%r): its open windows are lost; "

@@ -701,8 +701,8 @@ def _build(
     bytes_moved, flops = float(meta["bytes_moved"]), float(meta["flops"])
     # bytes / (mean_us * 1e-6 s) / 1e9 = GB/s; each quotient finite whatever the input
     # (agents.logic.ratios)
-    gbs = finite_ratio(bytes_moved, mean_us * 1e3) if mean_us > 0 else 0.0
-    gflops = finite_ratio(flops, mean_us * 1e3) if mean_us > 0 else 0.0
+    gbs = finite_ratio(bytes_moved, mean_us * 1e3)
+    gflops = finite_ratio(flops, mean_us * 1e3)
     # Built from validated launches, each value of its field's type and within its
     # bounds (quotients through finite_ratio): not validated again (Record.computed).
     return WindowAggregate.computed(
