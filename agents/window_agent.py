@@ -57,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -65,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import ConsumerStoppedError
+from aiokafka.errors import ConsumerStoppedError, IllegalStateError
 from mode import Service
 
 from kernelstream.agents.context import WorkerContext
@@ -269,6 +270,10 @@ class WindowIngest(Service):
         self._dirty: set[Any] = set()  # tps whose state changed since their checkpoint
         self._checkpointed_at = 0.0
         self._writing: asyncio.Future[None] | None = None  # a checkpoint being written
+        # Idleness (:meth:`tick`): per partition, the last two fetch-response stamps
+        # seen (ms) and the time up to which it was read whole.
+        self._stamps: dict[Any, tuple[int | None, int | None]] = {}
+        self._read_through: dict[Any, float] = {}
         self._left = False
 
     @property
@@ -517,12 +522,54 @@ class WindowIngest(Service):
                 await self.detector.on_window(agg)
 
     async def tick(self) -> None:
-        """Idle flushes (a timer): they change the state, so the next checkpoint has them."""
+        """Idle flushes (a timer): they change the state, so the next checkpoint has them.
+
+        A stream is idle only for the time in which its partition was read up to date
+        (:meth:`_note_read_through`): a worker catching up on a backlog, or one that was
+        paused (a throttled container, a long pause of the process), has not yet read
+        what the stream's node sent meanwhile, and must not close its windows short.
+        """
         async with self._lock:
-            closed = self.windower.flush_idle(time.time())
+            read_through = self._note_read_through()
+            closed = self.windower.flush_idle(time.time(), read_through)
             if closed:
                 await self.publish(closed)
                 self._dirty.update(self._next)
+
+    def _note_read_through(self) -> Callable[[str], float] | None:
+        """Per stream key, the processing time up to which its partition was read whole.
+
+        aiokafka stamps each fetch response of a partition with the time it was handled
+        (``last_poll_timestamp``) and keeps its high watermark. Once the agent has
+        processed everything below that watermark, everything sent before the request
+        for that response was read, and that request went out after the previous
+        response was handled: so the partition was read whole up to the previous
+        stamp this method saw (a later one, unseen, would only make it later). None
+        when there is no consumer to ask (the stream's idleness is then plain
+        processing time).
+        """
+        consumer = self._consumer
+        if consumer is None or not hasattr(consumer, "last_poll_timestamp"):
+            return None
+        for tp, nxt in self._next.items():
+            try:
+                stamp, high = consumer.last_poll_timestamp(tp), consumer.highwater(tp)
+            except (AssertionError, KeyError, IllegalStateError):  # no longer assigned
+                continue
+            if stamp is None or high is None:
+                continue
+            before, latest = self._stamps.get(tp, (None, None))
+            if stamp != latest:
+                before, latest = latest, stamp
+                self._stamps[tp] = (before, latest)
+            if before is not None and nxt >= high:
+                self._read_through[tp] = before / 1000.0
+        through = {
+            key: self._read_through.get(tp, -math.inf)
+            for tp, keys in self._keys_of.items()
+            for key in keys
+        }
+        return lambda key: through.get(key, -math.inf)
 
     # -- checkpoints and handover ---------------------------------------------------
 
@@ -609,6 +656,8 @@ class WindowIngest(Service):
                 self.windower.drop_keys(self._keys_of.pop(tp, set()))
                 self._next.pop(tp, None)
                 self._dirty.discard(tp)
+                self._stamps.pop(tp, None)
+                self._read_through.pop(tp, None)
 
     async def _take_over(self, assigned: set[Any]) -> None:
         """Adopt the newest state of newly assigned partitions that covers their offsets."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
@@ -88,7 +88,9 @@ class WindowSpec:
         out_of_orderness_s: the watermark trails the largest event time by this much.
         allowed_lateness_s: a window is emitted once the watermark passes its end plus this.
         idle_timeout_s: a key that received nothing for this long (processing time) has
-            its open windows flushed, so a stopped kernel still yields its last windows.
+            its open windows flushed, so a stopped kernel still yields its last windows
+            (the worker counts only time in which it had read its input up to date:
+            :meth:`Windower.flush_idle`).
     """
 
     size_s: float = 1.0
@@ -481,11 +483,32 @@ class Windower:
         ready = [k for k in st.open if self.spec.closes_by(k[0], watermark)]
         return _sorted(self._emit(key, st, ready)) if ready else []
 
-    def flush_idle(self, now: float) -> list[WindowAggregate]:
-        """Emit every open window of keys idle (processing time) for ``idle_timeout_s``."""
+    def flush_idle(
+        self, now: float, read_through: Callable[[str], float] | None = None
+    ) -> list[WindowAggregate]:
+        """Emit every open window of keys idle (processing time) for ``idle_timeout_s``.
+
+        ``read_through(key)``, where given, is the processing time up to which
+        everything sent on the key's input had been read (a consumer that had caught up
+        with its partition then): a key is idle only for the time its input was read
+        that far. A reader that is behind, or was paused, has not seen what the key's
+        node sent meanwhile, and flushing then would cut the key's windows short and
+        send the rest of their launches to the late topic.
+
+        >>> w = Windower(WindowSpec(idle_timeout_s=3.0))
+        >>> _ = w.add(make_example_batch([0.1, 0.2]), now=10.0)
+        >>> len(w.flush_idle(20.0, read_through=lambda key: 11.0))  # read only until 11
+        0
+        >>> len(w.flush_idle(20.0, read_through=lambda key: 13.5))
+        1
+        """
         out: list[WindowAggregate] = []
+        idle = self.spec.idle_timeout_s
         for key, st in self._keys.items():
-            if st.open and now - st.last_seen >= self.spec.idle_timeout_s:
+            if not st.open:
+                continue
+            until = now if read_through is None else min(now, read_through(key))
+            if until - st.last_seen >= idle:
                 out.extend(self._emit(key, st, list(st.open)))
         return _sorted(out)
 

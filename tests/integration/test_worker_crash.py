@@ -10,8 +10,13 @@
   published once.
 * Both inputs also carry byte-identical copies of some batches (a node resending a
   batch whose acknowledgement was lost): dead-lettered as ``duplicate``, not counted.
+* A worker paused (SIGSTOP, then SIGCONT: a throttled container, a long GC pause, a
+  host swapping) for longer than the idle timeout while its streams' launches keep
+  arriving on the broker: no stream counts as idle for the time nobody read it, so
+  every window is complete and nothing is late.
 
-Windows close on the watermark only (idle timeout far beyond the test). The last batch
+Except in the pause, windows close on the watermark only (idle timeout far beyond the
+test). The last batch
 of every stream is one launch far ahead in event time that closes all earlier windows;
 its own window stays open and is left out of the comparison.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,10 +57,10 @@ def settings(settings: Settings) -> Settings:
     )
 
 
-def _input(seconds: float) -> tuple[list[LaunchBatch], list[LaunchBatch]]:
+def _input(seconds: float, rate: float = 200.0) -> tuple[list[LaunchBatch], list[LaunchBatch]]:
     """2 nodes x 4 kernels in 0.1 s batches, plus one closing batch per stream."""
     t0 = time.time() - 60.0 - seconds
-    spec = FleetSpec(nodes=2, launches_per_s_per_kernel=200.0, seconds=seconds, t0=t0)
+    spec = FleetSpec(nodes=2, launches_per_s_per_kernel=rate, seconds=seconds, t0=t0)
     batches = list(fleet_batches(spec))
     return batches, closing_batches(batches, _CLOSE_AHEAD_S)
 
@@ -202,6 +208,57 @@ async def _offset_reset(s: Settings, tmp: Path, back: int) -> None:
     assert len(_duplicates(s, r)) == resent + back * _PARTITIONS
 
 
+async def _pause(s: Settings, tmp: Path, pause_s: float) -> None:
+    bootstrap = str(s.bootstrap)
+    await ensure_topics(s, bootstrap)
+    # 20,000 launches a second per kernel: what arrives in the pause is megabytes per
+    # partition, more than one fetch returns, so the worker reads it over several polls.
+    body, closing = _input(6.0, rate=20_000.0)
+    half = len(body) // 2
+    with _worker(s, tmp) as w:
+        w.start()
+        await wait_for(lambda: w.window("assigned_partitions") == _PARTITIONS, 90, "assignment")
+        await produce(
+            bootstrap, s.topic_launches, [(b.stream_key.encode(), encode(b)) for b in body[:half]]
+        )
+        await wait_for(lambda: w.window("batches") == half, 60, "first half")
+        assert w.proc is not None
+        w.proc.send_signal(signal.SIGSTOP)
+        try:
+            paused_at = time.monotonic()
+            await produce(
+                bootstrap,
+                s.topic_launches,
+                [(b.stream_key.encode(), encode(b)) for b in body[half:]],
+            )
+            await asyncio.sleep(pause_s - (time.monotonic() - paused_at))
+        finally:
+            w.proc.send_signal(signal.SIGCONT)
+        await wait_for(lambda: w.window("batches") == len(body), 60, "second half")
+        await produce(
+            bootstrap, s.topic_launches, [(c.stream_key.encode(), encode(c)) for c in closing]
+        )
+        want = _want(s, body, closing)
+        # The closing batches' own windows close too, for idleness: so the worker's
+        # reading of its consumer's fetches does say when a partition was read whole.
+        r = await _collect(s, len(want) + len(closing))
+        assert w.counter("launches.late") == 0, "launches of a paused worker's streams went late"
+    spec = WindowSpec(s.window_s)
+    last = {(c.stream_key, spec.window_of(c.t_end[0])) for c in closing}
+
+    def closes(m: Any) -> bool:
+        w = decode(m.value, WindowAggregate)
+        return (w.stream_key, spec.window_of(w.window_start)) in last
+
+    flushed = [decode(m.value, WindowAggregate) for m in r.raw[s.topic_windows] if closes(m)]
+    assert sorted((w.stream_key, w.count) for w in flushed) == sorted(
+        (c.stream_key, 1) for c in closing
+    )
+    r.raw[s.topic_windows] = [m for m in r.raw[s.topic_windows] if not closes(m)]
+    assert _check(s, r, want) == 0
+    assert not r.records[s.topic_deadletter]
+
+
 async def _reset_offsets(bootstrap: str, group: str, topic: str, back: int) -> None:
     """What ``kafka-consumer-groups --reset-offsets --shift-by -N`` does to a stopped group.
 
@@ -227,6 +284,13 @@ def test_kill9_ten_times_final_windows_equal_ground_truth(
     settings: Settings, tmp_path: Path
 ) -> None:
     asyncio.run(_kill_trials(settings, tmp_path))
+
+
+def test_a_paused_worker_takes_no_stream_for_idle(settings: Settings, tmp_path: Path) -> None:
+    # The default idle timeout; a session timeout the pause stays within (a member that
+    # misses it is another drill: the rebalance tests).
+    s = settings.model_copy(update={"idle_timeout_s": 3.0, "session_timeout_s": 30.0})
+    asyncio.run(_pause(s, tmp_path, pause_s=s.idle_timeout_s + 2.0))
 
 
 def test_group_offsets_reset_back_changes_no_result(settings: Settings, tmp_path: Path) -> None:
