@@ -1,4 +1,5 @@
-"""Alert agent: ks.findings -> ks.alerts (predictive alerts from window history).
+"""Alert stage: ks.findings (through :mod:`agents.findings_agent`) -> ks.alerts
+(predictive alerts from window history).
 
 Findings are keyed by fleet group, so one worker sees every window of a group, in
 the order its window agents published them: the per-device (stream) series and the
@@ -17,7 +18,7 @@ from kernelstream.agents.context import WorkerContext
 from kernelstream.agents.logic.forecast import Forecaster, ForecastSettings
 from kernelstream.schemas import Alert, Finding, encode
 
-__all__ = ["forecaster_from_settings", "publish", "register"]
+__all__ = ["STAGE", "AlertStage", "forecaster_from_settings", "publish"]
 
 STAGE = "alerts"
 
@@ -40,19 +41,17 @@ async def publish(ctx: WorkerContext, alerts: list[Alert]) -> None:
         await ctx.send("alerts", alert.key.encode(), encode(alert))
 
 
-def register(app: Any, ctx: WorkerContext) -> Forecaster:
-    forecaster = forecaster_from_settings(ctx.settings)
-    ctx.probes["alerts.active"] = forecaster.active_alerts
+class AlertStage:
+    """The forecaster's share of each burst of findings (:mod:`agents.findings_agent`)."""
 
-    @app.agent(ctx.topics["findings"], name="alerts")
-    async def alert_agent(stream: Any) -> None:
-        async for event in stream.events():
-            finding = await ctx.decode(STAGE, event, Finding)
-            if finding is None:
-                continue
-            alerts, problem = forecaster.observe(finding)
-            await publish(ctx, alerts)
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self.forecaster = forecaster_from_settings(ctx.settings)
+        ctx.probes["alerts.active"] = self.forecaster.active_alerts
+
+    async def on_findings(self, burst: list[tuple[Any, Finding]]) -> None:
+        for event, finding in burst:
+            alerts, problem = self.forecaster.observe(finding)
+            await publish(self.ctx, alerts)
             if problem is not None:
-                await ctx.dead_letter(STAGE, event, problem.reason, problem.code)
-
-    return forecaster
+                await self.ctx.dead_letter(STAGE, event, problem.reason, problem.code)

@@ -1,4 +1,5 @@
-"""Tuner agent: ks.findings + ks.reconfig -> ks.recommendations.
+"""Tuner stage: ks.findings (through :mod:`agents.findings_agent`) + ks.reconfig ->
+ks.recommendations.
 
 Findings and reconfiguration outcomes are both keyed by fleet group
 (device model, workload, problem size), so one worker owns a group's whole
@@ -22,15 +23,9 @@ from kernelstream.kernels.transfers import host_declared
 from kernelstream.schemas import Finding, Recommendation, ReconfigOutcome, encode
 from kernelstream.schemas.signing import signer_from_settings
 
-__all__ = ["recommend_all", "register"]
+__all__ = ["TunerStage", "recommend_all", "register", "tuner_from_settings"]
 
 log = logging.getLogger("kernelstream.tuner")
-
-# A burst of findings is handed to the tuner's thread at once: at most this many,
-# after waiting at most this long for the burst to arrive (an idle agent wakes at
-# this interval, which costs next to nothing).
-_BATCH = 256
-_BATCH_WITHIN_S = 0.01
 
 
 def tuner_from_settings(settings: Any) -> Tuner:
@@ -69,64 +64,67 @@ def recommend_all(
     return out, failed
 
 
-def register(app: Any, ctx: WorkerContext) -> Tuner:
-    tuner = tuner_from_settings(ctx.settings)
-    signer = signer_from_settings(ctx.settings)
-    if signer is None:
-        log.warning(
-            "no signing private key configured: recommendations go out unsigned and nodes "
-            "refuse them (generate keys with `kernelstream keygen`)"
-        )
-    spaces = SpaceResolver(ctx.settings.tuning_spaces_dir)
-    findings, reconfig = ctx.topics["findings"], ctx.topics["reconfig"]
-    # Choosing a config fits a model (tens of ms); it runs on a worker thread so the
-    # window agent's event loop never waits for it. The lock keeps the tuner's state
-    # single-writer: findings and outcomes update it one at a time. Findings come in
-    # bursts (every stream's window closes at the same event time), so the agent takes
-    # what has arrived (up to _BATCH, waiting at most _BATCH_WITHIN_S) and hands the
-    # whole batch to the thread at once: one thread round trip per burst instead of one
-    # per finding, each of which cost a wake-up of the thread and of the event loop
-    # (milliseconds apiece on a busy machine; bench/pipeline.py (d) per-hop breakdown).
-    lock = asyncio.Lock()
+class TunerStage:
+    """The tuner's share of each burst of findings (:mod:`agents.findings_agent`).
 
-    @app.agent(findings, name="tuner")
-    async def tuner_agent(stream: Any) -> None:
-        async for events in stream.take_events(_BATCH, within=_BATCH_WITHIN_S):
-            todo = []
-            for event in events:
-                finding = await ctx.decode("tuner", event, Finding)
-                if finding is None:
-                    continue
-                try:
-                    size = tuple(finding.problem_size)
-                    space = spaces.space_for(finding.workload, size, finding.config)
-                    space = host_declared(space, finding.config)
-                except (LookupError, ValueError) as exc:  # unknown workload, or a bad size
-                    await ctx.dead_letter("tuner", event, str(exc), "unknown_kernel")
-                    continue
-                todo.append((event, finding, space))
-            if not todo:
+    Choosing a config fits a model (tens of ms); it runs on a worker thread so the
+    window agent's event loop never waits for it, a whole burst per thread round trip
+    (each round trip cost a wake-up of the thread and of the event loop, milliseconds
+    apiece on a busy machine; bench/pipeline.py (d) per-hop breakdown). The lock keeps
+    the tuner's state single-writer: findings and outcomes update it one at a time.
+    """
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self.tuner = tuner_from_settings(ctx.settings)
+        self.signer = signer_from_settings(ctx.settings)
+        if self.signer is None:
+            log.warning(
+                "no signing private key configured: recommendations go out unsigned and "
+                "nodes refuse them (generate keys with `kernelstream keygen`)"
+            )
+        self.spaces = SpaceResolver(ctx.settings.tuning_spaces_dir)
+        self.lock = asyncio.Lock()
+
+    async def on_findings(self, burst: list[tuple[Any, Finding]]) -> None:
+        ctx = self.ctx
+        todo = []
+        for event, finding in burst:
+            try:
+                size = tuple(finding.problem_size)
+                space = self.spaces.space_for(finding.workload, size, finding.config)
+                space = host_declared(space, finding.config)
+            except (LookupError, ValueError) as exc:  # unknown workload, or a bad size
+                await ctx.dead_letter("tuner", event, str(exc), "unknown_kernel")
                 continue
-            async with lock:
-                recs, failed = await asyncio.to_thread(recommend_all, tuner, todo)
-            for event, ex in failed:
-                await ctx.dead_letter(
-                    "tuner", event, f"the tuner failed on this finding: {ex!r}", "internal_error"
-                )
-            for rec in recs:
-                if signer is not None:
-                    rec = signer.sign(rec)
-                ctx.counters["recommendations.out"] += 1
-                await ctx.send("recommendations", rec.node.encode(), encode(rec))
+            todo.append((event, finding, space))
+        if not todo:
+            return
+        async with self.lock:
+            recs, failed = await asyncio.to_thread(recommend_all, self.tuner, todo)
+        for event, ex in failed:
+            await ctx.dead_letter(
+                "tuner", event, f"the tuner failed on this finding: {ex!r}", "internal_error"
+            )
+        for rec in recs:
+            if self.signer is not None:
+                rec = self.signer.sign(rec)
+            ctx.counters["recommendations.out"] += 1
+            await ctx.send("recommendations", rec.node.encode(), encode(rec))
 
-    @app.agent(reconfig, name="outcomes")
+
+def register(app: Any, ctx: WorkerContext) -> TunerStage:
+    """The tuner stage (fed by the findings agent) and the agent of its outcomes."""
+    stage = TunerStage(ctx)
+
+    @app.agent(ctx.topics["reconfig"], name="outcomes")
     async def outcome_agent(stream: Any) -> None:
         async for event in stream.events():
             outcome = await ctx.decode("outcomes", event, ReconfigOutcome)
             if outcome is None:
                 continue
             ctx.counters[f"outcomes.{outcome.status}"] += 1
-            async with lock:
-                tuner.observe_outcome(outcome)
+            async with stage.lock:
+                stage.tuner.observe_outcome(outcome)
 
-    return tuner
+    return stage

@@ -6,7 +6,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kernelstream.agents import alert_agent, detector_agent, tuner_agent, window_agent
+from kernelstream.agents import (
+    alert_agent,
+    detector_agent,
+    findings_agent,
+    tuner_agent,
+    window_agent,
+)
 from kernelstream.agents.context import WorkerContext
 from kernelstream.agents.logic.windowing import Windower
 
@@ -29,7 +35,8 @@ def register_agents(
     window_consumer: Any = None,
     make_consumer: Callable[[], Any] | None = None,
 ) -> WorkerAgents:
-    """Register the window agent (with the detector inline), the tuner and alert agents.
+    """Register the window agent (with the detector inline), the findings agent (the tuner
+    and alert stages) and the outcomes agent.
 
     ``window_consumer`` is the window agent's consumer already joining its group, or
     None; ``make_consumer`` builds one when the app starts (the app layer knows the
@@ -39,6 +46,6 @@ def register_agents(
     windower, stats = window_agent.register(
         app, ctx, detector_agent.InlineDetector(ctx), window_consumer, make_consumer
     )
-    tuner_agent.register(app, ctx)
-    alert_agent.register(app, ctx)
+    # One agent reads the findings for both stages that learn from them.
+    findings_agent.register(app, ctx, [tuner_agent.register(app, ctx), alert_agent.AlertStage(ctx)])
     return WorkerAgents(ctx, windower, stats)

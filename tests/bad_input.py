@@ -370,7 +370,7 @@ def overflowing(batch: LaunchBatch, changes: dict[str, Any]) -> LaunchBatch:
 ACCEPTED = [
     (
         "a device sample reporting more memory in use than its GPU model has",
-        "windowed (the launch schema does not know the model's memory); the alert agent "
+        "windowed (the launch schema does not know the model's memory); the alert stage "
         "dead-letters the findings of its windows as `out_of_range` and forecasts nothing "
         "from them.",
     ),

@@ -257,7 +257,9 @@ ALERT_STATES: tuple[str, ...] = get_args(AlertState)
 ALERT_SCOPES: tuple[str, ...] = get_args(AlertScope)
 _STAGE_CODES = tuple(c for c in REASON_CODES if c != "outbox_full")
 WORKER_DEAD_LETTERS: tuple[tuple[str, str], ...] = tuple(
-    (stage, code) for stage in ("window", "tuner", "outcomes", "alerts") for code in _STAGE_CODES
+    (stage, code)
+    for stage in ("window", "findings", "tuner", "outcomes", "alerts")
+    for code in _STAGE_CODES
 )
 NODE_DEAD_LETTERS: tuple[tuple[str, str], ...] = (
     ("node.outbox", "outbox_full"),
