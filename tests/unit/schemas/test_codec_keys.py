@@ -17,6 +17,12 @@ from kernelstream.schemas.errors import SchemaError
         b'{"a" : 1, "b":{"c":1,"c":2}}',  # one level down, with whitespace before a colon
         b'{"a":[{"c":1},{"c":1,"c":2}]}',  # in a list of objects
         b'{"a":{"b":{"c":1,"c":2}}}',  # deeper than counted: the text is parsed again
+        # compact, a colon in a string: counting '":' finds it
+        b'{"id":"n:0/k","a":1,"a":2}',
+        # an escaped quote before a colon in a string counts as a key end: the scan decides
+        b'{"s":"say \\":\\"","a":1,"a":2}',
+        # one key compact, its repeat with whitespace before its colon
+        b'{"id":"n:0","a":1,"a" :2}',
     ],
 )
 def test_a_repeated_key_is_refused(text: bytes) -> None:
@@ -32,6 +38,8 @@ def test_a_repeated_key_is_refused(text: bytes) -> None:
         b'{"a":"x:y","b":"::","c":[{"d":1},{"d":2}]}',  # colons in strings, same key in two objects
         b'{"a" :1, "b"\n:2}',
         b'{"a":{"b":{"c":1}}}',
+        b'{"id":"n:0/k","s":"x: y","c":{"d":1}}',  # compact, colons in strings
+        b'{"s":"say \\":\\"","a":1}',  # an escaped quote before a colon
     ],
 )
 def test_unique_keys_pass(text: bytes) -> None:
