@@ -30,6 +30,13 @@ consumer that takes a whole fetch at once (the ceilings, Faust's consumer thread
 otherwise do much of its work before its clock started. For the Quix peer, whose
 librdkafka consumer fetches and decompresses in its own threads from the moment it has
 partitions, the clock starts at its partition assignment.
+
+A worker does more than the window stage: its tuner and alert stages read every finding
+its window agent publishes, and while launches are buffered the window agent holds the
+event loop, so most of their work runs after the last batch. For the workers (and the
+baseline) the benchmark also waits until the process has nothing left to do and prints
+the rate per CPU second of every stage to then (:func:`_every_stage_done`), beside the
+window stage's. Every topic a run writes or reads, but the input, is its own.
 """
 
 from __future__ import annotations
@@ -63,6 +70,8 @@ from kernelstream.schemas.binary import encode_launch_batch
 __all__ = ["command", "compare_windows", "reference_windows"]
 
 _Key = tuple[str, str, float]  # (stream, config_id, window_start)
+# The topics a worker writes or reads besides the launches.
+_DERIVED = ("windows", "findings", "recommendations", "reconfig", "late", "deadletter", "alerts")
 _PEERS = {
     "faust_peer": "kernelstream.bench.peer_faust",
     "quix_peer": "kernelstream.bench.peer_quix",
@@ -191,6 +200,7 @@ async def _system(
     """Run one system until it has all ``n`` launches (or ``cap_s``), then its windows."""
     argv = [sys.executable, "-m", module] if module else None
     w = WorkerProc(s, log, argv, source)
+    done: dict[str, float] = {}
     with running(w):
         st = await w.wait_stats(
             lambda st: (
@@ -204,6 +214,8 @@ async def _system(
             "launches",
             every_s=0.5,
         )
+        if module is None:
+            done = await _every_stage_done(w, st["window"]["last_batch_at"] + 120.0)
         await asyncio.sleep(s.idle_timeout_s + 2.0)  # idle streams' last windows close
         windows = (
             await _kernelstream_windows(s)
@@ -227,8 +239,49 @@ async def _system(
         "stage_s": win.get("stage_s"),
         "polls": win.get("polls"),
         "polled_messages": win.get("polled_messages"),
+        **(
+            {
+                "every_stage_s": done["at"] - win["first_poll_at"],
+                "every_stage_cpu_s": done["cpu"] - win["cpu_at_first_poll"],
+                "every_stage_per_cpu_s": win["launches"] / (done["cpu"] - win["cpu_at_first_poll"]),
+            }
+            if done
+            else {}
+        ),
         "_windows": windows,
     }
+
+
+async def _every_stage_done(w: WorkerProc, deadline: float) -> dict[str, float]:
+    """The moment a worker has nothing left to do after its last batch, and its CPU clock
+    then (all threads, the clock of the worker's own stamps).
+
+    The window agent holds the event loop while its consumer has launches buffered, so
+    the Faust agents that read the findings (the tuner and alert stages) run mostly after
+    the last batch: a rate to the last batch leaves their work out. Done is the start of
+    the first quarter second in which the process used under a tenth of a core (what an
+    idle worker's timers and fetches take is less). Where the stages are still behind
+    ``idle_timeout_s`` after the last batch, the closing of the streams' last windows for
+    idleness is counted too.
+    """
+    import psutil
+
+    assert w.proc is not None
+    proc = psutil.Process(w.proc.pid)
+
+    def clock() -> tuple[float, float]:
+        cpu = proc.cpu_times()
+        return time.time(), cpu.user + cpu.system
+
+    at, cpu = clock()
+    while True:
+        await asyncio.sleep(0.25)
+        at1, cpu1 = clock()
+        if cpu1 - cpu < 0.1 * (at1 - at):
+            return {"at": at, "cpu": cpu}
+        if at1 > deadline:
+            raise TimeoutError("the worker was still busy 120 s after its last batch")
+        at, cpu = at1, cpu1
 
 
 _IDLE_S = 5.0  # idle seconds measured before the scale-out input is produced
@@ -452,11 +505,17 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
             runs.append(("quix_peer", topics["json"], _PEERS["quix_peer"], opts["quix_s"]))
         for name, base, module, cap in runs:
             source = opts["baseline"] if name.startswith("baseline") else None
+            # Every topic but the input is the run's own: a worker's Faust agents read
+            # their topics from the earliest offset, and on shared ones each run read
+            # every earlier run's findings as well as its own.
             s = base.model_copy(
                 update={
                     "app_id": f"{base.app_id}-{name}-r{r}",
                     "web_port": free_port(),
-                    "topic_windows": f"{base.topic_windows}-{name}-r{r}",
+                    **{
+                        f"topic_{role}": f"{getattr(base, f'topic_{role}')}-{name}-r{r}"
+                        for role in _DERIVED
+                    },
                 }
             )
             if module is None:
@@ -540,6 +599,17 @@ def _table(r: dict[str, Any]) -> str:
             f"process): {agg_ns:.1f} ns/launch; a worker doing nothing else would reach "
             f"{bound['binary']:.2f} of the binary ceiling and {bound['json']:.2f} of the JSON one"
         )
+    for name in ("worker_json", "worker_binary", "baseline_json", "baseline_binary"):
+        rounds = r.get(name, {}).get("rounds", [])
+        if rounds and all("every_stage_per_cpu_s" in x for x in rounds):
+            per_cpu = statistics.median(x["every_stage_per_cpu_s"] for x in rounds)
+            after = statistics.median(x["every_stage_cpu_s"] - x["cpu_s"] for x in rounds)
+            lines.append(
+                f"{name}, every stage (until the worker has nothing left to do): "
+                f"{per_cpu:,.0f} launches per CPU second, "
+                f"{_per_cpu(r[name]) / per_cpu:.2f}x the window stage's figure above; "
+                f"{after:.2f} CPU-s after the last batch"
+            )
     for wire, peers in (("json", ("faust_peer", "quix_peer")), ("binary", ("faust_peer_binary",))):
         best = max((r[p]["median_per_s"] for p in peers if p in r), default=0.0)
         best_cpu = max((_per_cpu(r[p]) for p in peers if p in r), default=0.0)
@@ -561,6 +631,17 @@ def _table(r: dict[str, Any]) -> str:
                 f"worker / baseline, {wire} input: median of rounds "
                 f"{statistics.median(paired):.2f} ({min(paired):.2f}-{max(paired):.2f})"
             )
+            pairs = zip(r[f"worker_{wire}"]["rounds"], r[f"baseline_{wire}"]["rounds"], strict=True)
+            every = [
+                a["every_stage_per_cpu_s"] / b["every_stage_per_cpu_s"]
+                for a, b in pairs
+                if "every_stage_per_cpu_s" in a and "every_stage_per_cpu_s" in b
+            ]
+            if every:
+                lines.append(
+                    f"worker / baseline, {wire} input, every stage per CPU second: median of "
+                    f"rounds {statistics.median(every):.2f} ({min(every):.2f}-{max(every):.2f})"
+                )
     for wire, e in r["encode_ns_per_launch"].items():
         lines.append(
             f"node encode {wire:<7}{e['ns_per_launch']:6.0f} ns/launch, "

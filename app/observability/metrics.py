@@ -132,6 +132,11 @@ METRICS: tuple[MetricSpec, ...] = (
         "Window classifications by the detector.",
         "classification",
     ),
+    _w(
+        "kernelstream_worker_findings_read",
+        "counter",
+        "Findings taken from the findings topic by the tuner and alert stages (any worker's).",
+    ),
     _w("kernelstream_worker_recommendations", "counter", "Recommendations published."),
     _w(
         "kernelstream_worker_outcomes",
@@ -310,6 +315,7 @@ class _WorkerCollector(Collector):
         yield _count("kernelstream_worker_late_launches", c.get("launches.late", 0))
         yield _count("kernelstream_worker_duplicate_launches", c.get("launches.duplicate", 0))
         yield _gauge("kernelstream_worker_open_windows", self.agents.windower.open_windows())
+        yield _count("kernelstream_worker_findings_read", c.get("read.findings", 0))
         yield _count("kernelstream_worker_recommendations", c.get("recommendations.out", 0))
         yield _by_prefix("kernelstream_worker_findings", c, "findings.", CLASSIFICATIONS)
         yield _by_prefix("kernelstream_worker_outcomes", c, "outcomes.", OUTCOMES)
