@@ -13,8 +13,8 @@ with 182-launch batches).
 A finding that does not pass the edge checks is dead-lettered once, stage ``findings``;
 what a stage refuses of a valid finding carries that stage's name (``tuner``, ``alerts``).
 The counter ``read.findings`` (``kernelstream_worker_findings_read_total``) counts every
-finding taken, valid or not: against the findings published it says how far behind the
-stages that learn from them are.
+finding taken and done with, valid or not: against the findings published it says how far
+behind the stages that learn from them are.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ def register(app: Any, ctx: WorkerContext, stages: list[FindingStage]) -> None:
     @app.agent(ctx.topics["findings"], name="findings")
     async def findings_agent(stream: Any) -> None:
         async for events in stream.take_events(_BATCH, within=_BATCH_WITHIN_S):
-            ctx.counters["read.findings"] += len(events)
             burst = []
             for event in events:
                 finding = await ctx.decode(STAGE, event, Finding)
@@ -55,3 +54,4 @@ def register(app: Any, ctx: WorkerContext, stages: list[FindingStage]) -> None:
             if burst:
                 for stage in stages:
                     await stage.on_findings(burst)
+            ctx.counters["read.findings"] += len(events)

@@ -34,9 +34,10 @@ partitions, the clock starts at its partition assignment.
 A worker does more than the window stage: its tuner and alert stages read every finding
 its window agent publishes, and while launches are buffered the window agent holds the
 event loop, so most of their work runs after the last batch. For the workers (and the
-baseline) the benchmark also waits until the process has nothing left to do and prints
-the rate per CPU second of every stage to then (:func:`_every_stage_done`), beside the
-window stage's. Every topic a run writes or reads, but the input, is its own.
+baseline, where its tree counts them) the benchmark also waits until the tuner and alert
+stages have taken every finding and prints the rate per CPU second of every stage to then
+(:func:`_every_stage_done`), beside the window stage's. Every topic a run writes or
+reads, but the input, is its own.
 """
 
 from __future__ import annotations
@@ -215,7 +216,7 @@ async def _system(
             every_s=0.5,
         )
         if module is None:
-            done = await _every_stage_done(w, st["window"]["last_batch_at"] + 120.0)
+            done = await _every_stage_done(w, st["window"]["last_batch_at"])
         await asyncio.sleep(s.idle_timeout_s + 2.0)  # idle streams' last windows close
         windows = (
             await _kernelstream_windows(s)
@@ -252,36 +253,33 @@ async def _system(
     }
 
 
-async def _every_stage_done(w: WorkerProc, deadline: float) -> dict[str, float]:
-    """The moment a worker has nothing left to do after its last batch, and its CPU clock
-    then (all threads, the clock of the worker's own stamps).
+async def _every_stage_done(w: WorkerProc, last_batch_at: float) -> dict[str, float]:
+    """The moment a worker's tuner and alert stages have taken every finding its window
+    agent published, and the worker's CPU clock then (all threads, the clock of its own
+    stamps); empty for a worker without the ``read.findings`` counter (an older tree).
 
     The window agent holds the event loop while its consumer has launches buffered, so
-    the Faust agents that read the findings (the tuner and alert stages) run mostly after
-    the last batch: a rate to the last batch leaves their work out. Done is the start of
-    the first quarter second in which the process used under a tenth of a core (what an
-    idle worker's timers and fetches take is less). Where the stages are still behind
-    ``idle_timeout_s`` after the last batch, the closing of the streams' last windows for
-    idleness is counted too.
+    the Faust agent that feeds the findings to those stages runs mostly after the last
+    batch: a rate to the last batch leaves their work out. The stats page is polled every
+    0.1 s. Where the stages are still behind ``idle_timeout_s`` after the last batch, the
+    closing of the streams' last windows for idleness, and their findings, count too.
     """
     import psutil
 
     assert w.proc is not None
     proc = psutil.Process(w.proc.pid)
-
-    def clock() -> tuple[float, float]:
-        cpu = proc.cpu_times()
-        return time.time(), cpu.user + cpu.system
-
-    at, cpu = clock()
     while True:
-        await asyncio.sleep(0.25)
-        at1, cpu1 = clock()
-        if cpu1 - cpu < 0.1 * (at1 - at):
-            return {"at": at, "cpu": cpu}
-        if at1 > deadline:
-            raise TimeoutError("the worker was still busy 120 s after its last batch")
-        at, cpu = at1, cpu1
+        st = await asyncio.to_thread(w.stats)
+        counters = (st or {}).get("counters", {})
+        published = sum(n for k, n in counters.items() if k.startswith("findings."))
+        read = counters.get("read.findings")
+        if published and read is not None and read >= published:
+            cpu = proc.cpu_times()
+            return {"at": time.time(), "cpu": cpu.user + cpu.system}
+        waited = time.time() - last_batch_at
+        if waited > 120.0 or (read is None and waited > 20.0):
+            return {}
+        await asyncio.sleep(0.1)
 
 
 _IDLE_S = 5.0  # idle seconds measured before the scale-out input is produced
@@ -605,7 +603,8 @@ def _table(r: dict[str, Any]) -> str:
             per_cpu = statistics.median(x["every_stage_per_cpu_s"] for x in rounds)
             after = statistics.median(x["every_stage_cpu_s"] - x["cpu_s"] for x in rounds)
             lines.append(
-                f"{name}, every stage (until the worker has nothing left to do): "
+                f"{name}, every stage (until the tuner and alert stages have taken every "
+                "finding): "
                 f"{per_cpu:,.0f} launches per CPU second, "
                 f"{_per_cpu(r[name]) / per_cpu:.2f}x the window stage's figure above; "
                 f"{after:.2f} CPU-s after the last batch"
