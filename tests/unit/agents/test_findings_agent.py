@@ -12,14 +12,7 @@ from kernelstream.agents.context import WorkerContext
 from kernelstream.app.settings import Settings
 from kernelstream.schemas import DeadLetter, Finding, decode, encode
 from tests.unit.agents.test_logic_tuning import START, finding
-
-
-class _Topic:
-    def __init__(self) -> None:
-        self.sent: list[bytes] = []
-
-    async def send(self, key: Any = None, value: bytes = b"", partition: Any = None) -> None:
-        self.sent.append(value)
+from tests.unit.agents.test_window_agent_failures import Topic
 
 
 class _App:
@@ -59,7 +52,7 @@ def _event(offset: int, value: bytes) -> SimpleNamespace:
 
 
 def test_each_finding_is_decoded_once_for_every_stage_and_refused_once() -> None:
-    topics = {role: _Topic() for role in ("findings", "deadletter")}
+    topics = {role: Topic() for role in ("findings", "deadletter")}
     ctx = WorkerContext(Settings(), topics)
     app, tuner, alerts = _App(), _Stage(), _Stage()
     findings_agent.register(app, ctx, [tuner, alerts])
@@ -79,7 +72,7 @@ def test_each_finding_is_decoded_once_for_every_stage_and_refused_once() -> None
 
 
 def test_a_burst_with_nothing_valid_reaches_no_stage() -> None:
-    topics = {role: _Topic() for role in ("findings", "deadletter")}
+    topics = {role: Topic() for role in ("findings", "deadletter")}
     ctx = WorkerContext(Settings(), topics)
     app, stage = _App(), _Stage()
     findings_agent.register(app, ctx, [stage])

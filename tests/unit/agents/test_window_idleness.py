@@ -25,17 +25,10 @@ from kernelstream.agents.window_agent import WindowIngest
 from kernelstream.app.settings import Settings
 from kernelstream.schemas import WindowAggregate, decode, encode
 from tests.bad_input import good_batch
+from tests.unit.agents.test_window_agent_failures import Topic
 
 _TP = ("ks.launches", 0)
 _IDLE_S = 3.0
-
-
-class _Topic:
-    def __init__(self) -> None:
-        self.sent: list[bytes] = []
-
-    async def send(self, key: Any = None, value: bytes = b"", partition: Any = None) -> None:
-        self.sent.append(value)
 
 
 class _Consumer:
@@ -71,8 +64,8 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
     return c
 
 
-def _agent() -> tuple[WindowIngest, _Consumer, dict[str, _Topic]]:
-    topics = {role: _Topic() for role in ("deadletter", "late", "windows")}
+def _agent() -> tuple[WindowIngest, _Consumer, dict[str, Topic]]:
+    topics = {role: Topic() for role in ("deadletter", "late", "windows")}
     ctx = WorkerContext(Settings(), topics)
     spec = WindowSpec(size_s=1.0, out_of_orderness_s=0.2, allowed_lateness_s=0.5)
     ingest = WindowIngest(
@@ -96,12 +89,12 @@ def _read(ingest: WindowIngest, offset: int, t0: float, seq: int) -> None:
     ingest._next[_TP] = offset + 1
 
 
-def _windows(topics: dict[str, _Topic]) -> list[WindowAggregate]:
+def _windows(topics: dict[str, Topic]) -> list[WindowAggregate]:
     return [decode(v, WindowAggregate) for v in topics["windows"].sent]
 
 
 def _idle_from(
-    ingest: WindowIngest, consumer: _Consumer, clock: _Clock, topics: dict[str, _Topic], high: int
+    ingest: WindowIngest, consumer: _Consumer, clock: _Clock, topics: dict[str, Topic], high: int
 ) -> float:
     """Tick every 0.2 s, each after an empty fetch, until a window is flushed; how long
     that took."""
