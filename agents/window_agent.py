@@ -549,7 +549,7 @@ class WindowIngest(Service):
         processing time).
         """
         consumer = self._consumer
-        if consumer is None or not hasattr(consumer, "last_poll_timestamp"):
+        if consumer is None:
             return None
         for tp, nxt in self._next.items():
             try:

@@ -218,9 +218,7 @@ async def _pause(s: Settings, tmp: Path, pause_s: float) -> None:
     with _worker(s, tmp) as w:
         w.start()
         await wait_for(lambda: w.window("assigned_partitions") == _PARTITIONS, 90, "assignment")
-        await produce(
-            bootstrap, s.topic_launches, [(b.stream_key.encode(), encode(b)) for b in body[:half]]
-        )
+        await produce(bootstrap, s.topic_launches, _with_resends(body[:half], every=half + 1))
         await wait_for(lambda: w.window("batches") == half, 60, "first half")
         assert w.proc is not None
         w.proc.send_signal(signal.SIGSTOP)
@@ -229,15 +227,13 @@ async def _pause(s: Settings, tmp: Path, pause_s: float) -> None:
             await produce(
                 bootstrap,
                 s.topic_launches,
-                [(b.stream_key.encode(), encode(b)) for b in body[half:]],
+                _with_resends(body[half:], every=len(body) + 1),
             )
             await asyncio.sleep(pause_s - (time.monotonic() - paused_at))
         finally:
             w.proc.send_signal(signal.SIGCONT)
         await wait_for(lambda: w.window("batches") == len(body), 60, "second half")
-        await produce(
-            bootstrap, s.topic_launches, [(c.stream_key.encode(), encode(c)) for c in closing]
-        )
+        await produce(bootstrap, s.topic_launches, _with_resends(closing, every=len(closing) + 1))
         want = _want(s, body, closing)
         # The closing batches' own windows close too, for idleness: so the worker's
         # reading of its consumer's fetches does say when a partition was read whole.
