@@ -189,8 +189,13 @@ class SearchSpace:
     def start_config(self) -> Config:
         """The default when valid, else the valid config differing in fewest parameters.
 
-        Ties go to the first in declared enumeration order.
+        Ties go to the first in declared enumeration order. Found once per space (the
+        search may enumerate the whole space: seconds for one of 300k configurations).
         """
+        return dict(self._start)
+
+    @cached_property
+    def _start(self) -> Config:
         if self.is_valid(self.default):
             return dict(self.default)
         best: Config | None = None

@@ -46,6 +46,7 @@ __all__ = [
     "HostTimeline",
     "copy_us",
     "host_declared",
+    "kernel_space",
     "simulate_host",
     "with_host_knobs",
 ]
@@ -222,7 +223,35 @@ def _extend(space: SearchSpace, added: tuple[str, ...], start: Mapping[str, int]
         for k in added:
             tails = [f"{t},{k}={v}" for t in tails for v in HOST_KNOB_VALUES[k]]
         allowed = frozenset(cid + t for cid in allowed for t in tails)
-    return SearchSpace(space.name, params, default, space.constraints, allowed)
+    wide = SearchSpace(space.name, params, default, space.constraints, allowed)
+    if added:
+        if len(_KERNEL_SPACES) >= 1024:
+            _KERNEL_SPACES.clear()
+        _KERNEL_SPACES[id(wide)] = (wide, space, added)
+    return wide
+
+
+# The spaces :func:`_extend` widened, by id of the wide one: (wide, kernel's own, added).
+_KERNEL_SPACES: dict[int, tuple[SearchSpace, SearchSpace, tuple[str, ...]]] = {}
+
+
+def kernel_space(space: SearchSpace) -> tuple[SearchSpace, tuple[str, ...]]:
+    """The kernel's own space of a space widened with host knobs, and the knobs added.
+
+    ``(space, ())`` for a space this module did not widen (a kernel that declares a
+    knob itself keeps it as its own parameter).
+
+    >>> s = SearchSpace("k", {"block": (64, 128)}, {"block": 64})
+    >>> own, added = kernel_space(host_declared(s, {"block": 64, "pinned": 1}))
+    >>> own is s, added
+    (True, ('pinned',))
+    >>> kernel_space(s) == (s, ())
+    True
+    """
+    hit = _KERNEL_SPACES.get(id(space))
+    if hit is not None and hit[0] is space:
+        return hit[1], hit[2]
+    return space, ()
 
 
 _DECLARED: dict[tuple[int, tuple[str, ...]], tuple[SearchSpace, SearchSpace]] = {}

@@ -479,3 +479,51 @@ def test_a_recommendation_that_fails_to_build_does_not_hold_the_slot() -> None:
         seen(t, bad)
     assert t.outstanding("n1", 0, "k") is None
     assert seen(t, finding(t=1.0)) is not None  # the next finding is served at once
+
+
+def test_under_host_knobs_the_search_steps_through_the_kernels_own_space(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kernelstream.kernels.transfers import host_declared
+
+    host = {"pinned": 1, "streams": 2, "batch": 4, "sync_every": 0}
+    elsewhere = {"pinned": 0, "streams": 1, "batch": 1, "sync_every": 1}
+    wide = host_declared(SPACE, {**START, **host})  # 336 host settings per kernel config
+    enumerated: list[tuple[str, ...]] = []
+    enumerate_space = SearchSpace.__iter__
+
+    def counted(self: SearchSpace) -> Any:
+        enumerated.append(self.names)
+        return enumerate_space(self)
+
+    monkeypatch.setattr(SearchSpace, "__iter__", counted)
+
+    def hosted(config: Config, mean: float, node: str, t: float) -> Finding:
+        f = finding(config, mean, node=node, t=t)
+        return f.model_copy(update={"config_id": wide.config_id(config)})
+
+    t = Tuner()
+    # Another node of the group measured kernel configurations under other host settings.
+    measured_there = [
+        {"block": 64, "tile": 1, "use_smem": False},
+        {"block": 128, "tile": 2, "use_smem": False},
+        {"block": 128, "tile": 1, "use_smem": True},
+    ]
+    for i, kernel in enumerate(measured_there):
+        t.observe_finding(hosted({**kernel, **elsewhere}, 150.0 + i, "n2", float(i)))
+    current: Config = {**START, **host}
+    sent = []
+    for step in range(6):
+        f = hosted(current, 100.0 - step, "n1", 10.0 + step)
+        t.observe_finding(f)
+        rec = t.recommend(f, wide, 10.0 + step)
+        assert rec is not None
+        assert {k: rec.config[k] for k in host} == host  # the node's host settings kept
+        assert rec.config_id == wide.config_id(rec.config) and wide.is_valid(rec.config)
+        sent.append({p: rec.config[p] for p in SPACE.params})
+        t.observe_outcome(outcome(rec, "kept", current, wide, at=10.5 + step))
+        current = rec.config
+    # What the group measured under any host settings counts for its kernel configuration.
+    assert not [k for k in sent if k in measured_there]
+    # Only the kernel's own space was ever enumerated, never the widened one.
+    assert enumerated and set(enumerated) == {SPACE.names}
