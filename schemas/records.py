@@ -35,6 +35,7 @@ __all__ = [
     "Recommendation",
     "ReconfigOutcome",
     "Record",
+    "RejectCode",
     "WindowAggregate",
     "record_type",
 ]
@@ -58,6 +59,24 @@ Classification = Literal[
 ]
 CopyDirection = Literal["h2d", "d2h", "d2d"]
 OutcomeStatus = Literal["applied", "kept", "rolled_back", "rejected"]
+# Why a node refused a recommendation (ks.reconfig/2, status "rejected"). Only
+# "outside_space" and "step_too_large" are about the configuration itself: the others say
+# the message could not be trusted or came at the wrong time (the node was still
+# measuring another change of the kernel, the recommendation had expired, ...), and the
+# same configuration may be fine a moment later (agents.logic.tuning).
+RejectCode = Literal[
+    "bad_signature",
+    "wrong_node",
+    "wrong_device",
+    "replayed",
+    "expired",
+    "stale",
+    "unknown_kernel",
+    "outside_space",
+    "busy",
+    "already_running",
+    "step_too_large",
+]
 AlertState = Literal["raised", "withdrawn", "crossed"]
 AlertScope = Literal["stream", "fleet_group", "device"]
 
@@ -523,10 +542,17 @@ class Recommendation(Record):
 
 
 class ReconfigOutcome(Record):
-    """What a node did with a recommendation, with before/after measurements."""
+    """What a node did with a recommendation, with before/after measurements.
 
-    SCHEMA: ClassVar[str] = "ks.reconfig/1"
-    schema_: Literal["ks.reconfig/1"] = Field(default="ks.reconfig/1", alias="schema")
+    Version 2 adds ``reject_code`` to a refusal: why, as a :data:`RejectCode` (the
+    ``reason`` says it in words). A reader of version 2 accepts version 1 messages
+    unchanged; a refusal without a code is one whose reason is not known.
+    """
+
+    SCHEMA: ClassVar[str] = "ks.reconfig/2"
+    schema_: Literal["ks.reconfig/1", "ks.reconfig/2"] = Field(
+        default="ks.reconfig/2", alias="schema"
+    )
 
     id: _Id
     recommendation_id: _Id
@@ -548,6 +574,16 @@ class ReconfigOutcome(Record):
     after_count: _Count = 0
     speedup: _NonNegFloat | None = None
     at: _FiniteFloat
+    reject_code: RejectCode | None = None
+
+    @model_validator(mode="after")
+    def _code_of_a_refusal(self) -> ReconfigOutcome:
+        if self.reject_code is not None:
+            if self.schema_ == "ks.reconfig/1":
+                raise ValueError("ks.reconfig/1 has no reject_code (added in /2)")
+            if self.status != "rejected":
+                raise ValueError(f"reject_code given for status {self.status!r}")
+        return self
 
 
 class DeadLetter(Record):
@@ -650,6 +686,7 @@ _OLDER_VERSIONS: dict[str, type[Record]] = {
     "ks.finding/1": Finding,
     "ks.window/1": WindowAggregate,
     "ks.alert/1": Alert,
+    "ks.reconfig/1": ReconfigOutcome,
 }
 
 

@@ -27,7 +27,7 @@ from kernelstream.agents.logic.reconfiguration import ReconfigPolicy, Reconfigur
 from kernelstream.agents.logic.tuning import Tuner, group_of
 from kernelstream.agents.logic.windowing import Windower, WindowSpec
 from kernelstream.kernels.runner import LaunchBatcher, WorkloadRunner
-from kernelstream.schemas.records import Recommendation
+from kernelstream.schemas.records import Recommendation, RejectCode
 
 __all__ = ["ClosedLoop", "LoopNode", "LoopTrace"]
 
@@ -225,7 +225,9 @@ class ClosedLoop:
         if decision.action == "apply":
             node.runner.set_config(rec.kernel, node.reconf.apply(rec, now))
         else:
-            self._outcome(node, rec, "rejected", None, now, reason=decision.reason)
+            self._outcome(
+                node, rec, "rejected", None, now, reason=decision.reason, code=decision.code
+            )
 
     def _outcome(
         self,
@@ -235,6 +237,7 @@ class ClosedLoop:
         ev: Any,
         now: float,
         reason: str = "",
+        code: RejectCode | None = None,
     ) -> None:
         self.trace.outcomes[status] = self.trace.outcomes.get(status, 0) + 1
         before = dict(ev.before_config) if ev else node.reconf.current[rec.kernel]
@@ -256,6 +259,7 @@ class ClosedLoop:
             dict(rec.config),
             node.device,
             now,
+            reject_code=code,
             **measured,
         )
         self.tuner.observe_outcome(outcome)

@@ -24,6 +24,7 @@ import numpy as np
 from kernelstream.agents.logic.ratios import finite_ratio
 from kernelstream.kernels.space import Config, SearchSpace
 from kernelstream.schemas import Recommendation, ReconfigOutcome
+from kernelstream.schemas.records import RejectCode
 
 __all__ = [
     "Decision",
@@ -90,6 +91,8 @@ class Decision:
     action: Literal["apply", "reject"]
     reason: str
     recommendation: Recommendation
+    # Why a recommendation was rejected, for the outcome record (None when applied).
+    code: RejectCode | None = None
 
 
 @dataclass(frozen=True)
@@ -160,42 +163,44 @@ class Reconfigurator:
         """
         bad_signature = self.verify(rec) if self.verify is not None else ""
         if bad_signature:
-            return Decision("reject", bad_signature, rec)
-        reason = self._reject_reason(rec, now)
+            return Decision("reject", bad_signature, rec, "bad_signature")
+        refusal = self._reject_reason(rec, now)
         self._seen.add(rec.id, rec.expires_at, offset)
-        if reason:
-            return Decision("reject", reason, rec)
+        if refusal is not None:
+            return Decision("reject", refusal[1], rec, refusal[0])
         return Decision("apply", "valid recommendation", rec)
 
-    def _reject_reason(self, rec: Recommendation, now: float) -> str:
+    def _reject_reason(self, rec: Recommendation, now: float) -> tuple[RejectCode, str] | None:
         if rec.node != self.node:
-            return f"addressed to node {rec.node!r}, this is {self.node!r}"
+            return "wrong_node", f"addressed to node {rec.node!r}, this is {self.node!r}"
         if rec.device_index != self.device_index:
-            return (
+            return "wrong_device", (
                 f"addressed to device {rec.device_index}, this node runs device {self.device_index}"
             )
         if rec.id in self._seen:
-            return f"replayed: recommendation {rec.id!r} was seen before"
+            return "replayed", f"replayed: recommendation {rec.id!r} was seen before"
         if rec.expires_at <= now:
-            return f"expired {now - rec.expires_at:.1f} s ago"
+            return "expired", f"expired {now - rec.expires_at:.1f} s ago"
         stale = self._stale_reason(rec, now)
         if stale:
-            return stale
+            return "stale", stale
         space = self.spaces.get(rec.kernel)
         if space is None:
-            return f"unknown kernel {rec.kernel!r} on this node"
+            return "unknown_kernel", f"unknown kernel {rec.kernel!r} on this node"
         problems = space.violations(rec.config)
         if problems:
-            return "outside the declared space: " + "; ".join(problems)
+            return "outside_space", "outside the declared space: " + "; ".join(problems)
         if rec.kernel in self._trials:
-            return "another change of this kernel is still being measured"
+            return "busy", "another change of this kernel is still being measured"
         current = self.current[rec.kernel]
         if space.config_id(rec.config) == space.config_id(current):
-            return "already running this configuration"
+            return "already_running", "already running this configuration"
         step = space.steps(current, rec.config)
         if step > self.policy.max_step:
-            return f"step of {step} positions exceeds the allowed {self.policy.max_step}"
-        return ""
+            return "step_too_large", (
+                f"step of {step} positions exceeds the allowed {self.policy.max_step}"
+            )
+        return None
 
     def _stale_reason(self, rec: Recommendation, now: float) -> str:
         p = self.policy
@@ -313,9 +318,12 @@ def outcome_record(
     after: dict[str, Any],
     device: Any,
     at: float,
+    *,
+    reject_code: RejectCode | None = None,
     **measured: Any,
 ) -> ReconfigOutcome:
-    """Build the outcome record a node publishes for ``rec``."""
+    """Build the outcome record a node publishes for ``rec`` (``reject_code``: why it
+    was rejected, :attr:`Decision.code`)."""
     space = None
     for w in device.workloads():
         if w.name == rec.kernel:
@@ -349,4 +357,5 @@ def outcome_record(
         after_mean_us=after_mean,
         speedup=speedup,
         at=at,
+        reject_code=reject_code,
     )

@@ -252,6 +252,15 @@ def _hint_score(
     return 0
 
 
+# Refusals of the configuration itself (schemas.records.RejectCode): the node will not
+# take it, however often it is sent.
+_BARRING_REFUSALS = frozenset({"outside_space", "step_too_large"})
+
+# The rec_id of a slot held for a change the node is measuring that this tuner did not
+# issue (a refusal with reject_code "busy").
+_NODES_OWN_CHANGE = ""
+
+
 @dataclass
 class _Outstanding:
     rec_id: str
@@ -490,15 +499,16 @@ class Tuner:
         """Learn what a node did with a recommendation."""
         slot = self._slot(_slot_of(outcome))
         g = self._group(group_of(outcome))
-        terminal = outcome.status in ("kept", "rolled_back", "rejected")
         after_id = outcome.after_config_id
-        if terminal:
-            g.trying.pop(after_id, None)
-            if slot.outstanding and slot.outstanding.rec_id == outcome.recommendation_id:
-                slot.outstanding = None
         if outcome.status == "rejected":
-            slot.excluded.add(after_id)
+            g.trying.pop(after_id, None)
+            self._refused(slot, outcome)
             return
+        if outcome.status in ("kept", "rolled_back"):
+            g.trying.pop(after_id, None)
+            held = slot.outstanding
+            if held and held.rec_id in (outcome.recommendation_id, _NODES_OWN_CHANGE):
+                slot.outstanding = None
         if outcome.after_mean_us is not None and after_id not in g.configs:
             # Windows usually bring this measurement too; the outcome matters when the
             # node rolled back before a window of the new config closed.
@@ -511,6 +521,35 @@ class Tuner:
             self._set_current(slot, outcome.before_config, outcome.before_config_id, outcome.at)
         else:
             self._set_current(slot, outcome.after_config, outcome.after_config_id, outcome.at)
+
+    def _refused(self, slot: _Slot, outcome: ReconfigOutcome) -> None:
+        """A node refused a recommendation: what its reason says about the slot.
+
+        Only a refusal of the configuration itself (outside the node's declared space,
+        a larger step than the node allows; or a refusal without a code, from a node
+        of ``ks.reconfig/1``) bars it from the node. A node that was still measuring
+        another change of the kernel (one whose recommendation expired here first, or
+        one another worker issued before the fleet group moved here) is waited for: the
+        slot is held until that change is kept or rolled back, or for a
+        recommendation's lifetime. A refusal of the message (its signature, its
+        address, its age, a replay) keeps the slot held until the refused
+        recommendation expires, then the tuner tries again.
+        """
+        code = outcome.reject_code
+        ours = slot.outstanding is not None and (
+            slot.outstanding.rec_id == outcome.recommendation_id
+        )
+        # What the node runs now (the change on trial, when it is measuring one).
+        self._set_current(slot, outcome.before_config, outcome.before_config_id, outcome.at)
+        if code is None or code in _BARRING_REFUSALS:
+            slot.excluded.add(outcome.after_config_id)
+        elif code == "busy":
+            slot.outstanding = _Outstanding(_NODES_OWN_CHANGE, "", outcome.at + self.ttl_s)
+            return
+        elif code != "already_running":
+            return
+        if ours:
+            slot.outstanding = None
 
     @staticmethod
     def _set_current(slot: _Slot, config: Config, config_id: str, at: float) -> None:
@@ -761,7 +800,8 @@ class Tuner:
     def outstanding(self, node: str, device_index: int, kernel: str) -> str | None:
         """Id of the outstanding recommendation of a kernel instance (expiry not applied)."""
         slot = self._slots.get((node, device_index, kernel))
-        return slot.outstanding.rec_id if slot and slot.outstanding else None
+        held = slot.outstanding if slot else None
+        return held.rec_id if held and held.rec_id != _NODES_OWN_CHANGE else None
 
     def _group(self, key: GroupKey) -> GroupStats:
         return self._groups.setdefault(key, GroupStats())

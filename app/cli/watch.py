@@ -79,6 +79,16 @@ _FINDING_COLUMNS: Sequence[Column] = (
     ("summary", 0, _k("summary")),
 )
 
+_RECONFIG_COLUMNS: Sequence[Column] = (
+    ("at", 12, _time("at")),
+    ("device", 18, _device),
+    ("kernel", 14, _k("kernel")),
+    ("status", 11, _k("status")),
+    ("speedup", 7, _f("speedup", ".2f")),
+    ("to config", 48, _k("after_config_id")),
+    ("reason", 0, _k("reason")),
+)
+
 _COLUMNS: dict[str, Sequence[Column]] = {
     "ks.recommendation/1": (
         ("issued", 12, _time("issued_at")),
@@ -93,15 +103,8 @@ _COLUMNS: dict[str, Sequence[Column]] = {
     "ks.finding/2": _FINDING_COLUMNS,
     "ks.window/1": _WINDOW_COLUMNS,
     "ks.window/2": _WINDOW_COLUMNS,
-    "ks.reconfig/1": (
-        ("at", 12, _time("at")),
-        ("device", 18, _device),
-        ("kernel", 14, _k("kernel")),
-        ("status", 11, _k("status")),
-        ("speedup", 7, _f("speedup", ".2f")),
-        ("to config", 48, _k("after_config_id")),
-        ("reason", 0, _k("reason")),
-    ),
+    "ks.reconfig/1": _RECONFIG_COLUMNS,
+    "ks.reconfig/2": _RECONFIG_COLUMNS,
     "ks.alert/1": _ALERT_COLUMNS,
     "ks.alert/2": _ALERT_COLUMNS,
     "ks.deadletter/1": (

@@ -48,6 +48,7 @@ from kernelstream.kernels.workloads.hosted import HostedWorkload
 from kernelstream.schemas import DeviceSample, LaunchBatch, Recommendation, ReconfigOutcome, encode
 from kernelstream.schemas.binary import encode_launch_batch
 from kernelstream.schemas.keys import group_key, stream_key
+from kernelstream.schemas.records import RejectCode
 from kernelstream.schemas.signing import verifier_from_settings
 
 __all__ = ["NodeParts", "NodeReport", "run_node"]
@@ -353,11 +354,13 @@ class _Node:
         audit = {"offset": offset, "key_id": rec.key_id, "signed": bool(rec.signature)}
         before = dict(self.reconf.current.get(rec.kernel, {}))
         if decision.action == "reject":
-            self._outcome(rec, "rejected", decision.reason, before, rec.config, **audit)
+            self._outcome(
+                rec, "rejected", decision.reason, before, rec.config, decision.code, **audit
+            )
             return
         self.runner.set_config(rec.kernel, self.reconf.apply(rec, now))
         self.recommendation_latency.observe(time.time() - rec.issued_at)
-        self._outcome(rec, "applied", "applied at a safe point", before, rec.config, **audit)
+        self._outcome(rec, "applied", "applied at a safe point", before, rec.config, None, **audit)
 
     def _outcome(
         self,
@@ -366,9 +369,12 @@ class _Node:
         reason: str,
         before: dict[str, Any],
         after: dict[str, Any],
+        code: RejectCode | None,
         **audit: Any,
     ) -> None:
-        outcome = outcome_record(rec, status, reason, before, after, self.device, time.time())
+        outcome = outcome_record(
+            rec, status, reason, before, after, self.device, time.time(), reject_code=code
+        )
         self.publish_outcome(outcome, **audit)
 
     def launches(self, chunks: list[Any], now: float) -> None:

@@ -481,6 +481,71 @@ def test_a_recommendation_that_fails_to_build_does_not_hold_the_slot() -> None:
     assert seen(t, finding(t=1.0)) is not None  # the next finding is served at once
 
 
+def excluded(t: Tuner, node: str = "n1") -> set[str]:
+    [slot] = [s for s in t.snapshot()["slots"] if s["key"] == [node, 0, "k"]]
+    return set(slot["excluded"])
+
+
+@pytest.mark.parametrize("code", ["outside_space", "step_too_large", None])
+def test_a_refusal_of_the_configuration_bars_it_from_the_node(code: str | None) -> None:
+    t = Tuner()
+    rec = seen(t, finding())
+    assert rec is not None
+    # No code: a node of ks.reconfig/1, whose refusals said nothing more.
+    kw: dict[str, Any] = {"reject_code": code} if code else {"schema": "ks.reconfig/1"}
+    t.observe_outcome(outcome(rec, "rejected", START, **kw))
+    assert excluded(t) == {rec.config_id}
+    assert t.outstanding("n1", 0, "k") is None
+
+
+def test_a_node_busy_with_another_change_is_waited_for_not_barred() -> None:
+    t = Tuner(ttl_s=20.0)
+    rec = seen(t, finding(), now=0.0)
+    assert rec is not None
+    # The node is measuring a change this tuner holds no recommendation for (one that
+    # expired here first, or one another worker issued before the group moved here).
+    trial: Config = {"block": 64, "tile": 1, "use_smem": False}
+    t.observe_outcome(outcome(rec, "rejected", trial, reject_code="busy", at=1.0))
+    assert excluded(t) == set()
+    assert seen(t, finding(t=1.0), now=2.0) is None  # held while the node measures
+    # The node's own change is decided: the slot is free, the node runs what it kept.
+    own = rec.model_copy(update={"id": "rec/n1/0/k/other", "config": trial})
+    t.observe_outcome(outcome(own, "kept", START, at=3.0, before_mean_us=100.0, after_mean_us=80.0))
+    nxt = seen(t, finding(trial, 80.0, t=4.0), now=4.0)
+    assert nxt is not None and nxt.from_config_id == SPACE.config_id(trial)
+
+
+def test_a_busy_node_that_never_reports_holds_the_slot_for_a_recommendation_lifetime() -> None:
+    t = Tuner(ttl_s=20.0)
+    rec = seen(t, finding(), now=0.0)
+    assert rec is not None
+    t.observe_outcome(outcome(rec, "rejected", START, reject_code="busy", at=1.0))
+    assert seen(t, finding(t=1.0), now=20.9) is None
+    assert seen(t, finding(t=2.0), now=21.0) is not None
+
+
+@pytest.mark.parametrize("code", ["bad_signature", "expired", "stale", "replayed", "wrong_node"])
+def test_a_refusal_of_the_message_is_retried_once_the_recommendation_expires(code: str) -> None:
+    t = Tuner(ttl_s=20.0)
+    rec = seen(t, finding(), now=0.0)
+    assert rec is not None
+    t.observe_outcome(outcome(rec, "rejected", START, reject_code=code, at=1.0))
+    assert excluded(t) == set()
+    assert seen(t, finding(t=1.0), now=5.0) is None  # no new message every window
+    again = seen(t, finding(t=2.0), now=20.0)
+    assert again is not None and again.id != rec.id
+
+
+def test_a_node_already_running_the_configuration_moves_the_tuners_view_of_it() -> None:
+    t = Tuner()
+    rec = seen(t, finding())
+    assert rec is not None
+    t.observe_outcome(outcome(rec, "rejected", rec.config, reject_code="already_running"))
+    assert excluded(t) == set() and t.outstanding("n1", 0, "k") is None
+    nxt = seen(t, finding(rec.config, 90.0, t=2.0), now=2.0)
+    assert nxt is not None and nxt.from_config_id == rec.config_id
+
+
 def test_under_host_knobs_the_search_steps_through_the_kernels_own_space(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

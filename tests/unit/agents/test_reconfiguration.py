@@ -73,23 +73,31 @@ def make(policy: ReconfigPolicy | None = None) -> Reconfigurator:
 
 
 @pytest.mark.parametrize(
-    ("r", "now", "reason"),
+    ("r", "now", "reason", "code"),
     [
-        (rec({"block": 64, "tile": 1}, node="n2"), 1.0, "addressed to node"),
-        (rec({"block": 64, "tile": 1}, device_index=3), 1.0, "addressed to device"),
-        (rec({"block": 64, "tile": 1}, expires_at=5.0), 6.0, "expired"),
-        (rec({"block": 64, "tile": 1}, kernel="other"), 1.0, "unknown kernel"),
-        (rec({"block": 48, "tile": 1}), 1.0, "not in declared values"),
-        (rec({"block": 1024, "tile": 4}), 1.0, "constraint violated"),
-        (rec({"block": 64}), 1.0, "missing parameter"),
-        (rec({"block": 32, "tile": 1}), 1.0, "already running"),
-        (rec({"block": 512, "tile": 1}), 1.0, "exceeds the allowed 2"),
+        (rec({"block": 64, "tile": 1}, node="n2"), 1.0, "addressed to node", "wrong_node"),
+        (rec({"block": 64, "tile": 1}, device_index=3), 1.0, "addressed to device", "wrong_device"),
+        (rec({"block": 64, "tile": 1}, expires_at=5.0), 6.0, "expired", "expired"),
+        (rec({"block": 64, "tile": 1}, kernel="other"), 1.0, "unknown kernel", "unknown_kernel"),
+        (rec({"block": 48, "tile": 1}), 1.0, "not in declared values", "outside_space"),
+        (rec({"block": 1024, "tile": 4}), 1.0, "constraint violated", "outside_space"),
+        (rec({"block": 64}), 1.0, "missing parameter", "outside_space"),
+        (rec({"block": 32, "tile": 1}), 1.0, "already running", "already_running"),
+        (rec({"block": 512, "tile": 1}), 1.0, "exceeds the allowed 2", "step_too_large"),
     ],
 )
-def test_rejections_name_their_reason(r: Recommendation, now: float, reason: str) -> None:
+def test_rejections_name_their_reason(
+    r: Recommendation, now: float, reason: str, code: str
+) -> None:
     d = make().consider(r, now)
     assert d.action == "reject"
     assert reason in d.reason
+    assert d.code == code
+    # ... and the outcome the node publishes carries the code
+    device = SimDevice("A100-SXM4-80GB", seed=1)
+    before = {"block": 32, "tile": 1}
+    out = outcome_record(r, "rejected", d.reason, before, r.config, device, now, reject_code=d.code)
+    assert out.reject_code == code and out.schema_ == "ks.reconfig/2"
 
 
 def test_replay_is_rejected() -> None:
@@ -123,7 +131,8 @@ def test_faster_change_is_kept_and_slower_is_rolled_back() -> None:
     r2 = rec({"block": 128, "tile": 1}, rid="slow")
     assert rc.consider(r2, 2.0).action == "apply"
     rc.apply(r2, 2.0)
-    assert "still being measured" in rc.consider(rec({"block": 64, "tile": 2}, rid="x"), 2.1).reason
+    busy = rc.consider(rec({"block": 64, "tile": 2}, rid="x"), 2.1)
+    assert "still being measured" in busy.reason and busy.code == "busy"
     feed(rc, 90.0, 100, rng)
     [ev] = rc.evaluate(3.0)
     assert ev.status == "rolled_back" and "slower" in ev.reason
@@ -172,12 +181,14 @@ def test_with_signing_configured_unsigned_forged_and_foreign_are_rejected(
     forged = good.model_copy(update={"config": {"block": 128, "tile": 1}})
     other_priv, _ = generate_keypair()
     foreign = Signer(load_private_key(other_priv)).sign(rec({"block": 64, "tile": 1}, rid="f"))
-    assert "unsigned" in rc.consider(rec({"block": 64, "tile": 1}, rid="u"), 1.0).reason
+    unsigned = rc.consider(rec({"block": 64, "tile": 1}, rid="u"), 1.0)
+    assert "unsigned" in unsigned.reason and unsigned.code == "bad_signature"
     assert "forged" in rc.consider(forged, 1.0).reason
     assert "unknown key" in rc.consider(foreign, 1.0).reason
     # The forged copy carried the genuine id: it must not have burnt it.
     assert rc.consider(good, 1.0).action == "apply"
-    assert "replayed" in rc.consider(good, 1.0).reason
+    replayed = rc.consider(good, 1.0)
+    assert "replayed" in replayed.reason and replayed.code == "replayed"
 
 
 def test_signed_but_invalid_recommendations_are_still_checked(
@@ -229,11 +240,22 @@ def test_stale_or_overlong_recommendations_are_rejected(
     )
     d = make().consider(r, now)
     assert d.action == "reject" and reason in d.reason, d.reason
+    assert d.code == "stale"
 
 
 def test_an_outcome_after_launches_timed_at_a_denormal_has_a_finite_speedup() -> None:
     device = SimDevice("A100-SXM4-80GB", seed=1)
     before, after = {"block": 32, "tile": 1}, {"block": 64, "tile": 1}
-    measured = {"before_mean_us": 100.0, "after_mean_us": 5e-324, "after_count": 10}
-    out = outcome_record(rec(after), "kept", "faster", before, after, device, 1.0, **measured)
+    out = outcome_record(
+        rec(after),
+        "kept",
+        "faster",
+        before,
+        after,
+        device,
+        1.0,
+        before_mean_us=100.0,
+        after_mean_us=5e-324,
+        after_count=10,
+    )
     assert out.speedup == sys.float_info.max

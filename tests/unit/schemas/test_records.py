@@ -354,3 +354,20 @@ def test_durations_and_counts_past_what_launches_can_add_up_to_are_refused(
     with pytest.raises(SchemaError) as err:
         decode(orjson.dumps(wire), type(record))
     assert err.value.code == "out_of_range"
+
+
+def test_an_outcome_of_version_2_says_why_a_recommendation_was_refused() -> None:
+    o = next(r for r in samples() if isinstance(r, ReconfigOutcome))
+    wire = orjson.loads(encode(o))
+    refused = {**wire, "status": "rejected", "reject_code": "busy"}
+    assert decode(orjson.dumps(refused), ReconfigOutcome).reject_code == "busy"
+    # A node of version 1 sent no code; its outcomes read unchanged, a refusal's code None.
+    v1 = {**wire, "schema": "ks.reconfig/1", "status": "rejected"}
+    assert decode(orjson.dumps(v1), ReconfigOutcome).reject_code is None
+    for bad, needle in [
+        ({**refused, "schema": "ks.reconfig/1"}, "ks.reconfig/1 has no reject_code"),
+        ({**refused, "status": "kept"}, "reject_code given for status 'kept'"),
+        ({**refused, "reject_code": "tired"}, "reject_code"),
+    ]:
+        with pytest.raises(SchemaError, match=needle):
+            decode(orjson.dumps(bad), ReconfigOutcome)
