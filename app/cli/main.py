@@ -850,6 +850,7 @@ class _LazyBenchGroup(click.Group):
         "worker-path",
         "api-overhead",
         "alerts",
+        "loop-speed",
     )
 
     def list_commands(self, ctx: click.Context) -> list[str]:
