@@ -256,6 +256,11 @@ def _hint_score(
 # take it, however often it is sent.
 _BARRING_REFUSALS = frozenset({"outside_space", "step_too_large"})
 
+# Refusals a node makes after it found the recommendation's kernel among its own
+# (agents.logic.reconfiguration checks in this order): their "before" configuration is
+# what the node runs.
+_KERNEL_CHECKED_REFUSALS = frozenset({"outside_space", "busy", "already_running", "step_too_large"})
+
 # The rec_id of a slot held for a change the node is measuring that this tuner did not
 # issue (a refusal with reject_code "busy").
 _NODES_OWN_CHANGE = ""
@@ -317,6 +322,8 @@ def _kernel_view(g: GroupStats, own: SearchSpace) -> GroupStats:
 
     view = GroupStats()
     for m in g.configs.values():
+        if not all(p in m.config for p in own.params):
+            continue  # another space's configuration (a related group's kernel differs)
         config = {p: m.config[p] for p in own.params}
         v = view.configs.setdefault(own.config_id(config), Measurement(config))
         v.count += m.count
@@ -539,12 +546,16 @@ class Tuner:
         ours = slot.outstanding is not None and (
             slot.outstanding.rec_id == outcome.recommendation_id
         )
-        # What the node runs now (the change on trial, when it is measuring one).
-        self._set_current(slot, outcome.before_config, outcome.before_config_id, outcome.at)
+        if code in _KERNEL_CHECKED_REFUSALS:
+            # What the node runs now (the change on trial, when it is measuring one). Only
+            # from a node that found the kernel: before that check (another node's
+            # message, an unknown kernel) the outcome's "before" is not this slot's.
+            self._set_current(slot, outcome.before_config, outcome.before_config_id, outcome.at)
         if code is None or code in _BARRING_REFUSALS:
             slot.excluded.add(outcome.after_config_id)
         elif code == "busy":
-            slot.outstanding = _Outstanding(_NODES_OWN_CHANGE, "", outcome.at + self.ttl_s)
+            if slot.outstanding is None or ours:
+                slot.outstanding = _Outstanding(_NODES_OWN_CHANGE, "", outcome.at + self.ttl_s)
             return
         elif code != "already_running":
             return

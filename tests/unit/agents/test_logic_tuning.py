@@ -592,3 +592,18 @@ def test_under_host_knobs_the_search_steps_through_the_kernels_own_space(
     assert not [k for k in sent if k in measured_there]
     # Only the kernel's own space was ever enumerated, never the widened one.
     assert enumerated and set(enumerated) == {SPACE.names}
+
+
+@pytest.mark.parametrize("code", ["unknown_kernel", "wrong_node", "bad_signature"])
+def test_a_refusal_before_the_node_found_the_kernel_leaves_the_slots_view_alone(
+    code: str,
+) -> None:
+    t = Tuner(ttl_s=20.0)
+    rec = seen(t, finding(), now=0.0)
+    assert rec is not None
+    # Such an outcome's "before" is not this kernel's configuration on this node (empty
+    # for a kernel the node does not run, another node's for a misaddressed message).
+    refusal = outcome(rec, "rejected", START, reject_code=code, at=1.0)
+    t.observe_outcome(refusal.model_copy(update={"before_config": {}, "before_config_id": "-"}))
+    again = seen(t, finding(t=2.0), now=20.0)
+    assert again is not None and again.from_config_id == SPACE.config_id(START)
