@@ -69,6 +69,11 @@ class SearchSpace:
     _index: dict[str, dict[ParamValue, int]] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
+    # A space widened with host knobs (kernels.transfers): the kernel's own space and the
+    # knobs added. Not an init field, so a ``dataclasses.replace`` of it is not one.
+    widened_from: tuple[SearchSpace, tuple[str, ...]] | None = field(
+        default=None, init=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         for p, values in self.params.items():

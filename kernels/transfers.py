@@ -225,14 +225,8 @@ def _extend(space: SearchSpace, added: tuple[str, ...], start: Mapping[str, int]
         allowed = frozenset(cid + t for cid in allowed for t in tails)
     wide = SearchSpace(space.name, params, default, space.constraints, allowed)
     if added:
-        if len(_KERNEL_SPACES) >= 1024:
-            _KERNEL_SPACES.clear()
-        _KERNEL_SPACES[id(wide)] = (wide, space, added)
+        object.__setattr__(wide, "widened_from", (space, added))  # a frozen dataclass
     return wide
-
-
-# The spaces :func:`_extend` widened, by id of the wide one: (wide, kernel's own, added).
-_KERNEL_SPACES: dict[int, tuple[SearchSpace, SearchSpace, tuple[str, ...]]] = {}
 
 
 def kernel_space(space: SearchSpace) -> tuple[SearchSpace, tuple[str, ...]]:
@@ -248,10 +242,7 @@ def kernel_space(space: SearchSpace) -> tuple[SearchSpace, tuple[str, ...]]:
     >>> kernel_space(s) == (s, ())
     True
     """
-    hit = _KERNEL_SPACES.get(id(space))
-    if hit is not None and hit[0] is space:
-        return hit[1], hit[2]
-    return space, ()
+    return space.widened_from or (space, ())
 
 
 _DECLARED: dict[tuple[int, tuple[str, ...]], tuple[SearchSpace, SearchSpace]] = {}
