@@ -17,13 +17,16 @@ from typing import Any
 import numpy as np
 
 from kernelstream.kernels.backends.sim import SimDevice
-from kernelstream.kernels.runner import LaunchBatcher, LaunchChunk
+from kernelstream.kernels.runner import LaunchBatcher, LaunchChunk, NodeBatch
 from kernelstream.schemas import LaunchBatch, encode
 
 __all__ = [
     "FleetSpec",
     "LiveFleet",
     "fleet_batches",
+    "fleet_events",
+    "fleet_node_batches",
+    "node_cost",
     "per_record_messages",
     "produce_messages",
     "recent_t0",
@@ -59,30 +62,54 @@ def recent_t0(seconds: float) -> float:
 
 def fleet_batches(spec: FleetSpec) -> Iterator[LaunchBatch]:
     """Launch batches in the order the fleet would publish them (tick by tick)."""
-    fleet: list[Any] = []
-    for i in range(spec.nodes):
-        dev = SimDevice(_MODELS[i % 2], seed=i)
-        batcher = LaunchBatcher(
+    return (b.record() for b in fleet_node_batches(spec))
+
+
+def fleet_node_batches(spec: FleetSpec) -> Iterator[NodeBatch]:
+    """:func:`fleet_batches` as the nodes hold them before publishing."""
+    devices = _devices(spec)
+    batchers = _batchers(spec, devices)
+    for i, now, chunk in fleet_events(spec, devices):
+        yield from batchers[i].add(chunk, now) if chunk is not None else batchers[i].due(now)
+    for batcher in batchers:
+        yield from batcher.flush()
+
+
+def _devices(spec: FleetSpec) -> list[SimDevice]:
+    return [SimDevice(_MODELS[i % 2], seed=i) for i in range(spec.nodes)]
+
+
+def _batchers(spec: FleetSpec, devices: list[SimDevice]) -> list[LaunchBatcher]:
+    return [
+        LaunchBatcher(
             dev,
             f"{spec.node_prefix}-{i}",
             max_launches=spec.max_launches,
             max_delay_s=spec.max_delay_s,
         )
-        fleet.append(
-            (dev, batcher, dev.workloads(), dict.fromkeys(w.name for w in dev.workloads()), {})
-        )
+        for i, dev in enumerate(devices)
+    ]
+
+
+def fleet_events(
+    spec: FleetSpec, devices: list[SimDevice]
+) -> Iterator[tuple[int, float, LaunchChunk | None]]:
+    """What each node's batcher is handed, in order: ``(node, now, chunk)``, and after a
+    node's tick ``(node, now, None)``, its check for batches due."""
+    workloads = [dev.workloads() for dev in devices]
+    seqs: list[dict[str, int]] = [{} for _ in devices]
     per_tick = max(1, round(spec.launches_per_s_per_kernel * _TICK_S))
     ticks = max(1, round(spec.seconds / _TICK_S))
     for k in range(ticks):
         start = spec.t0 + k * _TICK_S
         now = start + _TICK_S
         t_end = start + (np.arange(per_tick) + 1.0) * (_TICK_S / per_tick)
-        for dev, batcher, workloads, _, seqs in fleet:
-            for w in workloads:
+        for i, dev in enumerate(devices):
+            for w in workloads[i]:
                 cfg = w.space.start_config()
                 res = dev.launch(w, cfg, per_tick)
-                seq = seqs.get(w.name, 0)
-                seqs[w.name] = seq + per_tick
+                seq = seqs[i].get(w.name, 0)
+                seqs[i][w.name] = seq + per_tick
                 chunk = LaunchChunk(
                     w.name,
                     w,
@@ -93,10 +120,53 @@ def fleet_batches(spec: FleetSpec) -> Iterator[LaunchBatch]:
                     res.duration_us,
                     res.ok,
                 )
-                yield from batcher.add(chunk, now)
-            yield from batcher.due(now)
-    for _, batcher, *_ in fleet:
-        yield from batcher.flush()
+                yield i, now, chunk
+            yield i, now, None
+
+
+def node_cost(spec: FleetSpec, *, rounds: int = 3) -> dict[str, Any]:
+    """A node's CPU per launch to batch its launches and to encode the messages in each
+    wire format (best of ``rounds``). The device's work (here the sim model) is done
+    beforehand: the times are the node's telemetry path alone, :class:`LaunchBatcher` and
+    :meth:`NodeBatch.wire`. Also the message bytes per launch, raw and zstd-compressed."""
+    import time
+
+    from aiokafka import codec
+
+    devices = _devices(spec)
+    events = list(fleet_events(spec, devices))
+    batch_s = float("inf")
+    encode_s = {"json": float("inf"), "binary": float("inf")}
+    out: list[NodeBatch] = []
+    for _ in range(rounds):
+        batchers = _batchers(spec, devices)
+        t0 = time.perf_counter()
+        out = []
+        for i, now, chunk in events:
+            out += batchers[i].add(chunk, now) if chunk is not None else batchers[i].due(now)
+        for batcher in batchers:
+            out += batcher.flush()
+        batch_s = min(batch_s, time.perf_counter() - t0)
+        for wire in encode_s:
+            t0 = time.perf_counter()
+            for b in out:
+                b.wire(wire == "binary")
+            encode_s[wire] = min(encode_s[wire], time.perf_counter() - t0)
+    n = sum(map(len, out))
+    formats = {}
+    for wire, seconds in encode_s.items():
+        values = [b.wire(wire == "binary") for b in out]
+        formats[wire] = {
+            "ns_per_launch": seconds / n * 1e9,
+            "bytes_per_launch": sum(map(len, values)) / n,
+            "zstd_bytes_per_launch": sum(len(codec.zstd_encode(v)) for v in values) / n,
+        }
+    return {
+        "launches": n,
+        "batches": len(out),
+        "batch_ns_per_launch": batch_s / n * 1e9,
+        "encode": formats,
+    }
 
 
 def per_record_messages(batch: LaunchBatch) -> Iterator[bytes]:

@@ -61,7 +61,13 @@ import orjson
 from kernelstream.app.kafka.embedded import EmbeddedBroker, free_port
 from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.settings import Settings
-from kernelstream.bench.pipeline_input import FleetSpec, fleet_batches, produce_messages, recent_t0
+from kernelstream.bench.pipeline_input import (
+    FleetSpec,
+    fleet_batches,
+    node_cost,
+    produce_messages,
+    recent_t0,
+)
 from kernelstream.bench.pipeline_procs import WorkerProc, bench_settings, running
 from kernelstream.bench.results import dated_stem
 from kernelstream.bench.worker_path import aggregates_pass, nonempty_windows, window_parts
@@ -425,23 +431,6 @@ def _fetch_windows(port: int) -> list[dict[str, Any]]:
 _ENCODERS = (("json", encode), ("binary", encode_launch_batch))
 
 
-def _encode_ns(batches: list[LaunchBatch], enc: Any, rounds: int = 5) -> dict[str, float]:
-    """A node's cost to encode its batches (best of ``rounds``) and the bytes per launch."""
-    from aiokafka import codec
-
-    n = sum(len(b.t_end) for b in batches)
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        values = [enc(b) for b in batches]
-        best = min(best, time.perf_counter() - t0)
-    return {
-        "ns_per_launch": best / n * 1e9,
-        "bytes_per_launch": sum(map(len, values)) / n,
-        "zstd_bytes_per_launch": sum(len(codec.zstd_encode(v)) for v in values) / n,
-    }
-
-
 async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) -> dict[str, Any]:
     fleet = FleetSpec(
         nodes=opts["nodes"],
@@ -463,7 +452,7 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
         topics[wire] = s
     ref = reference_windows(batches, 1.0)
     out: dict[str, Any] = {
-        "encode_ns_per_launch": {w: _encode_ns(batches, f) for w, f in _ENCODERS},
+        "node": node_cost(fleet),
         "date": dt.date.today().isoformat(),
         "load_avg_start": os.getloadavg(),
         "input": {
@@ -641,10 +630,17 @@ def _table(r: dict[str, Any]) -> str:
                     f"worker / baseline, {wire} input, every stage per CPU second: median of "
                     f"rounds {statistics.median(every):.2f} ({min(every):.2f}-{max(every):.2f})"
                 )
-    for wire, e in r["encode_ns_per_launch"].items():
+    node = r.get("node")
+    for wire, e in (node or {}).get("encode", {}).items():
         lines.append(
             f"node encode {wire:<7}{e['ns_per_launch']:6.0f} ns/launch, "
             f"{e['bytes_per_launch']:.1f} bytes ({e['zstd_bytes_per_launch']:.1f} zstd) per launch"
+        )
+    if node:
+        lines.append(
+            f"node batching        {node['batch_ns_per_launch']:6.0f} ns/launch "
+            f"({node['batches']:,} batches of {node['launches'] / node['batches']:.0f} launches "
+            "from the device's arrays: templates, columns, checks), before encoding"
         )
     for so in r.get("scale_out", []):
         rates = ", ".join(f"{w['per_s'] / 1e6:.2f}M" for w in so["per_worker"])

@@ -8,9 +8,9 @@ run:
   stream, one synchronisation at the end; nothing recorded.
 * **on**: what a node does: :meth:`CupyDevice.launch` (a CUDA event before and
   after every launch, one synchronisation per batch, elapsed times read back),
-  the launches turned into a :class:`schemas.LaunchBatch` record with the plan
-  (occupancy from the driver, waves, bytes, FLOPs) and encoded, while the NVML
-  sampler thread reads the device every 0.5 s.
+  the launches batched with the plan (occupancy from the driver, waves, bytes,
+  FLOPs) and encoded in the node's wire format (binary), while the NVML sampler
+  thread reads the device every 0.5 s.
 
 Throughput is launches per wall-clock second over each batch; the report gives
 the median over ``--rounds`` rounds of each mode and the overhead
@@ -122,7 +122,6 @@ class _Kernel:
     def run_on(self, n: int, batcher: Any) -> tuple[float, np.ndarray]:
         """Launches with the node's telemetry; returns wall seconds and the durations."""
         from kernelstream.kernels.runner import LaunchChunk
-        from kernelstream.schemas import encode
 
         t0 = time.perf_counter()
         r = self.device.launch(self.workload, self.config, n)
@@ -133,7 +132,7 @@ class _Kernel:
             _WORKLOAD, self.workload, dict(self.config), cid, 0, t_end, r.duration_us, r.ok
         )
         for batch in batcher.add(chunk, now) + batcher.flush():
-            encode(batch)
+            batch.wire()
         return time.perf_counter() - t0, r.duration_us
 
     def mean_us(self, n: int = 50) -> float:

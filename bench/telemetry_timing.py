@@ -58,8 +58,6 @@ def _per_launch(stream: Any, loop: Callable[[], None], n: int) -> tuple[float, f
 def _parts(device: Any, k: _Kernel, n: int) -> dict[str, dict[str, float]]:
     """The launch path's parts, each timed over ``n`` launches."""
     from kernelstream.kernels.runner import LaunchBatcher, LaunchChunk
-    from kernelstream.schemas import encode
-    from kernelstream.schemas.binary import encode_launch_batch
 
     cp, geo, fn, args = k.cp, k.geo, k.fn, k.args
     stream = cp.cuda.get_current_stream()
@@ -130,10 +128,10 @@ def _parts(device: Any, k: _Kernel, n: int) -> dict[str, dict[str, float]]:
         batches = batcher.add(chunk, now) + batcher.flush()
         t2 = time.perf_counter()
         for b in batches:
-            encode(b)
+            b.wire(binary=False)
         t3 = time.perf_counter()
         for b in batches:
-            encode_launch_batch(b)
+            b.wire(binary=True)
         t4 = time.perf_counter()
         rows.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3))
     # CupyDevice.launch returns after its one synchronisation: its time is wall time

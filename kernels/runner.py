@@ -3,8 +3,9 @@
 The same runner drives every backend. Each tick it runs the node's workloads
 round-robin (one launch of each kernel per iteration, like the steps of an
 application) for the device time since the last tick, then turns what ran into
-columnar :class:`schemas.LaunchBatch` records. Tick boundaries are the safe
-points where the reconfiguration agent may switch a kernel's configuration.
+columnar batches (:class:`NodeBatch`, published as :class:`schemas.LaunchBatch`).
+Tick boundaries are the safe points where the reconfiguration agent may switch a
+kernel's configuration.
 
 Event time is the node's clock at each kernel's completion: for the ``sim`` and
 ``trace`` devices the runner lays the modelled durations out back to back on
@@ -25,10 +26,11 @@ import numpy as np
 
 from kernelstream.kernels.space import Config
 from kernelstream.kernels.transfers import HostPattern, HostTimeline, simulate_host
-from kernelstream.schemas import DeviceSample, LaunchBatch
+from kernelstream.schemas import DeviceSample, LaunchBatch, encode
+from kernelstream.schemas.binary import encode_launch_batch, encode_parts, header_json
 from kernelstream.schemas.records import CopyColumns
 
-__all__ = ["LaunchBatcher", "LaunchChunk", "WorkloadRunner"]
+__all__ = ["BatchTemplate", "LaunchBatcher", "LaunchChunk", "NodeBatch", "WorkloadRunner"]
 
 #: Host-side gap between consecutive launches (queueing, Python, driver), in µs.
 _HOST_GAP_US = 4.0
@@ -61,6 +63,108 @@ class LaunchChunk:
     # Each launch's share of the step (host gap, exposed copies, kernel): what a change
     # of the host side (pinned buffers, streams, batching) is measured by.
     step_us: np.ndarray | None = None
+
+
+# Templates a batcher keeps, one per kernel and configuration it has batched: bounded for
+# a node whose tuner walks many configurations (cleared when full, then rebuilt on use).
+_TEMPLATES_MAX = 1024
+_MAX_DURATION_US = 3.6e9  # LaunchBatch.duration_us's bound
+_MAX_LAUNCHES = 100_000  # LaunchBatch.t_end's bound
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTemplate:
+    """What every batch of one kernel in one configuration on one device carries: the
+    per-batch fields of :class:`LaunchBatch` (no columns, no ``seq_start``, no samples),
+    validated by the model once, and their binary wire header (:mod:`schemas.binary`)."""
+
+    fields: dict[str, Any]
+    stream_key: str
+    header: bytes
+
+    @classmethod
+    def of(cls, fields: dict[str, Any]) -> BatchTemplate:
+        """Validate ``fields`` (raises pydantic's ValidationError) and build the header."""
+        probe = LaunchBatch(**fields, seq_start=0, t_end=[0.0], duration_us=[0.0], ok=[1])
+        return cls(fields, probe.stream_key, header_json(probe))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class NodeBatch:
+    """A closed launch batch as the node holds it: the stream's :class:`BatchTemplate` and
+    the columns as the arrays the device produced.
+
+    A node publishes it without building the record: :meth:`wire` frames the template's
+    header and the arrays' bytes (binary), checking the columns with vectorized
+    comparisons. :meth:`record` is the validated :class:`LaunchBatch` (lists), for the
+    JSON wire format and for whoever reads the fields.
+    """
+
+    template: BatchTemplate
+    seq_start: int
+    t_end: np.ndarray  # float64, to 1 µs
+    duration_us: np.ndarray  # float64, to 1 ns
+    ok: np.ndarray  # uint8, 0 or 1 (kernels.runner._flags)
+    samples: list[DeviceSample]
+    host: dict[str, Any]  # version 2 fields: host_gap_us, host_waited (lists), copies
+
+    @property
+    def stream_key(self) -> str:
+        return self.template.stream_key
+
+    @property
+    def kernel(self) -> str:
+        return str(self.template.fields["kernel"])
+
+    @property
+    def config_id(self) -> str:
+        return str(self.template.fields["config_id"])
+
+    def __len__(self) -> int:
+        return len(self.t_end)
+
+    def record(self) -> LaunchBatch:
+        """The batch as a validated record (raises pydantic's ValidationError if bad)."""
+        return LaunchBatch(
+            **self.template.fields,
+            seq_start=self.seq_start,
+            t_end=self.t_end.tolist(),
+            duration_us=self.duration_us.tolist(),
+            ok=self.ok.tolist(),
+            samples=self.samples,
+            **self.host,
+        )
+
+    def wire(self, binary: bool = True) -> bytes:
+        """The message: the binary layout (the default) or the record's JSON.
+
+        The binary bytes equal ``schemas.binary.encode_launch_batch(self.record())``; a
+        batch without samples and host columns is framed from the template's header and
+        the arrays, a batch whose columns a check refuses goes through the record, whose
+        verdict (pydantic's ValidationError) is final.
+        """
+        if not binary:
+            return encode(self.record())
+        if self.samples or self.host or not self._columns_plain():
+            return encode_launch_batch(self.record())
+        return encode_parts(
+            self.template.header, self.seq_start, [self.t_end, self.duration_us, self.ok]
+        )
+
+    def _columns_plain(self) -> bool:
+        """True when the columns pass the model's checks; False sends them to the model.
+
+        A few reductions, no temporaries: a sum of event times is finite only if every
+        one is (a NaN or an infinity carries through), and NaN fails every comparison,
+        so the durations' bounds refuse it too.
+        """
+        n = len(self.t_end)
+        if not 1 <= n <= _MAX_LAUNCHES or len(self.duration_us) != n or len(self.ok) != n:
+            return False
+        d = self.duration_us
+        return bool(
+            math.isfinite(self.t_end.sum()) and d.min() >= 0.0 and d.max() <= _MAX_DURATION_US
+        )
 
 
 @dataclass
@@ -225,11 +329,13 @@ class _Pending:
 
 
 class LaunchBatcher:
-    """Turns launch chunks into :class:`LaunchBatch` records, by size and by time.
+    """Turns launch chunks into batches (:class:`NodeBatch`), by size and by time.
 
     A batch holds one kernel and one configuration; it is closed when it reaches
     ``max_launches`` or when its first launch is ``max_delay_s`` old (bounded
-    delay), whichever comes first.
+    delay), whichever comes first. The per-batch fields of a kernel in a configuration
+    (its launch plan, the device's peaks) are built and validated once
+    (:class:`BatchTemplate`); a batch keeps its columns as arrays until it is published.
     """
 
     def __init__(
@@ -241,16 +347,19 @@ class LaunchBatcher:
         self.max_delay_s = max_delay_s
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._samples: list[DeviceSample] = []
+        self._templates: dict[tuple[str, str], tuple[Any, BatchTemplate]] = {}
+        self._open: dict[str, str] = {}  # kernel -> configuration of its open batch
 
     def add_sample(self, sample: DeviceSample) -> None:
         self._samples.append(sample)
 
-    def add(self, chunk: LaunchChunk, now: float) -> list[LaunchBatch]:
-        out: list[LaunchBatch] = []
+    def add(self, chunk: LaunchChunk, now: float) -> list[NodeBatch]:
+        out: list[NodeBatch] = []
         key = (chunk.kernel, chunk.config_id)
         # A config switch closes the kernel's open batch of the old config.
-        for other in [k for k in self._pending if k[0] == chunk.kernel and k != key]:
-            out.append(self._close(other))
+        open_config = self._open.get(chunk.kernel)
+        if open_config is not None and open_config != chunk.config_id:
+            out.append(self._close((chunk.kernel, open_config)))
         start = 0
         total = len(chunk.t_end)
         while start < total:
@@ -258,63 +367,99 @@ class LaunchBatcher:
             if p is None:
                 p = _Pending(chunk, seq_start=chunk.seq_start + start, opened_at=now)
                 self._pending[key] = p
+                self._open[chunk.kernel] = chunk.config_id
             take = min(total - start, self.max_launches - p.count)
-            p.t_end.append(chunk.t_end[start : start + take])
-            p.duration_us.append(chunk.duration_us[start : start + take])
-            p.ok.append(chunk.ok[start : start + take])
-            _take_host(p, chunk, start, take)
+            if take == total:  # the whole chunk: no slices
+                p.t_end.append(chunk.t_end)
+                p.duration_us.append(chunk.duration_us)
+                p.ok.append(chunk.ok)
+            else:
+                p.t_end.append(chunk.t_end[start : start + take])
+                p.duration_us.append(chunk.duration_us[start : start + take])
+                p.ok.append(chunk.ok[start : start + take])
+            if chunk.host_gap_us is not None or chunk.copies:
+                _take_host(p, chunk, start, take)
             p.count += take
             start += take
             if p.count >= self.max_launches:
                 out.append(self._close(key))
         return out
 
-    def due(self, now: float) -> list[LaunchBatch]:
+    def due(self, now: float) -> list[NodeBatch]:
         """Batches whose oldest launch has waited ``max_delay_s``."""
         keys = [k for k, p in self._pending.items() if now - p.opened_at >= self.max_delay_s]
         return [self._close(k) for k in keys]
 
-    def flush(self) -> list[LaunchBatch]:
+    def flush(self) -> list[NodeBatch]:
         return [self._close(k) for k in list(self._pending)]
 
-    def _close(self, key: tuple[str, str]) -> LaunchBatch:
+    def _close(self, key: tuple[str, str]) -> NodeBatch:
         p = self._pending.pop(key)
-        c = p.chunk_meta
+        del self._open[key[0]]
+        samples, self._samples = self._samples, []
+        return NodeBatch(
+            self._template(p.chunk_meta),
+            p.seq_start,
+            np.round(_cat(p.t_end), _T_END_DECIMALS),
+            np.round(_cat(p.duration_us), _DURATION_DECIMALS),
+            _flags(_cat(p.ok)),
+            samples,
+            _host_fields(p),
+        )
+
+    def _template(self, c: LaunchChunk) -> BatchTemplate:
+        """The per-batch fields of ``c``'s kernel in ``c``'s configuration, built and
+        validated on the first batch; a device's launch plan for a configuration does
+        not change while the node runs."""
+        key = (c.kernel, c.config_id)
+        hit = self._templates.get(key)
+        if hit is not None and hit[0] is c.workload:
+            return hit[1]
         plan = self.device.plan(c.workload, c.config)
         spec = self.device.spec
         # A kernel without a cost model (a user kernel given no flops/bytes) has no place
         # on the roofline: its batches carry peaks of 0, as for a GPU of unknown peaks.
         placed = getattr(c.workload, "cost_model_known", True)
-        samples, self._samples = self._samples, []
-        return LaunchBatch(
-            node=self.node,
-            device_index=self.device.device_index,
-            device_model=spec.name,
-            backend=self.device.backend,
-            kernel=c.kernel,
-            workload=c.workload.name,
-            problem_size=list(c.workload.problem_size),
-            config=c.config,
-            config_id=c.config_id,
-            grid=list(plan.grid),
-            block=list(plan.block),
-            dynamic_smem_bytes=plan.dynamic_smem_bytes,
-            registers_per_thread=plan.registers_per_thread,
-            bytes_moved=plan.bytes_moved,
-            flops=plan.flops,
-            occupancy=min(1.0, max(0.0, plan.occupancy)),
-            resources_source=plan.resources_source,
-            waves=plan.waves,
-            peak_gbs=spec.peak_gbs if placed else 0.0,
-            peak_gflops=spec.peak_gflops_fp32 if placed else 0.0,
-            launch_overhead_us=spec.launch_overhead_us,
-            seq_start=p.seq_start,
-            t_end=np.round(np.concatenate(p.t_end), _T_END_DECIMALS).tolist(),
-            duration_us=np.round(np.concatenate(p.duration_us), _DURATION_DECIMALS).tolist(),
-            ok=np.concatenate(p.ok).astype(int).tolist(),
-            samples=samples,
-            **_host_fields(p),
+        template = BatchTemplate.of(
+            {
+                "node": self.node,
+                "device_index": self.device.device_index,
+                "device_model": spec.name,
+                "backend": self.device.backend,
+                "kernel": c.kernel,
+                "workload": c.workload.name,
+                "problem_size": list(c.workload.problem_size),
+                "config": dict(c.config),
+                "config_id": c.config_id,
+                "grid": list(plan.grid),
+                "block": list(plan.block),
+                "dynamic_smem_bytes": plan.dynamic_smem_bytes,
+                "registers_per_thread": plan.registers_per_thread,
+                "bytes_moved": plan.bytes_moved,
+                "flops": plan.flops,
+                "occupancy": min(1.0, max(0.0, plan.occupancy)),
+                "resources_source": plan.resources_source,
+                "waves": plan.waves,
+                "peak_gbs": spec.peak_gbs if placed else 0.0,
+                "peak_gflops": spec.peak_gflops_fp32 if placed else 0.0,
+                "launch_overhead_us": spec.launch_overhead_us,
+            }
         )
+        if len(self._templates) >= _TEMPLATES_MAX:
+            self._templates.clear()
+        self._templates[key] = (c.workload, template)
+        return template
+
+
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _flags(ok: np.ndarray) -> np.ndarray:
+    """The ok column as bytes 0 and 1, a copy (the batch owns its arrays)."""
+    if ok.dtype != np.bool_ and not ((ok == 0) | (ok == 1)).all():
+        raise ValueError(f"launch ok flags must be 0 or 1, not {sorted(set(ok.tolist()))[:5]}")
+    return ok.astype(np.uint8)
 
 
 def _take_host(p: _Pending, chunk: LaunchChunk, start: int, take: int) -> None:

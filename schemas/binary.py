@@ -45,7 +45,15 @@ import orjson
 
 from kernelstream.schemas.errors import SchemaError
 
-__all__ = ["MAGIC", "BinaryBatch", "encode_launch_batch", "is_binary", "read_launch_batch"]
+__all__ = [
+    "MAGIC",
+    "BinaryBatch",
+    "encode_launch_batch",
+    "encode_parts",
+    "header_json",
+    "is_binary",
+    "read_launch_batch",
+]
 
 MAGIC = b"KSLB"
 LAYOUT_VERSION = 1
@@ -235,15 +243,22 @@ def encode_launch_batch(batch: Any) -> bytes:
     >>> cols.meta.seq_start, cols.t_end.tolist(), cols.ok.tolist()
     (7, [1.5, 2.5], [True, False])
     """
+    columns, _ = _WIRE_PLAN or _wire_plan()
+    fields = batch.__dict__
+    return encode_parts(header_json(batch), batch.seq_start, [fields[c] for c, _ in columns])
+
+
+def header_json(batch: Any) -> bytes:
+    """The per-batch JSON of ``batch`` in the binary layout: every field but the columns
+    and ``seq_start``, and the ``columns`` list. Batches of a stream that differ only in
+    those carry the same bytes (a node can build them once: ``kernels.runner.NodeBatch``)."""
     columns, skip = _WIRE_PLAN or _wire_plan()
-    fields = batch.__dict__  # what model_dump would give, without its per-call cost
     meta = {"schema": batch.SCHEMA}
-    for k, v in fields.items():
+    for k, v in batch.__dict__.items():  # what model_dump would give, without its cost
         if k not in skip:
             meta[k] = v
     meta["columns"] = columns
-    header = orjson.dumps(meta, default=_dump_model)
-    return encode_parts(header, batch.seq_start, [fields[c] for c, _ in columns])
+    return orjson.dumps(meta, default=_dump_model)
 
 
 # The wire columns and the fields the header leaves out, built on first use (the columns
@@ -304,6 +319,8 @@ def _column_bytes(values: Any, dtype: str, n: int) -> bytes:
             return _doubles(n).pack(*values)
         if dtype == "|u1":
             return bytes(values)
+    elif type(values) is np.ndarray and values.dtype.str == dtype:
+        return values.tobytes()  # a node's arrays (kernels.runner.NodeBatch): a copy
     return np.asarray(values, dtype=dtype).tobytes()
 
 

@@ -205,9 +205,9 @@ class ClosedLoop:
                 node.newest = max(node.newest, float(chunk.t_end[-1]))
             node.reconf.observe(kernel, chunk.duration_us, chunk.ok)
             for batch in node.batcher.add(chunk, until):
-                self.windower.add_runs(batch, until)
+                self.windower.add_runs(batch.record(), until)
         for batch in node.batcher.flush():
-            self.windower.add_runs(batch, until)
+            self.windower.add_runs(batch.record(), until)
 
     def _close(self, now: float) -> None:
         """Classify and tune every window the launches so far completed."""

@@ -43,10 +43,9 @@ from kernelstream.app.node.outbox import DurableSeenIds, NodeStore, Outbox, Outb
 from kernelstream.app.settings import Settings, host_pattern_of
 from kernelstream.kernels import open_device
 from kernelstream.kernels.backends.sim_drift import DeviceDrift
-from kernelstream.kernels.runner import LaunchBatcher, WorkloadRunner
+from kernelstream.kernels.runner import LaunchBatcher, NodeBatch, WorkloadRunner
 from kernelstream.kernels.workloads.hosted import HostedWorkload
-from kernelstream.schemas import DeviceSample, LaunchBatch, Recommendation, ReconfigOutcome, encode
-from kernelstream.schemas.binary import encode_launch_batch
+from kernelstream.schemas import DeviceSample, Recommendation, ReconfigOutcome, encode
 from kernelstream.schemas.keys import group_key, stream_key
 from kernelstream.schemas.records import RejectCode
 from kernelstream.schemas.signing import verifier_from_settings
@@ -290,21 +289,21 @@ class _Node:
     def publish(self, topic: str, key: bytes | None, value: bytes) -> None:
         self.outbox.append([(topic, key, value, False, 0, 0)])
 
-    def publish_batches(self, batches: list[LaunchBatch]) -> None:
+    def publish_batches(self, batches: list[NodeBatch]) -> None:
         """Append launch batches together with the streams' next sequence numbers."""
         for b in batches:
             self.report.batches += 1
-            self.report.launches += len(b.t_end)
+            self.report.launches += len(b)
         binary = self.s.launch_wire == "binary"
         self.outbox.append(
             [
                 (
                     self.s.topic_launches,
                     b.stream_key.encode(),
-                    encode_launch_batch(b) if binary else encode(b),
+                    b.wire(binary),
                     True,
                     b.seq_start,
-                    len(b.t_end),
+                    len(b),
                 )
                 for b in batches
             ],
@@ -378,7 +377,7 @@ class _Node:
         self.publish_outcome(outcome, **audit)
 
     def launches(self, chunks: list[Any], now: float) -> None:
-        batches: list[LaunchBatch] = []
+        batches: list[NodeBatch] = []
         newest = None
         for chunk in chunks:
             current = self.reconf.current.get(chunk.kernel)

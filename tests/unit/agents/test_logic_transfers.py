@@ -17,7 +17,6 @@ from kernelstream.kernels.devices import get_device_spec
 from kernelstream.kernels.runner import LaunchBatcher, WorkloadRunner
 from kernelstream.kernels.space import SearchSpace
 from kernelstream.kernels.transfers import HostPattern
-from kernelstream.schemas import encode
 from kernelstream.schemas.columnar import LaunchColumns, decode_launch_columns
 
 A100 = "A100-SXM4-80GB"
@@ -36,7 +35,7 @@ def run(pattern: HostPattern, kernel: str = "transpose", scale: float = 1.0) -> 
         for chunk in runner.tick(t0 + 0.05 * k):
             batches += batcher.add(chunk, t0)
     batches += batcher.flush()
-    return [decode_launch_columns(encode(b)) for b in batches]
+    return [decode_launch_columns(b.wire()) for b in batches]
 
 
 def classes(pattern: HostPattern, kernel: str = "transpose", scale: float = 1.0) -> set[str]:
@@ -128,6 +127,6 @@ def test_v1_batches_have_no_summary() -> None:
     batcher = LaunchBatcher(dev, "n1")
     for chunk in runner.tick(1.0) + runner.tick(1.1):
         batcher.add(chunk, 1.0)
-    cols = [LaunchColumns.from_batch(b) for b in batcher.flush()]
+    cols = [LaunchColumns.from_batch(b.record()) for b in batcher.flush()]
     assert cols and summarize(cols) is None
     assert not math.isnan(len(cols))

@@ -138,7 +138,7 @@ def test_the_source_travels_from_the_sim_node_to_the_finding() -> None:
     from kernelstream.agents.logic.windowing import Windower
     from kernelstream.kernels.runner import LaunchBatcher, WorkloadRunner
     from kernelstream.schemas import LaunchBatch
-    from kernelstream.schemas.codec import decode, encode
+    from kernelstream.schemas.codec import decode
 
     dev = SimDevice("H100-SXM5-80GB")
     w = next(x for x in dev.workloads() if x.name == "transpose")
@@ -147,7 +147,7 @@ def test_the_source_travels_from_the_sim_node_to_the_finding() -> None:
     for chunk in runner.tick(0.0) + runner.tick(0.05):
         batcher.add(chunk, 0.05)
     (batch,) = batcher.flush()
-    back = decode(encode(batch), LaunchBatch)
+    back = decode(batch.wire(binary=False), LaunchBatch)
     assert back.resources_source == "nvrtc 12.9 sm_90"
     windower = Windower()
     windower.add(back, 0.05)

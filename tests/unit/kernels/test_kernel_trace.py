@@ -142,7 +142,7 @@ def test_a_folder_reads_its_caches_and_says_why_it_skipped_the_rest(tmp_path: Pa
 def test_a_gpu_missing_from_the_device_table_replays_with_peaks_of_zero(tmp_path: Path) -> None:
     from kernelstream.kernels.runner import LaunchBatcher, WorkloadRunner
     from kernelstream.schemas import LaunchBatch
-    from kernelstream.schemas.codec import decode, encode
+    from kernelstream.schemas.codec import decode
 
     dev = open_device(
         "trace", trace_file=_cache(tmp_path / "mi.json", device="AMD Instinct MI250X")
@@ -154,7 +154,7 @@ def test_a_gpu_missing_from_the_device_table_replays_with_peaks_of_zero(tmp_path
         batcher.add(chunk, 0.05)
     (batch,) = batcher.flush()
     # On the wire as any other node's telemetry: durations measured, roofline unknown.
-    back = decode(encode(batch), LaunchBatch)
+    back = decode(batch.wire(binary=False), LaunchBatch)
     assert back.device_model == "AMD Instinct MI250X"
     assert (back.peak_gbs, back.peak_gflops, back.occupancy, back.waves) == (0.0, 0.0, 0.0, 0.0)
     assert back.duration_us and all(d > 0 for d in back.duration_us)

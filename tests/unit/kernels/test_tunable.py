@@ -236,7 +236,6 @@ def test_a_declared_space_reaches_the_worker_resolver_over_a_cache(
 
 def test_copies_a_kernel_reports_travel_with_its_launches(cache: Path) -> None:
     from kernelstream.kernels.runner import LaunchBatcher
-    from kernelstream.schemas import encode
     from kernelstream.schemas.columnar import decode_launch_columns
 
     k = toy(cache)
@@ -256,7 +255,7 @@ def test_copies_a_kernel_reports_travel_with_its_launches(cache: Path) -> None:
     batcher = LaunchBatcher(runner.device, "n1")
     batcher.add(chunk, 0.0)
     (batch,) = batcher.flush()
-    cols = decode_launch_columns(encode(batch))
+    cols = decode_launch_columns(batch.wire())
     assert cols.copies is not None and cols.host_gap_us is not None
     assert cols.copies.direction == ["h2d", "d2h"] * 3
     assert cols.copies.stream == [0, 3] * 3 and cols.copies.pinned == [0, 1] * 3
@@ -269,7 +268,6 @@ def test_host_gaps_and_waits_of_a_users_kernel_travel_with_its_launches(cache: P
     from kernelstream.agents.logic.transfers import summarize, transfer_findings
     from kernelstream.kernels.devices import get_device_spec
     from kernelstream.kernels.runner import LaunchBatcher
-    from kernelstream.schemas import encode
     from kernelstream.schemas.columnar import decode_launch_columns
 
     k = toy(cache)
@@ -289,7 +287,7 @@ def test_host_gaps_and_waits_of_a_users_kernel_travel_with_its_launches(cache: P
     batcher = LaunchBatcher(runner.device, "n1")
     batcher.add(chunk, 0.0)
     (batch,) = batcher.flush()
-    cols = decode_launch_columns(encode(batch))
+    cols = decode_launch_columns(batch.wire())
     assert cols.host_waited is not None and cols.host_waited.tolist() == [0, 1, 0]
     # A step that waits before every launch is found, as for the node's own kernels.
     for _ in range(20):
@@ -297,7 +295,7 @@ def test_host_gaps_and_waits_of_a_users_kernel_travel_with_its_launches(cache: P
         k(0, 0, 0)
     chunks = runner.tick(1.0)
     batcher.add(chunks[0], 1.0)
-    s = summarize([decode_launch_columns(encode(b)) for b in batcher.flush()])
+    s = summarize([decode_launch_columns(b.wire()) for b in batcher.flush()])
     assert s is not None and s.waited == 20
     found = transfer_findings(s, get_device_spec("A100-PCIE-40GB"), chunks[0].config)
     assert "host_sync" in {f.classification for f in found}

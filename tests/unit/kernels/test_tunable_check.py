@@ -170,7 +170,8 @@ def test_launch_occupancy_uses_the_compiled_resources_and_says_so(tmp_path: Path
         batcher = LaunchBatcher(KernelNodeDevice(runner), "node-1")
         for chunk in runner.tick(0.0):
             batcher.add(chunk, 0.0)
-        (batch,) = batcher.flush()
+        (node_batch,) = batcher.flush()
+        batch = node_batch.record()
     finally:
         runner.detach_all()
     assert batch.device_model == "H100-SXM5-80GB"
