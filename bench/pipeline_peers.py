@@ -640,8 +640,15 @@ def _table(r: dict[str, Any]) -> str:
         lines.append(
             f"node batching        {node['batch_ns_per_launch']:6.0f} ns/launch "
             f"({node['batches']:,} batches of {node['launches'] / node['batches']:.0f} launches "
-            "from the device's arrays: templates, columns, checks), before encoding"
+            "from the device's arrays), before encoding"
         )
+        through = node.get("binary_through_record_ns_per_launch")
+        if through:
+            binary = node["encode"]["binary"]["ns_per_launch"]
+            lines.append(
+                f"node encode binary through the validated record {through:.0f} ns/launch: "
+                f"{through / binary:.1f}x the node's own path"
+            )
     for so in r.get("scale_out", []):
         rates = ", ".join(f"{w['per_s'] / 1e6:.2f}M" for w in so["per_worker"])
         beside = " beside a busy loop" if so.get("busy_loop") else ""
