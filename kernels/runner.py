@@ -409,8 +409,9 @@ class LaunchBatcher:
 
     def _template(self, c: LaunchChunk) -> BatchTemplate:
         """The per-batch fields of ``c``'s kernel in ``c``'s configuration, built and
-        validated on the first batch; a device's launch plan for a configuration does
-        not change while the node runs."""
+        validated on the first batch. A device's launch plan for a configuration is fixed
+        once launches of it ran: the GPU backends compile a configuration before its first
+        launch and keep the module's plan (or, when it failed to compile, the estimate)."""
         key = (c.kernel, c.config_id)
         hit = self._templates.get(key)
         if hit is not None and hit[0] is c.workload:
