@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from kernelstream.kernels.space import Config
 from kernelstream.kernels.transfers import HostPattern, HostTimeline, simulate_host
@@ -149,6 +150,18 @@ class NodeBatch:
             return encode_launch_batch(self.record())
         return encode_parts(
             self.template.header, self.seq_start, [self.t_end, self.duration_us, self.ok]
+        )
+
+    def raw_json(self) -> bytes:
+        """The batch as JSON whatever its values (a NaN is written as null): the value of
+        the dead letter of a batch the model refused."""
+        fields = {"schema": LaunchBatch.SCHEMA, **self.template.fields}
+        fields |= {"seq_start": self.seq_start, "t_end": self.t_end}
+        fields |= {"duration_us": self.duration_us, "ok": self.ok, "samples": self.samples}
+        return orjson.dumps(
+            fields | self.host,
+            option=orjson.OPT_SERIALIZE_NUMPY,
+            default=lambda m: m.model_dump(mode="json"),
         )
 
     def _columns_plain(self) -> bool:

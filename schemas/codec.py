@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import TypeVar, get_args
 
@@ -22,6 +23,7 @@ __all__ = [
     "decode_any",
     "encode",
     "json_problem",
+    "schema_error",
 ]
 
 R = TypeVar("R", bound=Record)
@@ -227,6 +229,9 @@ def _error_code(err: dict[str, object]) -> str:
     kind = str(err["type"])
     if kind in _TYPE_CODES:
         return _TYPE_CODES[kind]
+    value = err.get("input")
+    if isinstance(value, float) and not math.isfinite(value):
+        return "non_finite"  # whichever of its field's checks a NaN or infinity tripped first
     if any(w in kind for w in _RANGE_WORDS):
         return "out_of_range"
     if kind == "value_error" and "columns differ" in str(err.get("msg")):
@@ -254,13 +259,17 @@ def _validate(cls: type[R], obj: object) -> R:
     try:
         return cls.model_validate(obj)
     except ValidationError as exc:
-        errors = exc.errors()
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<record>'}: {err['msg']}"
-            for err in errors[:5]
-        )
-        code = _error_code(dict(errors[0])) if errors else "wrong_type"
-        raise SchemaError(f"invalid {cls.SCHEMA}: {problems}", code) from exc
+        raise schema_error(cls, exc) from exc
+
+
+def schema_error(cls: type[Record], exc: ValidationError) -> SchemaError:
+    """The :class:`SchemaError` (one line, reason code) for the model's refusal ``exc``."""
+    errors = exc.errors()
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '<record>'}: {err['msg']}" for err in errors[:5]
+    )
+    code = _error_code(dict(errors[0])) if errors else "wrong_type"
+    return SchemaError(f"invalid {cls.SCHEMA}: {problems}", code)
 
 
 def check_key(key: bytes | None) -> str | None:

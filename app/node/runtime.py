@@ -28,6 +28,7 @@ from typing import IO, Any
 
 import numpy as np
 import orjson
+from pydantic import ValidationError
 
 from kernelstream.agents.context import dead_letter_record
 from kernelstream.agents.latency import (
@@ -45,7 +46,8 @@ from kernelstream.kernels import open_device
 from kernelstream.kernels.backends.sim_drift import DeviceDrift
 from kernelstream.kernels.runner import LaunchBatcher, NodeBatch, WorkloadRunner
 from kernelstream.kernels.workloads.hosted import HostedWorkload
-from kernelstream.schemas import DeviceSample, Recommendation, ReconfigOutcome, encode
+from kernelstream.schemas import DeviceSample, LaunchBatch, Recommendation, ReconfigOutcome, encode
+from kernelstream.schemas.codec import schema_error
 from kernelstream.schemas.keys import group_key, stream_key
 from kernelstream.schemas.records import RejectCode
 from kernelstream.schemas.signing import verifier_from_settings
@@ -78,6 +80,8 @@ class NodeReport:
     final_configs: dict[str, dict[str, Any]] = field(default_factory=dict)
     max_tick_lag_s: float = 0.0
     outbox: dict[str, int] = field(default_factory=dict)
+    # Launch batches the launch batch schema refused, by reason code (dead-lettered).
+    refused: dict[str, int] = field(default_factory=dict)
     first_seq: dict[str, int] = field(default_factory=dict)
     next_seq: dict[str, int] = field(default_factory=dict)
 
@@ -243,6 +247,7 @@ class _Node:
         self.tick_lag = RecentMax(TICK_LAG_WINDOW_S)
         self.metrics: Any = None  # app.metrics.NodeMetrics when the node is scraped
         self._partitioner = CachedKeyPartitioner()  # kept across producers the sender makes
+        self._refusals_said: set[tuple[str, str]] = set()  # (stream, reason) logged once
 
     async def _producer(self, bootstrap: str) -> Any:
         """An unstarted producer; idempotent where the broker hands out producer ids.
@@ -290,25 +295,54 @@ class _Node:
         self.outbox.append([(topic, key, value, False, 0, 0)])
 
     def publish_batches(self, batches: list[NodeBatch]) -> None:
-        """Append launch batches together with the streams' next sequence numbers."""
+        """Append launch batches together with the streams' next sequence numbers.
+
+        A batch the launch batch schema refuses (a device that reported a negative, NaN or
+        hour-long duration) is not telemetry: it goes to the dead-letter topic with the
+        schema's reason, said once per stream and reason in the node's log, and the node
+        goes on. Its sequence numbers are not reused (the worker sees a gap).
+        """
+        binary = self.s.launch_wire == "binary"
+        items: list[tuple[str, bytes | None, bytes, bool, int, int]] = []
         for b in batches:
+            try:
+                value = b.wire(binary)
+            except ValidationError as exc:
+                items.append(self._refused(b, exc))
+                continue
             self.report.batches += 1
             self.report.launches += len(b)
-        binary = self.s.launch_wire == "binary"
-        self.outbox.append(
-            [
-                (
-                    self.s.topic_launches,
-                    b.stream_key.encode(),
-                    b.wire(binary),
-                    True,
-                    b.seq_start,
-                    len(b),
-                )
-                for b in batches
-            ],
-            extra_puts=self._seq_puts(),
+            items.append(
+                (self.s.topic_launches, b.stream_key.encode(), value, True, b.seq_start, len(b))
+            )
+        self.outbox.append(items, extra_puts=self._seq_puts())
+
+    def _refused(
+        self, b: NodeBatch, exc: ValidationError
+    ) -> tuple[str, bytes | None, bytes, bool, int, int]:
+        err = schema_error(LaunchBatch, exc)
+        refused = self.report.refused
+        if (b.stream_key, err.code) not in self._refusals_said:
+            self._refusals_said.add((b.stream_key, err.code))
+            log.error(
+                "node %s: %d launches of %s (%s) refused by the launch batch schema, sent to "
+                "the dead-letter topic; later ones of this stream and reason are counted: %s",
+                self.s.node_id,
+                len(b),
+                b.stream_key,
+                b.config_id,
+                err,
+            )
+        refused[err.code] = refused.get(err.code, 0) + 1
+        dl = dead_letter_record(
+            "node.telemetry",
+            self.s.topic_launches,
+            b.raw_json(),
+            f"node {self.s.node_id}: {err}",
+            key=b.stream_key.encode(),
+            reason_code=err.code,
         )
+        return (self.s.topic_deadletter, b.stream_key.encode(), encode(dl), False, 0, 0)
 
     def publish_outcome(self, outcome: ReconfigOutcome, **audit: Any) -> None:
         self.report.outcomes[outcome.status] = self.report.outcomes.get(outcome.status, 0) + 1

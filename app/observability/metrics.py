@@ -269,6 +269,7 @@ WORKER_DEAD_LETTERS: tuple[tuple[str, str], ...] = tuple(
 NODE_DEAD_LETTERS: tuple[tuple[str, str], ...] = (
     ("node.outbox", "outbox_full"),
     *(("node.reconfig", code) for code in _STAGE_CODES),
+    *(("node.telemetry", code) for code in _STAGE_CODES),
 )
 
 _BY_NAME = {m.name: m for m in METRICS}
@@ -470,6 +471,7 @@ class NodeMetrics(Collector):
         yield _count("kernelstream_node_outbox_dropped_launches", ob.dropped_launches, nid)
         dead: dict[tuple[str, ...], int] = {("node.outbox", "outbox_full"): ob.dropped_batches}
         dead.update((("node.reconfig", code), n) for code, n in node.inbox.dead_letters.items())
+        dead.update((("node.telemetry", code), n) for code, n in node.report.refused.items())
         yield _dead_letters("kernelstream_node_dead_letters", nid, NODE_DEAD_LETTERS, dead)
         lag_s = max(0.0, node.tick_lag.value(time.monotonic()))
         yield _gauge("kernelstream_node_tick_lag_seconds", lag_s, nid)

@@ -64,17 +64,17 @@ _UNKNOWN_WARNED: set[str] = set()
 # to compile or run, in releases before its caches marked failures with a string such as
 # "RuntimeFailedConfig" (kernel_tuner/runners/sequential.py, ``params.update({"time": 1e20})``).
 KT_OLD_FAILURE_TIME = 1e20
+# The longest launch a measurement may report, in ms: an hour, the bound of a launch
+# batch's durations (schemas.records.LaunchBatch.duration_us, 3.6e9 us).
+MAX_MEASURED_MS = 3.6e6
+_NO_MEASURED_TIME = "no configuration has a measured time (ms, from 0 to an hour)"
 
 
 def is_measured_time(t: Any) -> bool:
-    """A cache entry's ``time`` is a measurement: a finite number below the old marker
-    (anything at or above it, as a time in ms, is 3,000 years)."""
-    return (
-        isinstance(t, (int, float))
-        and not isinstance(t, bool)
-        and math.isfinite(t)
-        and t < KT_OLD_FAILURE_TIME
-    )
+    """A cache entry's ``time`` (ms) is a measurement: a number from 0 to an hour. A
+    negative, non-finite or longer one is not (Kernel Tuner's old failure marker, 1e20,
+    is 3,000 years)."""
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and 0.0 <= t <= MAX_MEASURED_MS
 
 
 def default_tuning_spaces_dir() -> Path:
@@ -285,11 +285,15 @@ class TraceSpace:
             t = rec.get("time")
             times = rec.get("times")
             if is_measured_time(t):
-                values = times if isinstance(times, list) and times else [t]
+                # The runs' times when every one is a measurement, else their mean.
+                runs = isinstance(times, list) and times and all(map(is_measured_time, times))
+                values = times if runs else [t]
                 self.times_us[cid] = np.asarray(values, dtype=np.float64) * 1000.0
                 first_valid = first_valid or config
             elif isinstance(t, (int, float)) and t == KT_OLD_FAILURE_TIME:
                 self.failed[cid] = "time 1e20, Kernel Tuner's old failure marker"
+            elif isinstance(t, (int, float)) and not isinstance(t, bool):
+                self.failed[cid] = f"time {t} ms is not a measurement (negative or over an hour)"
             else:
                 self.failed[cid] = str(t)
         declared = _t1_default(path.parent, self.kernel_name, keys)
@@ -298,7 +302,7 @@ class TraceSpace:
             declared, origin = self.builtin.default, f"the built-in {self.name!r} default"
         if declared is None:
             if first_valid is None:
-                raise TraceFileError(f"{path}: no configuration has a numeric time")
+                raise TraceFileError(f"{path}: {_NO_MEASURED_TIME}")
             declared, origin = dict(first_valid), "the first valid cache entry (no T1 file)"
         # The space is every configuration the cache holds, the ones that failed when
         # measured included (as Kernel Tuner's own simulation mode has it): a tuner
@@ -336,7 +340,7 @@ class TraceSpace:
             if diff < best_diff:
                 best, best_diff = dict(config), diff
         if best is None:
-            raise TraceFileError(f"{self.path}: no configuration has a numeric time")
+            raise TraceFileError(f"{self.path}: {_NO_MEASURED_TIME}")
         return best
 
     def __repr__(self) -> str:

@@ -92,6 +92,30 @@ def test_kernel_tuners_old_failure_marker_reads_as_a_failure(tmp_path: Path) -> 
     assert not open_device("trace", trace_file=f).launch(w, config, 4).ok.any()
 
 
+def test_times_no_launch_can_take_read_as_failures(tmp_path: Path) -> None:
+    # A negative time, one over an hour (the longest launch a batch may carry) and a run
+    # list with a broken entry: a node replaying them would send launches the schema
+    # refuses, so they are failures, or the entry's mean, with the reason said.
+    f = _cache(tmp_path / "odd.json")
+    doc = json.loads(f.read_text())
+    doc["cache"]["16,1,15,15"].update(time=-2.0, times=[-2.0, -2.0, -2.0])
+    doc["cache"]["16,2,15,15"].update(time=4e6, times=[4e6] * 3)  # 67 minutes, in ms
+    doc["cache"]["32,1,15,15"]["times"] = [3.0, float("nan"), 3.2]
+    f.write_text(json.dumps(doc))
+    w = load_cache(f)
+    base = {"filter_width": 15, "filter_height": 15}
+
+    def cid(bx: int, by: int) -> str:
+        return w.space.config_id({"block_size_x": bx, "block_size_y": by, **base})
+
+    assert "time -2.0 ms is not a measurement" in w.failed[cid(16, 1)]
+    assert "over an hour" in w.failed[cid(16, 2)]
+    assert w.times_us[cid(32, 1)].tolist() == [3000.0]  # the entry's mean time
+    dev = open_device("trace", trace_file=f)
+    r = dev.launch(w, {"block_size_x": 16, "block_size_y": 1, **base}, 4)
+    assert not r.ok.any() and (r.duration_us == 0).all()
+
+
 def test_models_and_geometry(tmp_path: Path) -> None:
     w = load_cache(_cache(tmp_path / "c.json"))
     c = w.default
@@ -209,7 +233,7 @@ def test_open_cache_with_a_cut_off_last_line(
     # A session stopped before its first measurement: a header and nothing else.
     header = text[: text.index('"cache": {') + len('"cache": {')]
     (tmp_path / "empty.json").write_text(header + "\n")
-    with pytest.raises(TraceFileError, match="no configuration has a numeric time"):
+    with pytest.raises(TraceFileError, match="no configuration has a measured time"):
         load_cache(tmp_path / "empty.json")
     # Not Kernel Tuner's open form: the header itself is broken.
     (tmp_path / "bad.json").write_text('{"device_name": "A100",, "cache": {\n"1": {},')
