@@ -105,7 +105,7 @@ class NodeBatch:
     seq_start: int
     t_end: np.ndarray  # float64, to 1 µs
     duration_us: np.ndarray  # float64, to 1 ns
-    ok: np.ndarray  # uint8, 0 or 1 (kernels.runner._flags)
+    ok: np.ndarray  # uint8, 0 or 1; int64 when a device gave other flags (_flags)
     samples: list[DeviceSample]
     host: dict[str, Any]  # version 2 fields: host_gap_us, host_waited (lists), copies
 
@@ -173,6 +173,8 @@ class NodeBatch:
         """
         n = len(self.t_end)
         if not 1 <= n <= _MAX_LAUNCHES or len(self.duration_us) != n or len(self.ok) != n:
+            return False
+        if self.ok.dtype != np.uint8:  # flags other than 0 and 1 (kernels.runner._flags)
             return False
         d = self.duration_us
         return bool(
@@ -470,9 +472,10 @@ def _cat(parts: list[np.ndarray]) -> np.ndarray:
 
 
 def _flags(ok: np.ndarray) -> np.ndarray:
-    """The ok column as bytes 0 and 1, a copy (the batch owns its arrays)."""
+    """The ok column as bytes 0 and 1, a copy (the batch owns its arrays); flags that are
+    not 0 or 1 stay as they are, for the model to refuse (:meth:`NodeBatch.wire`)."""
     if ok.dtype != np.bool_ and not ((ok == 0) | (ok == 1)).all():
-        raise ValueError(f"launch ok flags must be 0 or 1, not {sorted(set(ok.tolist()))[:5]}")
+        return ok.astype(np.int64)
     return ok.astype(np.uint8)
 
 

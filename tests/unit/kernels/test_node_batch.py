@@ -127,3 +127,17 @@ def test_a_column_the_model_refuses_is_refused_on_the_node(column: str, value: f
         b.wire()
     with pytest.raises(ValidationError, match=column):
         b.wire(binary=False)
+
+
+def test_flags_other_than_0_and_1_are_the_models_to_refuse() -> None:
+    dev = SimDevice("A100-SXM4-80GB", seed=0)
+    w = dev.workloads()[0]
+    cfg = w.space.start_config()
+    batcher = LaunchBatcher(dev, "n1")
+    t, d = np.array([1.0, 2.0]), np.array([5.0, 6.0])
+    batcher.add(
+        LaunchChunk(w.name, w, dict(cfg), w.space.config_id(cfg), 0, t, d, np.array([1, 2])), 0.0
+    )
+    (b,) = batcher.flush()
+    with pytest.raises(ValidationError, match="ok"):
+        b.wire()
