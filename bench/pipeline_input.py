@@ -10,7 +10,7 @@ by time, exactly as ``kernelstream node`` does.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,8 +68,15 @@ def fleet_batches(spec: FleetSpec) -> Iterator[LaunchBatch]:
 def fleet_node_batches(spec: FleetSpec) -> Iterator[NodeBatch]:
     """:func:`fleet_batches` as the nodes hold them before publishing."""
     devices = _devices(spec)
-    batchers = _batchers(spec, devices)
-    for i, now, chunk in fleet_events(spec, devices):
+    yield from _batched(fleet_events(spec, devices), _batchers(spec, devices))
+
+
+def _batched(
+    events: Iterable[tuple[int, float, LaunchChunk | None]], batchers: list[LaunchBatcher]
+) -> Iterator[NodeBatch]:
+    """The batches each node's batcher closes over ``events`` (:func:`fleet_events`), then
+    its open ones."""
+    for i, now, chunk in events:
         yield from batchers[i].add(chunk, now) if chunk is not None else batchers[i].due(now)
     for batcher in batchers:
         yield from batcher.flush()
@@ -146,11 +153,7 @@ def node_cost(spec: FleetSpec, *, rounds: int = 3) -> dict[str, Any]:
     for _ in range(rounds):
         batchers = _batchers(spec, devices)
         t0 = time.perf_counter()
-        out = []
-        for i, now, chunk in events:
-            out += batchers[i].add(chunk, now) if chunk is not None else batchers[i].due(now)
-        for batcher in batchers:
-            out += batcher.flush()
+        out = list(_batched(events, batchers))
         batch_s = min(batch_s, time.perf_counter() - t0)
         for wire in encode_s:
             t0 = time.perf_counter()

@@ -29,7 +29,7 @@ from kernelstream.kernels.space import Config
 from kernelstream.kernels.transfers import HostPattern, HostTimeline, simulate_host
 from kernelstream.schemas import DeviceSample, LaunchBatch, encode
 from kernelstream.schemas.binary import encode_launch_batch, encode_parts, header_json
-from kernelstream.schemas.records import CopyColumns
+from kernelstream.schemas.records import MAX_DURATION_US, MAX_LAUNCHES, CopyColumns
 
 __all__ = ["BatchTemplate", "LaunchBatcher", "LaunchChunk", "NodeBatch", "WorkloadRunner"]
 
@@ -69,8 +69,6 @@ class LaunchChunk:
 # Templates a batcher keeps, one per kernel and configuration it has batched: bounded for
 # a node whose tuner walks many configurations (cleared when full, then rebuilt on use).
 _TEMPLATES_MAX = 1024
-_MAX_DURATION_US = 3.6e9  # LaunchBatch.duration_us's bound
-_MAX_LAUNCHES = 100_000  # LaunchBatch.t_end's bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,10 +110,6 @@ class NodeBatch:
     @property
     def stream_key(self) -> str:
         return self.template.stream_key
-
-    @property
-    def kernel(self) -> str:
-        return str(self.template.fields["kernel"])
 
     @property
     def config_id(self) -> str:
@@ -172,13 +166,13 @@ class NodeBatch:
         so the durations' bounds refuse it too.
         """
         n = len(self.t_end)
-        if not 1 <= n <= _MAX_LAUNCHES or len(self.duration_us) != n or len(self.ok) != n:
+        if not 1 <= n <= MAX_LAUNCHES or len(self.duration_us) != n or len(self.ok) != n:
             return False
         if self.ok.dtype != np.uint8:  # flags other than 0 and 1 (kernels.runner._flags)
             return False
         d = self.duration_us
         return bool(
-            math.isfinite(self.t_end.sum()) and d.min() >= 0.0 and d.max() <= _MAX_DURATION_US
+            math.isfinite(self.t_end.sum()) and d.min() >= 0.0 and d.max() <= MAX_DURATION_US
         )
 
 

@@ -49,12 +49,17 @@ from kernelstream.schemas.codec import (
     json_problem,
 )
 from kernelstream.schemas.errors import SchemaError
-from kernelstream.schemas.records import _MAX_COPY_BYTES, _MAX_COPY_GBS, CopyColumns, LaunchBatch
+from kernelstream.schemas.records import (
+    _MAX_COPY_BYTES,
+    _MAX_COPY_GBS,
+    MAX_DURATION_US,
+    MAX_LAUNCHES,
+    CopyColumns,
+    LaunchBatch,
+)
 
 __all__ = ["WIRE_COLUMNS", "LaunchColumns", "decode_launch_columns", "decode_launch_columns_many"]
 
-_MAX_LAUNCHES = 100_000
-_MAX_DURATION_US = 3.6e9
 _PLACEHOLDER = {"t_end": [0.0], "duration_us": [0.0], "ok": [1]}
 
 
@@ -255,7 +260,7 @@ def _v2_columns(obj: dict[str, Any], n: int, data: bytes) -> _V2Columns | None:
             gap_arr = _floats(gaps, n)
         except (struct.error, TypeError, ValueError, OverflowError):
             return None
-        if not (gap_arr.min() >= 0.0 and gap_arr.max() <= _MAX_DURATION_US):
+        if not (gap_arr.min() >= 0.0 and gap_arr.max() <= MAX_DURATION_US):
             return None
     if waited is not None:
         if type(waited) is not list or len(waited) != n or waited.count(1) + waited.count(0) != n:
@@ -294,7 +299,7 @@ def _copies_plainly_valid(raw: Any) -> bool:
         return False
     t, direction, nbytes, dur, pinned, stream = cols
     n = len(t)
-    if not (1 <= n <= _MAX_LAUNCHES and all(len(c) == n for c in cols)):
+    if not (1 <= n <= MAX_LAUNCHES and all(len(c) == n for c in cols)):
         return False
     if not set(direction) <= _DIRECTIONS:
         return False
@@ -304,7 +309,7 @@ def _copies_plainly_valid(raw: Any) -> bool:
         sa = np.frombuffer(_ints_of(n).pack(*stream), dtype=np.int64)
     except (struct.error, TypeError, ValueError, OverflowError):
         return False  # e.g. a float byte count: the model says why
-    if not (np.isfinite(ta).all() and da.min() >= 0.0 and da.max() <= _MAX_DURATION_US):
+    if not (np.isfinite(ta).all() and da.min() >= 0.0 and da.max() <= MAX_DURATION_US):
         return False
     if ba.min() < 0 or ba.max() > _MAX_COPY_BYTES or sa.min() < 0:
         return False
@@ -397,7 +402,7 @@ def _fast_columns(
     if not (type(t) is list and type(d) is list and type(ok) is list):
         return None
     n = len(t)
-    if not (1 <= n <= _MAX_LAUNCHES and len(d) == n and len(ok) == n):
+    if not (1 <= n <= MAX_LAUNCHES and len(d) == n and len(ok) == n):
         return None
     if _has_bool(data, t, d, ok):
         return None
@@ -410,7 +415,7 @@ def _fast_columns(
     t_range = (float(ta.min()), float(ta.max()))
     if not (math.isfinite(t_range[0]) and math.isfinite(t_range[1])):
         return None
-    if not (da.min() >= 0.0 and da.max() <= _MAX_DURATION_US):
+    if not (da.min() >= 0.0 and da.max() <= MAX_DURATION_US):
         return None
     # ``ok`` is Literal[0, 1]: equality with 0 or 1 is what the model checks
     # (True and 1.0 pass, "1" does not); list.count compares in C.
@@ -555,7 +560,7 @@ def _with_seq_start(hit: tuple[LaunchBatch, set[str], str], seq_start: int) -> L
 # number and NaN has a larger pattern than +inf: one unsigned maximum checks
 # 0 <= d <= limit and "no NaN" at once (-0.0 fails it and goes to the model, which
 # takes it).
-_MAX_DURATION_BITS = int(np.array([_MAX_DURATION_US], dtype="<f8").view("<u8")[0])
+_MAX_DURATION_BITS = int(np.array([MAX_DURATION_US], dtype="<f8").view("<u8")[0])
 
 
 # (earliest and latest end time, end times in completion order, every launch ran)
@@ -570,7 +575,7 @@ def _plain_binary(cols: dict[str, npt.NDArray[Any]], n: int) -> _Plain | None:
     numpy reduction costs ~1-2 us whatever the size, so on small batches their number
     is the cost: end times in order need one comparison and their two ends.
     """
-    if not 1 <= n <= _MAX_LAUNCHES or set(cols) != {"t_end", "duration_us", "ok"}:
+    if not 1 <= n <= MAX_LAUNCHES or set(cols) != {"t_end", "duration_us", "ok"}:
         return None
     t, d, ok = cols["t_end"], cols["duration_us"], cols["ok"]
     # NaN compares false, so an ordered column with finite ends is finite throughout.
@@ -689,7 +694,7 @@ def _known_binary(data: bytes) -> _Known | None:
         return None
     _, version, n, seq_start, m = read_head(data)
     hit = _BIN_META.get(data[HEAD_SIZE : HEAD_SIZE + m])
-    if hit is None or version != LAYOUT_VERSION or not 1 <= n <= _MAX_LAUNCHES:
+    if hit is None or version != LAYOUT_VERSION or not 1 <= n <= MAX_LAUNCHES:
         return None
     pos = HEAD_SIZE + m + (-m % 8)
     if pos + 17 * n + (-n % 8) != len(data):  # two f8 columns, one u1, the last padded
@@ -717,7 +722,7 @@ def _plain_binary_many(batches: list[_Cols | None]) -> list[_Plain | bool | None
     pick: list[int] = []
     sel: list[_Cols] = []
     for i, c in enumerate(batches):
-        if c is not None and 1 <= c[0].size <= _MAX_LAUNCHES:
+        if c is not None and 1 <= c[0].size <= MAX_LAUNCHES:
             pick.append(i)
             sel.append(c)
     if len(pick) < 2:

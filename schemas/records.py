@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from kernelstream.schemas.keys import stream_key
 
 __all__ = [
+    "MAX_DURATION_US",
+    "MAX_LAUNCHES",
     "RECORD_TYPES",
     "Alert",
     "Classification",
@@ -192,7 +194,12 @@ def _flags(v: Any) -> Any:
 # A copy reported faster than 20 TB/s is a clock or unit error, not a measurement.
 _MAX_COPY_GBS = 20_000.0
 _MAX_COPY_BYTES = 1 << 44  # 16 TiB: more than any GPU's memory
-_Duration = Annotated[float, Field(ge=0.0, le=3.6e9, allow_inf_nan=False)]
+#: The longest duration a record may carry (an hour, in us) and the most launches one
+#: launch batch may hold: the model's bounds, which the vectorized checks of a batch's
+#: columns (schemas.columnar on the worker, kernels.runner on the node) also apply.
+MAX_DURATION_US = 3.6e9
+MAX_LAUNCHES = 100_000
+_Duration = Annotated[float, Field(ge=0.0, le=MAX_DURATION_US, allow_inf_nan=False)]
 # Launches counted in a window, a finding or an outcome: at most 2^53, where every count
 # is still exact as a double (a tuner's sum of durations stays finite).
 _Count = Annotated[int, Field(ge=0, le=1 << 53)]
@@ -211,7 +218,7 @@ class CopyColumns(BaseModel):
     # Strict, as the launch batch: ``true`` is not 1, ``"5"`` is not 5.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
-    t_end: list[_FiniteFloat] = Field(min_length=1, max_length=100_000)
+    t_end: list[_FiniteFloat] = Field(min_length=1, max_length=MAX_LAUNCHES)
     direction: list[CopyDirection]
     bytes: list[Annotated[int, Field(ge=0, le=_MAX_COPY_BYTES)]]
     duration_us: list[_Duration]
@@ -288,8 +295,8 @@ class LaunchBatch(Record):
     peak_gflops: _NonNegFloat
     launch_overhead_us: _NonNegFloat = 3.0
     seq_start: int = Field(ge=0)
-    t_end: list[_FiniteFloat] = Field(min_length=1, max_length=100_000)
-    duration_us: list[Annotated[float, Field(ge=0.0, le=3.6e9, allow_inf_nan=False)]]
+    t_end: list[_FiniteFloat] = Field(min_length=1, max_length=MAX_LAUNCHES)
+    duration_us: list[_Duration]
     ok: list[Literal[0, 1]]
     samples: list[DeviceSample] = Field(default_factory=list, max_length=1000)
     # Version 2: per launch, the host's time between the previous launch on this stream

@@ -39,6 +39,7 @@ from kernelstream.kernels.errors import TraceFileError, UnknownDeviceError
 from kernelstream.kernels.space import Config, ParamValue, SearchSpace
 from kernelstream.kernels.workloads import WORKLOAD_NAMES, CudaWorkload, get_workload
 from kernelstream.kernels.workloads.base import Geometry, Traits, Workload
+from kernelstream.schemas.records import MAX_DURATION_US
 
 __all__ = [
     "LaunchNoise",
@@ -64,9 +65,9 @@ _UNKNOWN_WARNED: set[str] = set()
 # to compile or run, in releases before its caches marked failures with a string such as
 # "RuntimeFailedConfig" (kernel_tuner/runners/sequential.py, ``params.update({"time": 1e20})``).
 KT_OLD_FAILURE_TIME = 1e20
-# The longest launch a measurement may report, in ms: an hour, the bound of a launch
-# batch's durations (schemas.records.LaunchBatch.duration_us, 3.6e9 us).
-MAX_MEASURED_MS = 3.6e6
+# The longest launch a measurement may report, in ms: the bound of a launch batch's
+# durations (an hour).
+MAX_MEASURED_MS = MAX_DURATION_US / 1000.0
 _NO_MEASURED_TIME = "no configuration has a measured time (ms, from 0 to an hour)"
 
 
