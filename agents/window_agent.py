@@ -92,6 +92,9 @@ log = logging.getLogger("kernelstream.window")
 # at a time, with no measurable cost in throughput.
 _MAX_POLL_RECORDS = 128
 
+# How often the agent looks for offsets its consumer skipped (:meth:`WindowIngest._follow_skipped`).
+_SKIP_CHECK_S = 0.5
+
 # What a counted batch leaves to publish: its stream key, its too-late launches and the
 # windows it closed.
 _Counted = tuple[str, list[LaunchBatch], list[WindowAggregate]]
@@ -275,6 +278,7 @@ class WindowIngest(Service):
         self._stamps: dict[Any, tuple[int | None, int | None]] = {}
         self._read_through: dict[Any, float] = {}
         self._left = False
+        self._skips_checked_at = 0.0
 
     @property
     def bootstrap(self) -> str:
@@ -375,6 +379,9 @@ class WindowIngest(Service):
                     await self._ingest([_Event(msg) for msg in msgs if msg.offset >= nxt], keys)
                     self._next[tp] = max(nxt, msgs[-1].offset + 1)
                     self._dirty.add(tp)
+                if time.monotonic() - self._skips_checked_at >= _SKIP_CHECK_S:
+                    self._skips_checked_at = time.monotonic()
+                    await self._follow_skipped(fetched)
                 if fetched and stats.first_batch_at is not None:
                     stats.cpu_at_last_batch = time.process_time()
                 if time.monotonic() - self._checkpointed_at >= interval:
@@ -382,6 +389,48 @@ class WindowIngest(Service):
                     await self._checkpoint()
                     if stats.first_batch_at is not None:
                         stage["checkpoint"] += time.perf_counter() - t0
+
+    async def _follow_skipped(self, fetched: dict[Any, list[Any]]) -> None:
+        """Move past offsets the consumer went past without returning their records.
+
+        Records deleted before this worker read them (retention, or
+        ``kafka-delete-records``, while it was down or behind) make the consumer reset
+        to the log's start, which is after the next offset the agent expects. Nothing
+        below that will ever be returned, so the agent's position follows the
+        consumer's: else the partition would count as behind forever, its lag would
+        never fall to zero, and its streams would never be idle, holding their open
+        windows (those restored from a checkpoint included) open for good. The
+        skipped offsets are counted (``window.messages_skipped``, their launches are
+        lost) and logged. Called after a poll's records were processed, so every
+        record the consumer returned is below ``_next``: only a skip makes its
+        position greater. Partitions the poll returned records of have just moved.
+        """
+        consumer = self._consumer
+        for tp, nxt in list(self._next.items()):
+            if tp in fetched:
+                continue
+            try:
+                high = consumer.highwater(tp)
+                if high is None or nxt >= high:
+                    continue
+                # Immediate unless the consumer is resetting its position; it then waits
+                # for the reset (one ListOffsets round trip), bounded here.
+                pos = await asyncio.wait_for(consumer.position(tp), 1.0)
+            except (AssertionError, IllegalStateError, TimeoutError):
+                continue  # no longer assigned, or still resetting: the next poll
+            if pos > nxt:
+                self._next[tp] = pos
+                self._dirty.add(tp)
+                self.ctx.counters["window.messages_skipped"] += pos - nxt
+                log.warning(
+                    "%s[%d]: offsets %d to %d are gone from the broker (retention) and were "
+                    "never read here; their launches are lost, going on from offset %d",
+                    tp.topic,
+                    tp.partition,
+                    nxt,
+                    pos - 1,
+                    pos,
+                )
 
     async def _decode(self, events: list[Any]) -> list[LaunchColumns | None]:
         """The poll's batches decoded and checked at the edge (None: dead-lettered).

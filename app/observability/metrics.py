@@ -125,6 +125,12 @@ METRICS: tuple[MetricSpec, ...] = (
         "counter",
         "Launches received again and counted once.",
     ),
+    _w(
+        "kernelstream_worker_skipped_launch_messages",
+        "counter",
+        "Launch messages deleted from the broker (retention) before this worker read them:"
+        " their launches are lost. Logged with the offsets.",
+    ),
     _w("kernelstream_worker_open_windows", "gauge", "Windows open in this worker."),
     _w(
         "kernelstream_worker_findings",
@@ -315,6 +321,9 @@ class _WorkerCollector(Collector):
         yield _histogram("kernelstream_worker_window_latency_seconds", ctx.window_latency)
         yield _count("kernelstream_worker_late_launches", c.get("launches.late", 0))
         yield _count("kernelstream_worker_duplicate_launches", c.get("launches.duplicate", 0))
+        yield _count(
+            "kernelstream_worker_skipped_launch_messages", c.get("window.messages_skipped", 0)
+        )
         yield _gauge("kernelstream_worker_open_windows", self.agents.windower.open_windows())
         yield _count("kernelstream_worker_findings_read", c.get("read.findings", 0))
         yield _count("kernelstream_worker_recommendations", c.get("recommendations.out", 0))

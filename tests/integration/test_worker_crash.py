@@ -10,6 +10,11 @@
   published once.
 * Both inputs also carry byte-identical copies of some batches (a node resending a
   batch whose acknowledgement was lost): dead-lettered as ``duplicate``, not counted.
+* Every record of the launches topic deleted (retention, ``kafka-delete-records``) while
+  the worker was down, after it had read them and checkpointed: restarted, it restores
+  the open windows, takes the records' offsets as gone, and closes those windows when
+  their streams are idle (they were held open forever, the partition "behind" its
+  high watermark with nothing left to read).
 * A worker paused (SIGSTOP, then SIGCONT: a throttled container, a long GC pause, a
   host swapping) for longer than the idle timeout while its streams' launches keep
   arriving on the broker: no stream counts as idle for the time nobody read it, so
@@ -255,6 +260,81 @@ async def _pause(s: Settings, tmp: Path, pause_s: float) -> None:
     assert not r.records[s.topic_deadletter]
 
 
+async def _end_offsets(bootstrap: str, tps: list[Any]) -> dict[Any, int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return dict(await consumer.end_offsets(tps))
+    finally:
+        await consumer.stop()
+
+
+async def _delete_records(bootstrap: str, topic: str) -> int:
+    """Delete every record of ``topic`` (what retention does to an old log, or
+    ``kafka-delete-records``); how many there were."""
+    from aiokafka import TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+
+    tps = [TopicPartition(topic, p) for p in range(_PARTITIONS)]
+    ends = await _end_offsets(bootstrap, tps)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_records({tp: RecordsToDelete(end) for tp, end in ends.items()})
+    finally:
+        await admin.close()
+    return sum(ends.values())
+
+
+async def _until_committed(bootstrap: str, group: str, topic: str) -> None:
+    """Until ``group`` has committed the end of every partition of ``topic`` (the window
+    agent commits a partition's offset once the checkpoint holding its state is written)."""
+    from aiokafka import TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    tps = [TopicPartition(topic, p) for p in range(_PARTITIONS)]
+    ends = await _end_offsets(bootstrap, tps)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        deadline = time.monotonic() + 30.0
+        while True:
+            offsets = await admin.list_consumer_group_offsets(group, partitions=tps)
+            if all(offsets.get(tp) is not None and offsets[tp].offset == ends[tp] for tp in tps):
+                return
+            assert time.monotonic() < deadline, f"{group} committed {offsets}, not {ends}"
+            await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
+
+
+async def _deleted_while_down(s: Settings, tmp: Path) -> None:
+    bootstrap = str(s.bootstrap)
+    await ensure_topics(s, bootstrap)
+    body, _ = _input(4.0)
+    read, unread = body[: len(body) // 2], body[len(body) // 2 :]
+    with _worker(s, tmp) as w:
+        w.start()
+        await wait_for(lambda: w.window("assigned_partitions") == _PARTITIONS, 90, "assignment")
+        await produce(bootstrap, s.topic_launches, _with_resends(read, every=len(body)))
+        await wait_for(lambda: w.window("batches") == len(read), 60, "the first half")
+        await _until_committed(bootstrap, f"{s.app_id}.window", s.topic_launches)
+        w.kill9()  # well within the idle timeout: each stream's last windows are open
+        # While it is down: the second half arrives, then retention deletes every record.
+        await produce(bootstrap, s.topic_launches, _with_resends(unread, every=len(body)))
+        assert await _delete_records(bootstrap, s.topic_launches) == len(body)
+        w.start()
+        await wait_for(lambda: w.window("assigned_partitions") == _PARTITIONS, 90, "assignment")
+        spec = WindowSpec(s.window_s, s.out_of_orderness_s, s.allowed_lateness_s)
+        want = aggregate_reference(launch_rows(read), spec)
+        r = await _collect(s, len(want))
+        assert w.window("restored_partitions") == _PARTITIONS, "restored from its checkpoint"
+        assert w.stats()["open_windows"] == 0
+        assert w.counter("window.messages_skipped") == len(unread)
+    # The windows of the half it had read, each complete; the other half's launches are gone.
+    _check(s, r, want)
+
+
 async def _reset_offsets(bootstrap: str, group: str, topic: str, back: int) -> None:
     """What ``kafka-consumer-groups --reset-offsets --shift-by -N`` does to a stopped group.
 
@@ -287,6 +367,15 @@ def test_a_paused_worker_takes_no_stream_for_idle(settings: Settings, tmp_path: 
     # misses it is another drill: the rebalance tests).
     s = settings.model_copy(update={"idle_timeout_s": 3.0, "session_timeout_s": 30.0})
     asyncio.run(_pause(s, tmp_path, pause_s=s.idle_timeout_s + 2.0))
+
+
+def test_records_deleted_while_down_leave_no_window_open(
+    settings: Settings, engine: str, tmp_path: Path
+) -> None:
+    if engine == "tansu":
+        pytest.skip("the embedded broker does not implement DeleteRecords (drops the connection)")
+    s = settings.model_copy(update={"idle_timeout_s": 6.0})
+    asyncio.run(_deleted_while_down(s, tmp_path))
 
 
 def test_group_offsets_reset_back_changes_no_result(settings: Settings, tmp_path: Path) -> None:
