@@ -423,8 +423,9 @@ class WindowIngest(Service):
                 self._dirty.add(tp)
                 self.ctx.counters["window.messages_skipped"] += pos - nxt
                 log.warning(
-                    "%s[%d]: offsets %d to %d are gone from the broker (retention) and were "
-                    "never read here; their launches are lost, going on from offset %d",
+                    "%s[%d]: offsets %d to %d were never returned to this worker (deleted "
+                    "by retention before it read them, or a transaction's markers); "
+                    "going on from offset %d",
                     tp.topic,
                     tp.partition,
                     nxt,
