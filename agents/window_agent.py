@@ -389,6 +389,12 @@ class WindowIngest(Service):
                     await self._checkpoint()
                     if stats.first_batch_at is not None:
                         stage["checkpoint"] += time.perf_counter() - t0
+            if fetched:
+                # A turn of the event loop for the worker's other tasks after every poll:
+                # aiokafka's getmany returns buffered records without suspending, so under
+                # load the agent would otherwise run poll after poll while the findings it
+                # published wait to be fetched and handed to the tuner.
+                await asyncio.sleep(0)
 
     async def _follow_skipped(self, fetched: dict[Any, list[Any]]) -> None:
         """Move past offsets the consumer went past without returning their records.

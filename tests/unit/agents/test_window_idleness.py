@@ -6,7 +6,9 @@ its input (catching up a backlog a fetch at a time) or was paused (a throttled
 container, a long pause of the process) takes the streams it has not read yet for idle:
 their windows close short and the rest of their launches go to the late topic. The
 agent asks its consumer how far each partition was read (fetch-response stamps and high
-watermarks, :meth:`WindowIngest._note_read_through`).
+watermarks, :meth:`WindowIngest._note_read_through`). Offsets the broker deleted before
+the agent read them (retention) do not leave it behind for good
+(:meth:`WindowIngest._follow_skipped`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
 
 from kernelstream.agents.context import WorkerContext
 from kernelstream.agents.logic.windowing import Windower, WindowSpec
@@ -27,7 +30,7 @@ from kernelstream.schemas import WindowAggregate, decode, encode
 from tests.bad_input import good_batch
 from tests.unit.agents.test_window_agent_failures import Topic
 
-_TP = ("ks.launches", 0)
+_TP = TopicPartition("ks.launches", 0)
 _IDLE_S = 3.0
 
 
@@ -37,9 +40,14 @@ class _Consumer:
     def __init__(self) -> None:
         self.high: int | None = None
         self.stamp_ms: int | None = None
+        self.at: int | None = None  # the position, when a test sets it
 
     def highwater(self, tp: Any) -> int | None:
         return self.high
+
+    async def position(self, tp: Any) -> int:
+        assert self.at is not None, "the agent asked for a position nobody set"
+        return self.at
 
     def last_poll_timestamp(self, tp: Any) -> int | None:
         return self.stamp_ms
@@ -163,3 +171,29 @@ def test_without_a_consumer_to_ask_idleness_is_processing_time(clock: _Clock) ->
     clock.now = start + _IDLE_S
     asyncio.run(ingest.tick())
     assert len(_windows(topics)) == 1
+
+
+def test_offsets_deleted_before_they_were_read_do_not_hold_the_stream_open(
+    clock: _Clock,
+) -> None:
+    ingest, consumer, topics = _agent()
+    _read(ingest, 0, clock.now - 2.0, 0)
+    # Retention deleted offsets 1-9 before the agent read them: the consumer reset to
+    # the log's start, 10, and nothing below it will ever come.
+    consumer.fetched(clock.now, high=10)
+    consumer.at = 10
+    asyncio.run(ingest._follow_skipped({_TP: ["a poll's records of this partition"]}))
+    assert ingest._next[_TP] == 1, "a partition the poll returned records of has just moved"
+    asyncio.run(ingest._follow_skipped({}))
+    assert ingest._next[_TP] == 10
+    assert ingest.ctx.counters["window.messages_skipped"] == 9
+    assert _IDLE_S <= _idle_from(ingest, consumer, clock, topics, high=10) <= _IDLE_S + 0.6
+
+
+def test_a_partition_read_up_to_its_position_is_left_where_it_is(clock: _Clock) -> None:
+    ingest, consumer, _ = _agent()
+    _read(ingest, 0, clock.now - 2.0, 0)
+    consumer.fetched(clock.now, high=5)  # more to read, not yet returned
+    consumer.at = 1
+    asyncio.run(ingest._follow_skipped({}))
+    assert ingest._next[_TP] == 1 and not ingest.ctx.counters["window.messages_skipped"]
