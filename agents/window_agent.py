@@ -375,6 +375,8 @@ class WindowIngest(Service):
                     if nxt is None:
                         continue  # revoked while this fetch was in flight
                     keys = self._keys_of[tp]
+                    if msgs[0].offset > nxt:  # deleted before they were read (retention)
+                        self._skipped(tp, nxt, msgs[0].offset)
                     # below nxt: a fetch from before a re-assignment
                     await self._ingest([_Event(msg) for msg in msgs if msg.offset >= nxt], keys)
                     self._next[tp] = max(nxt, msgs[-1].offset + 1)
@@ -401,15 +403,16 @@ class WindowIngest(Service):
 
         Records deleted before this worker read them (retention, or
         ``kafka-delete-records``, while it was down or behind) make the consumer reset
-        to the log's start, which is after the next offset the agent expects. Nothing
-        below that will ever be returned, so the agent's position follows the
-        consumer's: else the partition would count as behind forever, its lag would
-        never fall to zero, and its streams would never be idle, holding their open
-        windows (those restored from a checkpoint included) open for good. The
-        skipped offsets are counted (``window.messages_skipped``, their launches are
-        lost) and logged. Called after a poll's records were processed, so every
-        record the consumer returned is below ``_next``: only a skip makes its
-        position greater. Partitions the poll returned records of have just moved.
+        to the log's start, which is after the next offset the agent expects. Where
+        records follow, the next poll returns them and the agent sees the gap
+        (:meth:`_skipped`); where none do, nothing below the consumer's position will
+        ever be returned, so the agent's position follows the consumer's: else the
+        partition would count as behind forever, its lag would never fall to zero, and
+        its streams would never be idle, holding their open windows (those restored
+        from a checkpoint included) open for good. Called after a poll's records were
+        processed, so every record the consumer returned is below ``_next``: only a
+        skip makes its position greater. Partitions the poll returned records of have
+        just moved.
         """
         consumer = self._consumer
         for tp, nxt in list(self._next.items()):
@@ -421,23 +424,28 @@ class WindowIngest(Service):
                     continue
                 # Immediate unless the consumer is resetting its position; it then waits
                 # for the reset (one ListOffsets round trip), bounded here.
-                pos = await asyncio.wait_for(consumer.position(tp), 1.0)
-            except (AssertionError, IllegalStateError, TimeoutError):
+                pos = await asyncio.wait_for(consumer.position(tp), 0.25)
+            except (AssertionError, KeyError, IllegalStateError, TimeoutError):
                 continue  # no longer assigned, or still resetting: the next poll
             if pos > nxt:
+                self._skipped(tp, nxt, pos)
                 self._next[tp] = pos
                 self._dirty.add(tp)
-                self.ctx.counters["window.messages_skipped"] += pos - nxt
-                log.warning(
-                    "%s[%d]: offsets %d to %d were never returned to this worker (deleted "
-                    "by retention before it read them, or a transaction's markers); "
-                    "going on from offset %d",
-                    tp.topic,
-                    tp.partition,
-                    nxt,
-                    pos - 1,
-                    pos,
-                )
+
+    def _skipped(self, tp: Any, nxt: int, to: int) -> None:
+        """Offsets ``nxt`` to ``to - 1`` of ``tp`` will never be read here: counted
+        (``window.messages_skipped``, their launches are lost) and logged."""
+        self.ctx.counters["window.messages_skipped"] += to - nxt
+        log.warning(
+            "%s[%d]: offsets %d to %d were never returned to this worker (deleted by "
+            "retention before it read them, or a transaction's markers); going on from "
+            "offset %d",
+            tp.topic,
+            tp.partition,
+            nxt,
+            to - 1,
+            to,
+        )
 
     async def _decode(self, events: list[Any]) -> list[LaunchColumns | None]:
         """The poll's batches decoded and checked at the edge (None: dead-lettered).
