@@ -537,6 +537,36 @@ def _per_cpu(row: dict[str, Any]) -> float:
     return float(statistics.median(x["per_cpu_s"] for x in rounds))
 
 
+def _stage_lines(r: dict[str, Any], ceil: dict[str, float]) -> list[str]:
+    """Where each worker's window stage spent its time, per message and per window, beside
+    what the ceiling of its input spends per message: the gap to the ceiling by stage.
+
+    Stages as the window agent clocks them (``WindowAgentStats.stage_s``, wall time,
+    medians of the rounds); fetch, emit and checkpoint await, so they include what the
+    worker's other tasks ran meanwhile.
+    """
+    inp = r["input"]
+    messages, windows = inp["messages"], max(1, inp["reference_windows"])
+    out = []
+    for name in ("worker_json", "worker_binary"):
+        rounds = [x for x in r.get(name, {}).get("rounds", []) if x.get("stage_s")]
+        wire = "binary" if name.endswith("binary") else "json"
+        if not rounds or wire not in ceil:
+            continue
+        steps = rounds[0]["stage_s"]
+        stage = {k: statistics.median(x["stage_s"][k] for x in rounds) for k in steps}
+        per_msg = ", ".join(f"{k} {v / messages * 1e6:.1f}" for k, v in stage.items())
+        per_win = ", ".join(
+            f"{k} {stage[k] / windows * 1e6:.0f}" for k in ("close", "emit") if k in stage
+        )
+        ceiling_us = inp["launches"] / ceil[wire] / messages * 1e6
+        out.append(
+            f"{name}, window stage by step, us per message: {per_msg} (per window: {per_win}); "
+            f"the {wire} ceiling: {ceiling_us:.1f} us per message in all"
+        )
+    return out
+
+
 def _table(r: dict[str, Any]) -> str:
     inp = r["input"]
     lines = [
@@ -586,6 +616,7 @@ def _table(r: dict[str, Any]) -> str:
             f"process): {agg_ns:.1f} ns/launch; a worker doing nothing else would reach "
             f"{bound['binary']:.2f} of the binary ceiling and {bound['json']:.2f} of the JSON one"
         )
+    lines += _stage_lines(r, ceil)
     for name in ("worker_json", "worker_binary", "baseline_json", "baseline_binary"):
         rounds = r.get(name, {}).get("rounds", [])
         if rounds and all("every_stage_per_cpu_s" in x for x in rounds):

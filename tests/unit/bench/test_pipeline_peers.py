@@ -56,3 +56,17 @@ def test_a_window_that_differs_or_repeats_or_is_missing_is_reported() -> None:
     check = compare_windows(wrong, ref)
     assert not check["equal"] and check["differing"] == 2 and check["not_closed"] == 1
     assert compare_windows([rows[0], rows[0]], ref)["differing"] == 1
+
+
+def test_the_window_stage_is_split_by_step_per_message_and_per_window() -> None:
+    from kernelstream.bench.pipeline_peers import _stage_lines
+
+    stages = {"fetch": 0.1, "decode": 0.2, "window": 0.1, "close": 0.3, "emit": 0.4}
+    r = {
+        "input": {"messages": 1000, "reference_windows": 100, "launches": 200_000},
+        "worker_binary": {"rounds": [{"stage_s": stages}, {"stage_s": stages}]},
+    }
+    [line] = _stage_lines(r, {"binary": 20e6})
+    assert "fetch 100.0, decode 200.0, window 100.0, close 300.0, emit 400.0" in line
+    assert "(per window: close 3000, emit 4000)" in line
+    assert line.endswith("the binary ceiling: 10.0 us per message in all")
