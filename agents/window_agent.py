@@ -279,6 +279,7 @@ class WindowIngest(Service):
         self._read_through: dict[Any, float] = {}
         self._left = False
         self._skips_checked_at = 0.0
+        self._uncommitted: set[Any] = set()  # tps the group had no committed offset for
 
     @property
     def bootstrap(self) -> str:
@@ -377,6 +378,7 @@ class WindowIngest(Service):
                     keys = self._keys_of[tp]
                     if msgs[0].offset > nxt:  # deleted before they were read (retention)
                         self._skipped(tp, nxt, msgs[0].offset)
+                    self._uncommitted.discard(tp)
                     # below nxt: a fetch from before a re-assignment
                     await self._ingest([_Event(msg) for msg in msgs if msg.offset >= nxt], keys)
                     self._next[tp] = max(nxt, msgs[-1].offset + 1)
@@ -434,7 +436,12 @@ class WindowIngest(Service):
 
     def _skipped(self, tp: Any, nxt: int, to: int) -> None:
         """Offsets ``nxt`` to ``to - 1`` of ``tp`` will never be read here: counted
-        (``window.messages_skipped``, their launches are lost) and logged."""
+        (``window.messages_skipped``, their launches are lost) and logged. Not for a
+        partition the group had no committed offset for: it starts wherever its log
+        starts, and what retention deleted before was never this group's to read."""
+        if tp in self._uncommitted:
+            self._uncommitted.discard(tp)
+            return
         self.ctx.counters["window.messages_skipped"] += to - nxt
         log.warning(
             "%s[%d]: offsets %d to %d were never returned to this worker (deleted by "
@@ -719,6 +726,7 @@ class WindowIngest(Service):
             for tp in owned:
                 self.windower.drop_keys(self._keys_of.pop(tp, set()))
                 self._next.pop(tp, None)
+                self._uncommitted.discard(tp)
                 self._dirty.discard(tp)
                 self._stamps.pop(tp, None)
                 self._read_through.pop(tp, None)
@@ -736,6 +744,8 @@ class WindowIngest(Service):
             for tp in assigned:
                 committed = await self._consumer.committed(tp)
                 self._next[tp] = committed or 0
+                if committed is None:
+                    self._uncommitted.add(tp)
                 self._keys_of[tp] = set()
                 self._dirty.add(tp)
                 try:

@@ -234,3 +234,15 @@ def test_a_poll_that_starts_after_deleted_offsets_counts_them(clock: _Clock) -> 
     asyncio.run(ingest._run())
     assert ingest._next[_TP] == 8 and ingest.stats.batches == 1
     assert ingest.ctx.counters["window.messages_skipped"] == 7
+
+
+def test_a_partition_without_a_committed_offset_starts_where_its_log_starts(
+    clock: _Clock,
+) -> None:
+    ingest, _, _ = _agent()
+    ingest._uncommitted.add(_TP)  # a new group: what retention deleted was never its own
+    ingest._consumer = _After(ingest, offset=7, t0=clock.now - 2.0)
+    ingest._taken_over.set()
+    asyncio.run(ingest._run())
+    assert ingest._next[_TP] == 8 and ingest.stats.batches == 1
+    assert not ingest.ctx.counters["window.messages_skipped"] and not ingest._uncommitted
