@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+import pytest
+
 from kernelstream.kernels.space import Config, Constraint, ParamValue, SearchSpace
 
 
@@ -77,3 +79,40 @@ def test_a_replaced_list_is_read_anew() -> None:
     # The resolver merges the lists of two files of one kernel this way.
     both = dataclasses.replace(one, allowed=frozenset(ids))
     assert list(both) == every
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        SearchSpace("flags", {"x": (1, True, 2), "y": (False, True, 0)}, {"x": 1, "y": False}),
+        SearchSpace(
+            "constraints",
+            {"x": (1, 2, 3), "y": ("a", "b")},
+            {"x": 1, "y": "a"},
+            constraints=(
+                Constraint("x < 3", lambda c: c["x"] < 3),
+                Constraint("y != b", lambda c: c["y"] != "b"),
+            ),
+        ),
+        SearchSpace(
+            "broken constraint", {"x": (1, 2)}, {"x": 1}, (Constraint("z", lambda c: c["z"]),)
+        ),
+        SearchSpace(
+            "ids read back",
+            {"x": (1, 2, 3), "y": (1.5, 2.5)},
+            {"x": 1, "y": 1.5},
+            allowed=frozenset({"x=1,y=1.5", "x=3,y=2.5", "x=9,y=1"}),
+        ),
+        SearchSpace(
+            "ids that print alike",
+            {"x": ("1", "1.0", 1), "y": (1,)},
+            {"x": "1", "y": 1},
+            allowed=frozenset({"x=1,y=1"}),
+        ),
+    ],
+    ids=lambda s: s.name,
+)
+def test_enumeration_is_every_valid_product_point_in_order(space: SearchSpace) -> None:
+    """A declared space's values are checked once each, not once per configuration: the
+    configurations are still exactly those of the product that is_valid passes, in order."""
+    assert list(space) == _product_order(space)
