@@ -176,8 +176,8 @@ async def test_worker_and_node_metrics(
     assert win["first_poll_at"] <= win["first_batch_at"] <= win["last_batch_at"]
     assert win["cpu_at_first_poll"] <= win["cpu_at_first_batch"] <= win["cpu_at_last_batch"]
     check_worker_samples(scrape(wport), settings)
-    check_node_samples(scrape(node_port), settings.node_id)
-    check_node_samples(scrape(node_b_port), f"{settings.node_id}-b")
+    check_node_samples(await node_scrape(node_port), settings.node_id)
+    check_node_samples(await node_scrape(node_b_port), f"{settings.node_id}-b")
 
     queries = dashboard_queries() + [signal for _, signal in alert_signals()]
     assert len(queries) >= 40
@@ -229,6 +229,29 @@ def check_worker_samples(w: Samples, settings: Settings) -> None:
     assert max(v for _, v in buckets) == count  # the +Inf bucket holds every window
     mean = total(w, "kernelstream_worker_window_latency_seconds_sum") / count
     assert 0 < mean < 60, mean  # at least the out-of-orderness, at most the test's length
+
+
+async def node_scrape(port: int) -> Samples:
+    """A scrape of a node in which both kernels have their duration and speedup.
+
+    Those are means under a kernel's current configuration: in the moment after the node
+    applies a recommendation (or rolls one back), until that kernel's next launches are
+    measured, its two gauges are absent, as they should be. A single scrape right after
+    recommendations started to flow could fall in that moment.
+    """
+    got: list[Samples] = []
+
+    def complete() -> bool:
+        n = scrape(port)
+        gauges = ("kernelstream_node_kernel_duration_seconds", "kernelstream_node_kernel_speedup")
+        have = [{lb["kernel"] for lb, _ in n.get(name, [])} for name in gauges]
+        if all(h >= {"matmul", "transpose"} for h in have):
+            got.append(n)
+            return True
+        return False
+
+    await wait_for(complete, 30, "a scrape with both kernels' duration and speedup")
+    return got[-1]
 
 
 def check_node_samples(n: Samples, node: str) -> None:
