@@ -95,12 +95,10 @@ class SearchSpace:
         extra = set(config) - set(self.params)
         if extra:
             problems.append(f"unknown parameters {sorted(extra)}")
-        for p, index in self._index.items():
+        for p in self._index:
             if p not in config:
                 problems.append(f"missing parameter {p!r}")
-            elif config[p] not in index or isinstance(config[p], bool) != isinstance(
-                next(iter(index)), bool
-            ):
+            elif not self._declared(p, config[p]):
                 problems.append(f"{p}={config[p]!r} not in declared values {list(self.params[p])}")
         if problems:
             return problems
@@ -110,6 +108,12 @@ class SearchSpace:
         if self.allowed is not None and self.config_id(config) not in self.allowed:
             problems.append("configuration not among the space's valid points")
         return problems
+
+    def _declared(self, p: str, value: ParamValue) -> bool:
+        """Whether ``value`` is one of ``p``'s declared values (a bool exactly where the
+        first declared value is one: ``True == 1`` in a dict)."""
+        index = self._index[p]
+        return value in index and isinstance(value, bool) == isinstance(next(iter(index)), bool)
 
     def is_valid(self, config: Mapping[str, ParamValue]) -> bool:
         return not self.violations(config)
@@ -128,15 +132,12 @@ class SearchSpace:
             # Declared values and listed by construction: only the constraints can fail.
             yield from (dict(c) for c in listed if all(k.holds(c) for k in self.constraints))
             return
-        # What violations() checks of one value alone (declared, and a bool exactly where
-        # the parameter's first value is one) is checked once per value here, not once per
-        # configuration: the product then needs only the constraints (and the listed ids,
-        # where they could not be read back). 3-4x faster to enumerate a declared space.
+        # What violations() checks of one value alone (_declared) is checked once per
+        # value here, not once per configuration: the product then needs only the
+        # constraints (and the listed ids, where they could not be read back). 2.5x
+        # faster to enumerate a declared space.
         names = tuple(self.params)
-        values = [
-            [v for v in vs if isinstance(v, bool) == isinstance(vs[0], bool)]
-            for vs in self.params.values()
-        ]
+        values = [[v for v in vs if self._declared(p, v)] for p, vs in self.params.items()]
         constraints, allowed = self.constraints, self.allowed
         for combo in itertools.product(*values):
             config = dict(zip(names, combo, strict=True))

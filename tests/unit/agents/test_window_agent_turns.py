@@ -28,21 +28,21 @@ _TP = TopicPartition("ks.launches", 0)
 _POLLS = 20
 
 
-class _Buffered:
-    """A consumer with records already fetched: every poll returns at once, one batch each."""
+class Polls:
+    """A consumer with records already fetched: each poll returns at once the next of
+    ``offsets``, one 20-launch batch each, then the agent is told to leave."""
 
-    def __init__(self, ingest: WindowIngest) -> None:
-        self.ingest, self.polls = ingest, 0
-        self.t0 = time.time() - 10.0
+    def __init__(self, ingest: WindowIngest, offsets: list[int], t0: float) -> None:
+        self.ingest, self.offsets, self.t0, self.polls = ingest, offsets, t0, 0
 
     def highwater(self, tp: Any) -> int:
-        return _POLLS
+        return self.offsets[-1] + 1
 
     async def position(self, tp: Any) -> int:
-        return self.ingest._next[tp]
+        return int(self.ingest._next[tp])
 
     async def getmany(self, timeout_ms: int, max_records: int) -> dict[Any, list[Any]]:
-        if self.polls == _POLLS:
+        if self.polls == len(self.offsets):
             self.ingest._left = True
             return {}
         i, self.polls = self.polls, self.polls + 1
@@ -50,7 +50,7 @@ class _Buffered:
         msg = SimpleNamespace(
             topic=_TP.topic,
             partition=_TP.partition,
-            offset=i,
+            offset=self.offsets[i],
             key=batch.stream_key.encode(),
             value=encode(batch),
         )
@@ -60,7 +60,7 @@ class _Buffered:
 async def _turns_of_another_task() -> tuple[int, WindowIngest]:
     topics = {role: Topic() for role in ("deadletter", "late", "windows")}
     ingest = WindowIngest(None, WorkerContext(Settings(), topics), Windower())
-    ingest._consumer = _Buffered(ingest)
+    ingest._consumer = Polls(ingest, list(range(_POLLS)), time.time() - 10.0)
     ingest._next[_TP] = 0
     ingest._keys_of[_TP] = set()
     ingest._taken_over.set()

@@ -29,6 +29,7 @@ from kernelstream.app.settings import Settings
 from kernelstream.schemas import WindowAggregate, decode, encode
 from tests.bad_input import good_batch
 from tests.unit.agents.test_window_agent_failures import Topic
+from tests.unit.agents.test_window_agent_turns import Polls
 
 _TP = TopicPartition("ks.launches", 0)
 _IDLE_S = 3.0
@@ -199,37 +200,9 @@ def test_a_partition_read_up_to_its_position_is_left_where_it_is(clock: _Clock) 
     assert ingest._next[_TP] == 1 and not ingest.ctx.counters["window.messages_skipped"]
 
 
-class _After:
-    """A consumer that reset past deleted records returns the first one left at once."""
-
-    def __init__(self, ingest: WindowIngest, offset: int, t0: float) -> None:
-        self.ingest, self.offset, self.t0, self.polls = ingest, offset, t0, 0
-
-    def highwater(self, tp: Any) -> int:
-        return self.offset + 1
-
-    async def position(self, tp: Any) -> int:
-        return int(self.ingest._next[tp])
-
-    async def getmany(self, timeout_ms: int, max_records: int) -> dict[Any, list[Any]]:
-        self.polls += 1
-        if self.polls > 1:
-            self.ingest._left = True
-            return {}
-        batch = good_batch("n1", "matmul", self.t0, 50, 0)
-        msg = SimpleNamespace(
-            topic=_TP.topic,
-            partition=_TP.partition,
-            offset=self.offset,
-            key=batch.stream_key.encode(),
-            value=encode(batch),
-        )
-        return {_TP: [msg]}
-
-
 def test_a_poll_that_starts_after_deleted_offsets_counts_them(clock: _Clock) -> None:
     ingest, _, _ = _agent()
-    ingest._consumer = _After(ingest, offset=7, t0=clock.now - 2.0)
+    ingest._consumer = Polls(ingest, [7], clock.now - 2.0)
     ingest._taken_over.set()
     asyncio.run(ingest._run())
     assert ingest._next[_TP] == 8 and ingest.stats.batches == 1
@@ -241,7 +214,7 @@ def test_a_partition_without_a_committed_offset_starts_where_its_log_starts(
 ) -> None:
     ingest, _, _ = _agent()
     ingest._uncommitted.add(_TP)  # a new group: what retention deleted was never its own
-    ingest._consumer = _After(ingest, offset=7, t0=clock.now - 2.0)
+    ingest._consumer = Polls(ingest, [7], clock.now - 2.0)
     ingest._taken_over.set()
     asyncio.run(ingest._run())
     assert ingest._next[_TP] == 8 and ingest.stats.batches == 1
