@@ -169,9 +169,10 @@ def make_settings(
 @pytest.fixture
 def worker(settings: Settings, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A real ``kernelstream worker`` process on the test's topics."""
-    log = (tmp_path / "worker.log").open("wb")
+    path = tmp_path / "worker.log"
+    log = path.open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kernelstream.app.cli", "worker"],
+        [sys.executable, "-m", "kernelstream.app.cli", "-v", "worker"],
         env=settings_env(settings),
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -186,3 +187,6 @@ def worker(settings: Settings, tmp_path: Path) -> Iterator[subprocess.Popen[byte
             proc.kill()
             proc.wait()
         log.close()
+        # Captured, so shown with the test's report when it fails: what the worker said.
+        lines = path.read_text(errors="replace").splitlines()
+        print(f"--- {path} (last 80 of {len(lines)} lines) ---", *lines[-80:], sep="\n")

@@ -94,7 +94,13 @@ async def _scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None
                 def near_optimum() -> bool:
                     return times.get(kernel.config_id, float("inf")) <= 1.10 * optimum
 
-                await r.until(near_optimum, 240, "the kernel within 10% of the optimum")
+                def progress() -> str:
+                    return (
+                        f"node error {node.error!r}, {len(seen)} recommendations, kernel at "
+                        f"{kernel.config_id}, {node.report}"
+                    )
+
+                await r.until(near_optimum, 240, "the kernel within 10% of the optimum", progress)
                 windows = [
                     w
                     for w in r.records[settings.topic_windows]
