@@ -60,7 +60,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -253,6 +253,7 @@ class WindowIngest(Service):
         detector: InlineDetector | None = None,
         early: EarlyConsumer | None = None,
         make_consumer: Callable[[], Any] | None = None,
+        state_partitions: Callable[[int], Awaitable[None]] | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(**kw)
@@ -260,6 +261,7 @@ class WindowIngest(Service):
         self.detector = detector
         self._early = early
         self._make_consumer = make_consumer
+        self._state_partitions = state_partitions
         self.settings = ctx.settings
         self.stats = WindowAgentStats()
         # Set once the first assignment's state is restored: the first poll waits for it,
@@ -739,6 +741,10 @@ class WindowIngest(Service):
             self.stats.assigned_partitions = len(assigned)
             if not assigned:
                 return
+            if self._state_partitions is not None:
+                # The handover topic may have fewer partitions than the launches topic
+                # (it got the broker's count, or partitions were added): it grows first.
+                await self._state_partitions(max(tp.partition for tp in assigned) + 1)
             handed = await _read_states(self, {tp.partition for tp in assigned})
             now = time.time()
             for tp in assigned:
@@ -895,9 +901,10 @@ def register(
     detector: InlineDetector | None = None,
     early: EarlyConsumer | None = None,
     make_consumer: Callable[[], Any] | None = None,
+    state_partitions: Callable[[int], Awaitable[None]] | None = None,
 ) -> tuple[Windower, WindowAgentStats]:
     windower = Windower(window_spec(ctx.settings))
-    ingest = WindowIngest(app, ctx, windower, detector, early, make_consumer)
+    ingest = WindowIngest(app, ctx, windower, detector, early, make_consumer, state_partitions)
     # A child of the app, not an ``app.service``: those start only after Faust's own
     # group join, and the two joins (each held by the broker) should overlap.
     app.add_dependency(ingest)

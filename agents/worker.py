@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ def register_agents(
     topics: dict[str, Any],
     window_consumer: Any = None,
     make_consumer: Callable[[], Any] | None = None,
+    state_partitions: Callable[[int], Awaitable[None]] | None = None,
 ) -> WorkerAgents:
     """Register the window agent (with the detector inline), the findings agent (the tuner
     and alert stages) and the outcomes agent.
@@ -41,10 +42,17 @@ def register_agents(
     ``window_consumer`` is the window agent's consumer already joining its group, or
     None; ``make_consumer`` builds one when the app starts (the app layer knows the
     settings and the client options, the agents do not import it).
+    ``state_partitions(n)`` makes sure the window-state topic has at least ``n``
+    partitions (the window agent calls it when partitions are assigned).
     """
     ctx = WorkerContext(settings=settings, topics=topics, app=app)
     windower, stats = window_agent.register(
-        app, ctx, detector_agent.InlineDetector(ctx), window_consumer, make_consumer
+        app,
+        ctx,
+        detector_agent.InlineDetector(ctx),
+        window_consumer,
+        make_consumer,
+        state_partitions,
     )
     # One agent reads the findings for both stages that learn from them.
     findings_agent.register(app, ctx, [tuner_agent.register(app, ctx), alert_agent.AlertStage(ctx)])

@@ -3,12 +3,15 @@
 The topics are the contract between stages (see ARCHITECTURE.md). Creation is
 explicit and happens before any producer writes, because a broker that
 auto-creates topics on first produce picks its own partition count, and Faust
-refuses to run a table whose changelog partitions differ from its source.
+refuses to run a table whose changelog partitions differ from its source. A launches
+topic created by the broker first is still used as it is: the window agent's handover
+topic follows its partition count (:func:`ensure_state_partitions`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from kernelstream.app.errors import BrokerError
 from kernelstream.app.kafka.capabilities import replication_factor
@@ -17,6 +20,7 @@ from kernelstream.schemas.keys import group_key, stream_key
 
 __all__ = [
     "TopicSpec",
+    "ensure_state_partitions",
     "ensure_topics",
     "group_key",
     "stream_key",
@@ -102,3 +106,73 @@ async def ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
         return [s.name for s in missing]
     finally:
         await admin.close()
+
+
+async def ensure_state_partitions(settings: Settings, bootstrap: str, needed: int = 0) -> int:
+    """The window agent's handover topic, with a partition for each launches partition.
+
+    The two are co-partitioned: the window state of launches partition p is handed over
+    on partition p of ``<launches>.window-state``
+    (:func:`~kernelstream.agents.window_agent.state_topic`). The launches topic can have
+    more partitions than ``settings.partitions``: a broker that creates topics on first
+    use (Apache Kafka and the embedded broker do by default) gives it its own count when
+    a node publishes, or a client asks for its metadata, before any worker created it; an
+    operator can add partitions. So the handover topic is created with the launches
+    topic's count as it is (or ``needed``, if more), and grown where it has fewer.
+    Returns its partition count. A broker that cannot add partitions (the embedded one)
+    gets a one-line :class:`BrokerError` saying what to do.
+    """
+    from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+
+    from kernelstream.agents.window_agent import state_topic
+
+    name = state_topic(settings)
+    launches = next(s for s in topic_specs(settings) if s.role == "launches")
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **settings.kafka_client_kwargs())
+    await admin.start()
+    try:
+        counts = await _partition_counts(admin, [launches.name, name])
+        want = max(needed, counts.get(launches.name, launches.partitions))
+        have = counts.get(name)
+        if have is None:
+            spec = TopicSpec(
+                "window_state", name, "state record", want, launches.retention_ms, True
+            )
+            rf = replication_factor(len((await admin.describe_cluster())["brokers"]))
+            resp = await admin.create_topics(
+                [NewTopic(name, want, rf, topic_configs=spec.configs())]
+            )
+            code = resp.topic_errors[0][1]
+            if code == 0:
+                return want
+            if code != _TOPIC_ALREADY_EXISTS:
+                raise BrokerError(f"could not create topic {name!r}: Kafka error code {code}")
+            # Another worker created it meanwhile: grown below if it has fewer.
+            have = (await _partition_counts(admin, [name])).get(name, want)
+        if have >= want:
+            return have
+        try:
+            await admin.create_partitions({name: NewPartitions(want)})
+        except Exception as ex:
+            raise BrokerError(
+                f"topic {launches.name!r} has {want} partitions but its window-state topic "
+                f"{name!r} has {have}, and the broker did not add partitions ({ex!r}): "
+                f"add them (kafka-topics --alter --partitions {want}) or delete {name!r} "
+                "while no worker runs"
+            ) from ex
+        return want
+    finally:
+        await admin.close()
+
+
+async def _partition_counts(admin: Any, names: list[str]) -> dict[str, int]:
+    """Partitions of each of ``names`` that exists."""
+    existing = set(await admin.list_topics())
+    wanted = [n for n in names if n in existing]
+    if not wanted:
+        return {}
+    return {
+        t["topic"]: len(t["partitions"])
+        for t in await admin.describe_topics(wanted)
+        if t["error_code"] == 0
+    }

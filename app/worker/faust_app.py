@@ -16,7 +16,7 @@ import faust
 
 from kernelstream.app.kafka.capabilities import BrokerCapabilities
 from kernelstream.app.kafka.partitioner import CachedKeyPartitioner
-from kernelstream.app.kafka.topics import topic_specs
+from kernelstream.app.kafka.topics import ensure_state_partitions, topic_specs
 from kernelstream.app.settings import Settings
 
 __all__ = ["create_app", "faust_broker_kwargs", "transport"]
@@ -92,6 +92,11 @@ def transport(settings: Settings, app: faust.App, idempotent: bool = False) -> A
             if idempotent:
                 extra["enable_idempotence"] = True
             return extra
+
+        async def refresh_metadata(self) -> None:
+            """Read the topics' partitions again (partitions added since the last read:
+            aiokafka refuses to send to a partition its cached metadata lacks)."""
+            await self._ensure_producer().client.force_metadata_update()
 
     class _Transport(driver.Transport):
         Consumer = _Consumer
@@ -180,8 +185,20 @@ def create_app(
     )
     from kernelstream.app.worker.start import window_consumer as make_window_consumer
 
+    known = [0]  # partitions of the window-state topic this worker made sure of
+
+    async def state_partitions(needed: int) -> None:
+        if needed > known[0]:
+            known[0] = await ensure_state_partitions(settings, bootstrap, needed)
+            await app.producer.refresh_metadata()  # type: ignore[attr-defined]  # _Producer
+
     agents = register_agents(
-        app, settings, topics, window_consumer, partial(make_window_consumer, settings, bootstrap)
+        app,
+        settings,
+        topics,
+        window_consumer,
+        partial(make_window_consumer, settings, bootstrap),
+        state_partitions,
     )
     _stats_page(app, agents)
     add_worker_endpoints(app, agents)

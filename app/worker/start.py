@@ -105,9 +105,10 @@ def window_consumer(settings: Settings, bootstrap: str) -> AIOKafkaConsumer:
 
 async def start_window_consumer(settings: Settings, bootstrap: str) -> EarlyConsumer:
     """Create the topics (the subscription must see them), start, subscribe."""
-    from kernelstream.app.kafka.topics import ensure_topics
+    from kernelstream.app.kafka.topics import ensure_state_partitions, ensure_topics
 
     await ensure_topics(settings, bootstrap)
+    await ensure_state_partitions(settings, bootstrap)
     early = EarlyConsumer(window_consumer(settings, bootstrap))
     # Started before subscribing: ``start()`` of a subscribed consumer returns only
     # once partitions are assigned. Subscribed after, the join runs in the background.
