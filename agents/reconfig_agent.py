@@ -5,6 +5,12 @@ are keyed by node id), from the beginning: the node cannot trust a broker's end
 offsets (the embedded one reports them wrongly), so it reads everything and lets
 the reconfiguration logic drop what is expired, replayed or for someone else.
 Undecodable recommendations go to the dead-letter topic with their reason.
+
+Partitions added to the recommendations topic (to run more workers) move the node's
+key to another partition: every ``follow_s`` the inbox reads the topic's partitions
+again and, when its key hashes elsewhere, reads that partition too, from its
+beginning, while keeping the old one (a worker's producer goes on sending there until
+it reads the new partition count, up to its metadata age of five minutes).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +60,7 @@ class RecommendationInbox:
         *,
         handled: Callable[[str, int], bool] | None = None,
         retry_s: float = 1.0,
+        follow_s: float = 30.0,
     ) -> None:
         self.settings = settings
         self.bootstrap = bootstrap
@@ -64,8 +72,9 @@ class RecommendationInbox:
         self._consumer: Any = None
         self.ready = asyncio.Event()
         self.dead_letters: Counter[str] = Counter()  # by reason code
-        self._tp: Any = None  # the partition read, once assigned
-        self._read: int | None = None  # the last offset received
+        self.follow_s = follow_s
+        self._tp: Any = None  # the partition the node's key hashes to, once assigned
+        self._read: dict[int, int] = {}  # partition -> the last offset received
         self._retry_log = RetryLog(log, "recommendation inbox")
 
     async def start(self) -> None:
@@ -111,11 +120,47 @@ class RecommendationInbox:
 
     async def _run(self) -> None:
         await self._connect()
-        async for msg in self._consumer:
-            self._receive(msg)
+        followed_at = time.monotonic()
+        while True:
+            for msgs in (await self._consumer.getmany(timeout_ms=1000)).values():
+                for msg in msgs:
+                    self._receive(msg)
+            if time.monotonic() - followed_at >= self.follow_s:
+                followed_at = time.monotonic()
+                try:
+                    await self._follow_key()
+                except Exception as exc:  # the broker: the next turn asks again
+                    log.info("could not read the partitions of the recommendations: %r", exc)
+
+    async def _follow_key(self) -> None:
+        """Read the partition the node's key hashes to now, if partitions were added."""
+        from aiokafka import TopicPartition
+
+        consumer, topic = self._consumer, self.settings.topic_recommendations
+        await asyncio.wait_for(consumer._client.force_metadata_update(), 10.0)
+        parts = consumer.partitions_for_topic(topic)
+        if not parts:
+            return
+        tp = TopicPartition(topic, partition_for_key(self.settings.node_id.encode(), list(parts)))
+        kept = set(consumer.assignment())
+        if tp in kept:
+            return
+        positions = {old: await consumer.position(old) for old in kept}
+        consumer.assign([*kept, tp])
+        for old, pos in positions.items():
+            consumer.seek(old, pos)  # assign() forgets where the kept ones were
+        await consumer.seek_to_beginning(tp)
+        log.warning(
+            "%s now has %d partitions: node %s reads partition %d too (its key moved there)",
+            topic,
+            len(parts),
+            self.settings.node_id,
+            tp.partition,
+        )
+        self._tp = tp
 
     def _receive(self, msg: Any) -> None:
-        self._read = msg.offset
+        self._read[msg.partition] = msg.offset
         if msg.key is not None and msg.key != self.settings.node_id.encode():
             return  # another node hashed to the same partition
         try:
@@ -139,7 +184,7 @@ class RecommendationInbox:
         self._queue.append((rec, msg.offset))
 
     def lag(self) -> dict[tuple[str, int], int]:
-        """Messages of this node's partition not yet received, from the fetch high watermark.
+        """Messages of each partition read not yet received, from the fetch high watermark.
 
         Empty until the partition is assigned; the high watermark is the one the
         broker reported with the last fetch (no ListOffsets request, which the
@@ -147,10 +192,12 @@ class RecommendationInbox:
         """
         if self._consumer is None or self._tp is None:
             return {}
-        high = self._consumer.highwater(self._tp)
-        done = self._read + 1 if self._read is not None else 0
-        key = (self._tp.topic, self._tp.partition)
-        return {key: max(0, high - done) if high is not None else 0}
+        out = {}
+        for tp in self._consumer.assignment():
+            high = self._consumer.highwater(tp)
+            done = self._read[tp.partition] + 1 if tp.partition in self._read else 0
+            out[(tp.topic, tp.partition)] = max(0, high - done) if high is not None else 0
+        return out
 
     def drain(self) -> list[tuple[Recommendation, int]]:
         """The recommendations received since the last call, with their offsets."""
