@@ -10,6 +10,7 @@ topic follows its partition count (:func:`ensure_state_partitions`).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,8 @@ class TopicSpec:
             "cleanup.policy": "compact,delete" if self.compacted else "delete",
         }
 
+
+log = logging.getLogger("kernelstream.topics")
 
 _DAY_MS = 24 * 3600 * 1000
 _TOPIC_ALREADY_EXISTS = 36
@@ -86,14 +89,30 @@ def topics_markdown(settings: Settings) -> str:
 
 
 async def ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
-    """Create every missing topic; return the names created. Existing ones are left as is."""
+    """Create every missing topic; return the names created. Existing ones are left as is;
+    one with fewer partitions than configured is logged (a warning): it bounds how many
+    workers share its work (a broker that creates topics on first use gives its own
+    count, 1 by default on Apache Kafka)."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **settings.kafka_client_kwargs())
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [s for s in topic_specs(settings) if s.name not in existing]
+        specs = topic_specs(settings)
+        missing = [s for s in specs if s.name not in existing]
+        keyed = {s.name: s.partitions for s in specs if s.name in existing and s.partitions > 1}
+        for name, have in (await _partition_counts(admin, list(keyed))).items():
+            if have < keyed[name]:
+                log.warning(
+                    "topic %r has %d partition(s), fewer than the %d configured "
+                    "(KERNELSTREAM_PARTITIONS): at most %d worker(s) share its work; "
+                    "add partitions to it (kafka-topics --alter) to run more",
+                    name,
+                    have,
+                    keyed[name],
+                    have,
+                )
         if missing:
             rf = replication_factor(len((await admin.describe_cluster())["brokers"]))
             resp = await admin.create_topics(

@@ -143,3 +143,19 @@ def test_handover_topic_with_fewer_partitions(
         if proc.poll() is None:
             proc.terminate()
             proc.wait(30)
+
+
+def test_a_topic_with_fewer_partitions_is_reported(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A launches topic the broker created with 1 partition (Apache Kafka's default) bounds
+    the workers to one: creating the topics says so rather than leaving it unseen."""
+    from kernelstream.app.kafka.topics import ensure_topics
+
+    bootstrap = str(settings.bootstrap)
+    asyncio.run(_create(bootstrap, {settings.topic_launches: 1}))
+    with caplog.at_level("WARNING", logger="kernelstream.topics"):
+        created = asyncio.run(ensure_topics(settings, bootstrap))
+    assert settings.topic_launches not in created and settings.topic_windows in created
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "kernelstream.topics"]
+    assert settings.topic_launches in warning and "has 1 partition(s)" in warning, warning
