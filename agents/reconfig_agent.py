@@ -145,7 +145,7 @@ class RecommendationInbox:
         kept = set(consumer.assignment())
         if tp in kept:
             return
-        positions = {old: await consumer.position(old) for old in kept}
+        positions = {old: await asyncio.wait_for(consumer.position(old), 10.0) for old in kept}
         consumer.assign([*kept, tp])
         for old, pos in positions.items():
             consumer.seek(old, pos)  # assign() forgets where the kept ones were
