@@ -23,6 +23,8 @@ _COLUMNS: list[tuple[str, Any]] = [
     ("t_end", [1.5, None]),
     ("t_end", [1.5, True]),
     ("t_end", [1.5, [2.5]]),
+    ("t_end", [[1.5], [2.5]]),  # simdjson's typed copy would flatten these
+    ("ok", [1, [0]]),
     ("t_end", [1.5, {"x": 1}]),
     ("t_end", [1.5, 10**400]),
     ("t_end", [1.5]),  # lengths differ
@@ -135,3 +137,42 @@ def test_a_streams_batches_keep_their_own_sequence_numbers() -> None:
     metas = [decode_launch_columns(orjson.dumps(_BASE | {"seq_start": s})).meta for s in range(5)]
     assert [m.seq_start for m in metas] == list(range(5))
     assert len({id(m) for m in metas}) == 5
+
+
+def test_plain_json_batches_take_the_simdjson_path_bit_for_bit() -> None:
+    """A node's JSON batch is decoded without Python floats (simdjson), every value of
+    the columns bit-identical to the model's, over full-precision and edge doubles."""
+    from kernelstream.schemas.columnar import _simd_columns
+
+    rng = np.random.default_rng(1)
+    edge = [5e-324, 2.2250738585072014e-308, 1.7976931348623157e308, 0.1, 1 / 3, 1e-7]
+    for n in (1, 7, 182, 2000):
+        t = (1.8e9 + np.cumsum(rng.random(n))).tolist()  # 17 significant digits
+        d = (rng.random(n) * 3.6e9).tolist()
+        d[: min(n, len(edge))] = [min(v, 3.6e9) for v in edge[:n]]
+        ok = rng.integers(0, 2, n).tolist()
+        raw = orjson.dumps(_BASE | {"t_end": t, "duration_us": d, "ok": ok, "seq_start": n})
+        cols = _simd_columns(raw)
+        assert cols is not None, "a plain batch must take the fast path"
+        want = decode(raw, LaunchBatch)
+        assert cols.t_end.view(np.uint64).tolist() == np.array(want.t_end).view(np.uint64).tolist()
+        assert cols.duration_us.tolist() == want.duration_us
+        assert cols.ok.tolist() == [bool(o) for o in want.ok]
+        assert cols.meta.model_dump(exclude={"t_end", "duration_us", "ok"}) == want.model_dump(
+            exclude={"t_end", "duration_us", "ok"}
+        )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        orjson.dumps(_BASE).replace(b'"kernel":', b'"kernel":"evil","kernel":', 1),
+        orjson.dumps(_BASE).replace(b'"ok":', b'"ok":[1,1],"ok":', 1),
+        orjson.dumps(_BASE | {"config": {"a": 1}}).replace(b'{"a":1}', b'{"a":1,"a":2}'),
+    ],
+    ids=["batch field", "column", "nested object"],
+)
+def test_a_repeated_key_is_refused_as_before(raw: bytes) -> None:
+    with pytest.raises(SchemaError) as got:
+        decode_launch_columns(raw)
+    assert got.value.code == "duplicate_key"
