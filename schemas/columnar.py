@@ -215,9 +215,20 @@ def decode_launch_columns(data: bytes) -> LaunchColumns:
         )
     if is_binary(data):
         return _binary_columns(read_launch_batch(data))
-    fast = _simd_columns(data)
-    if fast is not None:
-        return fast
+    parts = _simd_parts(data)
+    if parts is not None:
+        hit, seq_start, t, d, ok = parts
+        plain = _plain_binary({"t_end": t, "duration_us": d, "ok": ok}, t.size)
+        if plain is not None:
+            return _plain_columns(
+                _with_seq_start(hit, seq_start), t, d, ok.astype(bool), plain, hit[2]
+            )
+    return _orjson_columns(data)
+
+
+def _orjson_columns(data: bytes) -> LaunchColumns:
+    """:func:`decode_launch_columns` of a JSON message through orjson and, where the
+    columns are not plainly valid, the model (whose verdict and message are final)."""
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -240,99 +251,108 @@ def decode_launch_columns(data: bytes) -> LaunchColumns:
 
 # -- JSON columns without Python floats ------------------------------------------------
 
-_SIMD = threading.local()  # a simdjson parser per thread (a parser is not thread-safe)
 
-
-def _simd_columns(data: bytes) -> LaunchColumns | None:
-    """A plain JSON launch batch decoded with simdjson, its columns copied straight into
-    arrays; None for anything else (the orjson path below decides, and names what is
-    wrong).
+def _simd_parts(data: bytes) -> _Known | None:
+    """The parts of a plain JSON launch batch, as :func:`_known_binary` gives them for a
+    binary one, its columns copied straight into arrays with simdjson; None for anything
+    else (:func:`_orjson_columns` decides, and names what is wrong). The columns' values
+    are left to check (:func:`_plain_binary`, or over a whole poll); ``ok`` comes as
+    unsigned 64-bit integers, so that a negative one fails the check for at most 1.
 
     ``orjson.loads`` makes a Python float of every value of the columns, and packing
-    them into arrays costs as much again: on the benchmark's 2,000-launch batches the
-    orjson path took 122 ns a launch and ``orjson.loads`` alone 75, against 52 for
-    simdjson's parse and typed copies of the three columns (``Array.as_buffer``); on
-    182-launch batches 356, 85 and 69 (``bench worker-path`` input, 2026-11-26).
-    Accepted here is only what that path accepts the same way:
-    the per-batch fields go through the same validation and cache
-    (:func:`_validated_meta`); a repeated key, in the batch or in an object of it (what
-    :func:`check_unique_keys` refuses), or anything nested deeper, takes the other path;
-    end times and durations are numbers (``as_buffer`` refuses booleans, null and
-    strings; the brackets in the text rule out nested arrays), ``ok`` integers 0 or 1;
-    version-2 extras (host gaps, copies) and samples take the other path. Both parsers
-    round every number to the nearest double, so the columns are bit-identical.
+    them into arrays costs about as much again; simdjson parses the text and copies each
+    column out typed (``Array.as_buffer``). The per-batch fields come before
+    ``seq_start`` in what nodes send (:func:`schemas.codec.encode` keeps the model's
+    field order): those bytes, validated once by the model and kept
+    (:data:`_JSON_HEAD`), give the fields of every later batch of the stream and
+    configuration, as the binary layout's header does.
+
+    Accepted here is only what the orjson path accepts the same way: every key of the
+    batch once, and no others than the fields, ``seq_start``, the three columns and an
+    empty ``samples`` and null version-2 extras; end times and durations numbers
+    (``as_buffer`` refuses booleans, null and strings; the brackets counted in the text
+    rule out nested arrays, which it would flatten), ``ok`` integers. Both parsers round
+    every number to the nearest double: the columns are bit-identical.
     """
+    pos = data.find(b',"seq_start":')
+    if pos < 0 or len(data) > MAX_MESSAGE_BYTES:
+        return None
+    head = _JSON_HEAD.get(data[:pos])
+    if head is None:
+        head = _json_head(data[:pos])
+        if head is None:
+            return None
+    hit, names = head
     parser = getattr(_SIMD, "parser", None)
     if parser is None:
         parser = _SIMD.parser = simdjson.Parser()
     try:
         doc: Any = parser.parse(data)
-        if not isinstance(doc, simdjson.Object):
-            return None
-        header: dict[str, Any] = {}
-        columns = 0
-        for name in doc:  # every key, a repeated one each time
-            if name in header:
-                return None  # a repeated key: the other path names it
-            if name in _COLUMN_NAMES:
-                columns += 1
-                continue
-            value: Any = doc[name]
-            if isinstance(value, simdjson.Object):
-                # simdjson keeps every pair and as_dict the last of equal keys: a
-                # difference in length is a repeated key
-                fields = value.as_dict()
-                if len(fields) != len(value) or not _flat(fields.values()):
-                    return None
-                value = fields
-            elif isinstance(value, simdjson.Array):
-                value = value.as_list()
-                if not _flat(value):
-                    return None
-            header[name] = value
-        if columns != 3 or header.get("schema") not in _VERSIONS or header.get("samples"):
-            return None
-        for name in _V2:  # version 2 extras take the other path; absent or null, dropped
-            if header.pop(name, None) is not None:
+        keys = list(doc)
+        rest = set(keys) - names
+        if len(keys) != len(names) + len(rest) or not _REST_NEEDED <= rest <= _REST_ALLOWED:
+            return None  # a repeated key, or one the fields do not name
+        for name in rest - _REST_NEEDED:
+            value = doc[name]
+            if not (value is None or (name == "samples" and _empty_array(value))):
                 return None
-        # as_buffer flattens nested arrays ([1.5, [2.5]] gives two doubles): the text holds
-        # exactly the three columns' brackets and those of the flat lists among the fields
-        if data.count(b"[") != 3 + sum(type(v) is list for v in header.values()):
-            return None
+        seq = doc["seq_start"]
         t = _typed(doc["t_end"], "d", np.float64)
         d = _typed(doc["duration_us"], "d", np.float64)
-        ok = _typed(doc["ok"], "i", np.int64)
+        ok = _typed(doc["ok"], "i", np.uint64)  # int64 bits: a negative one is huge
     except (ValueError, TypeError, KeyError, AttributeError, RuntimeError):
         return None
     n = t.size
-    if not (1 <= n <= MAX_LAUNCHES and d.size == n and ok.size == n):
+    if type(seq) is not int or seq < 0 or not (1 <= n <= MAX_LAUNCHES):
         return None
-    # min and max carry any NaN along (there is none in JSON), as in _fast_columns
-    t_range = (float(t.min()), float(t.max()))
-    if not (math.isfinite(t_range[0]) and math.isfinite(t_range[1])):
+    if d.size != n or ok.size != n:
         return None
-    if not (d.min() >= 0.0 and d.max() <= MAX_DURATION_US):
+    brackets = 3 + ("samples" in rest)
+    if np.count_nonzero(np.frombuffer(data, dtype=np.uint8, offset=pos) == _BRACKET) != brackets:
         return None
-    if not (ok.min() >= 0 and ok.max() <= 1):
-        return None
+    return hit, seq, t, d, ok
+
+
+# Per-batch field bytes of a JSON batch (everything before ``,"seq_start":``) already
+# validated -> as _BIN_META's entries, and the names of those fields. Cleared as the
+# other caches are.
+_JSON_HEAD: dict[bytes, tuple[tuple[LaunchBatch, set[str], str], frozenset[str]]] = {}
+_SIMD = threading.local()  # a simdjson parser per thread (a parser is not thread-safe)
+_BRACKET = ord("[")
+_REST_NEEDED = frozenset(("seq_start", "t_end", "duration_us", "ok"))
+_REST_ALLOWED = _REST_NEEDED | {"samples", "host_gap_us", "host_waited", "copies"}
+
+
+def _json_head(head: bytes) -> tuple[tuple[LaunchBatch, set[str], str], frozenset[str]] | None:
+    """The per-batch fields of ``head`` validated by the model (kept for the next batch
+    with the same bytes); None when they are not plainly valid (the orjson path says why)."""
     try:
-        meta = _validated_meta(header | dict.fromkeys(("t_end", "duration_us", "ok")))
-    except Exception:
-        return None  # the model refuses a per-batch field: the other path says which
-    return LaunchColumns(meta, t, d, ok.astype(bool), t_range, None, None, None)
+        obj = orjson.loads(head + b"}")
+        check_unique_keys(head + b"}", obj)
+    except (orjson.JSONDecodeError, SchemaError):
+        return None
+    if not isinstance(obj, dict) or obj.get("schema") not in _VERSIONS:
+        return None
+    if not _REST_ALLOWED.isdisjoint(obj):
+        return None  # seq_start, the columns, samples or version 2 fields among them
+    try:
+        meta = _validate(LaunchBatch, obj | _PLACEHOLDER | {"seq_start": 0})
+    except SchemaError:
+        return None
+    entry = ((meta, meta.__pydantic_fields_set__ | {"seq_start"}, meta.stream_key), frozenset(obj))
+    if len(_JSON_HEAD) >= _META_CACHE_MAX:
+        _JSON_HEAD.clear()
+    _JSON_HEAD[head] = entry
+    return entry
 
 
-_COLUMN_NAMES = frozenset(("t_end", "duration_us", "ok"))
+def _empty_array(value: Any) -> bool:
+    return isinstance(value, simdjson.Array) and len(value) == 0
 
 
 def _typed(array: Any, of_type: str, dtype: Any) -> npt.NDArray[Any]:
     """A simdjson array's numbers as a NumPy array (raises for anything but numbers)."""
     return np.frombuffer(array.as_buffer(of_type=of_type), dtype=dtype)
-
-
-def _flat(values: Any) -> bool:
-    """No object or array among ``values`` (per-batch fields nest one level at most)."""
-    return not any(isinstance(v, (dict, list)) for v in values)
 
 
 _V2 = ("host_gap_us", "host_waited", "copies")
@@ -716,7 +736,11 @@ def decode_launch_columns_many(values: list[bytes]) -> list[LaunchColumns | Sche
                 else:
                     frames.append((i, read_launch_batch(data)))
             else:
-                out[i] = decode_launch_columns(data)
+                parts = _simd_parts(data)
+                if parts is not None:
+                    known.append((i, parts))
+                else:
+                    out[i] = decode_launch_columns(data)
         except SchemaError as exc:
             out[i] = exc
     columns: list[_Cols | None] = [(k[2], k[3], k[4]) for _, k in known]
@@ -725,14 +749,24 @@ def decode_launch_columns_many(values: list[bytes]) -> list[LaunchColumns | Sche
     for (i, (hit, seq_start, t, d, ok)), plain in zip(known, plains[: len(known)], strict=True):
         if not isinstance(plain, tuple):
             plain = _plain_binary({"t_end": t, "duration_us": d, "ok": ok}, t.size)
+        binary = ok.dtype == np.uint8  # JSON's come as 64-bit integers (_simd_parts)
         if plain is None:  # not plainly valid: the full decoder and the model decide
             try:
-                out[i] = _binary_columns(read_launch_batch(values[i]), None)
+                out[i] = (
+                    _binary_columns(read_launch_batch(values[i]), None)
+                    if binary
+                    else _orjson_columns(values[i])
+                )
             except SchemaError as exc:
                 out[i] = exc
             continue
         out[i] = _plain_columns(
-            _with_seq_start(hit, seq_start), t, d, ok.view(np.bool_), plain, hit[2]
+            _with_seq_start(hit, seq_start),
+            t,
+            d,
+            ok.view(np.bool_) if binary else ok.astype(bool),
+            plain,
+            hit[2],
         )
     for (i, bb), plain in zip(frames, plains[len(known) :], strict=True):
         try:
@@ -772,14 +806,14 @@ def _plain_columns(
     return out
 
 
-# (header entry, seq_start, t_end, duration_us, ok as uint8) of a batch whose header
-# bytes were decoded before
+# (header entry, seq_start, t_end, duration_us, ok) of a batch whose header bytes (the
+# per-batch fields) were decoded before
 _Known = tuple[
     tuple[LaunchBatch, set[str], str],
     int,
     npt.NDArray[np.float64],
     npt.NDArray[np.float64],
-    npt.NDArray[np.uint8],
+    npt.NDArray[Any],  # uint8 from a binary batch, uint64 from a JSON one
 ]
 
 

@@ -10,7 +10,11 @@ import pytest
 
 from kernelstream.agents.logic.windowing import make_example_batch
 from kernelstream.schemas import LaunchBatch, SchemaError, decode
-from kernelstream.schemas.columnar import decode_launch_columns
+from kernelstream.schemas.columnar import (
+    LaunchColumns,
+    decode_launch_columns,
+    decode_launch_columns_many,
+)
 
 # A valid record as a node sends it (the shared example batch), columns replaced per case.
 _BASE: dict[str, Any] = make_example_batch(
@@ -142,7 +146,7 @@ def test_a_streams_batches_keep_their_own_sequence_numbers() -> None:
 def test_plain_json_batches_take_the_simdjson_path_bit_for_bit() -> None:
     """A node's JSON batch is decoded without Python floats (simdjson), every value of
     the columns bit-identical to the model's, over full-precision and edge doubles."""
-    from kernelstream.schemas.columnar import _simd_columns
+    from kernelstream.schemas.columnar import _simd_parts
 
     rng = np.random.default_rng(1)
     edge = [5e-324, 2.2250738585072014e-308, 1.7976931348623157e308, 0.1, 1 / 3, 1e-7]
@@ -152,8 +156,10 @@ def test_plain_json_batches_take_the_simdjson_path_bit_for_bit() -> None:
         d[: min(n, len(edge))] = [min(v, 3.6e9) for v in edge[:n]]
         ok = rng.integers(0, 2, n).tolist()
         raw = orjson.dumps(_BASE | {"t_end": t, "duration_us": d, "ok": ok, "seq_start": n})
-        cols = _simd_columns(raw)
-        assert cols is not None, "a plain batch must take the fast path"
+        assert _simd_parts(raw) is not None, "a plain batch must take the fast path"
+        cols = decode_launch_columns(raw)
+        [many] = decode_launch_columns_many([raw])
+        assert isinstance(many, LaunchColumns) and many.ok.tolist() == cols.ok.tolist()
         want = decode(raw, LaunchBatch)
         assert cols.t_end.view(np.uint64).tolist() == np.array(want.t_end).view(np.uint64).tolist()
         assert cols.duration_us.tolist() == want.duration_us
@@ -176,3 +182,59 @@ def test_a_repeated_key_is_refused_as_before(raw: bytes) -> None:
     with pytest.raises(SchemaError) as got:
         decode_launch_columns(raw)
     assert got.value.code == "duplicate_key"
+
+
+def _orjson_verdict(raw: bytes) -> LaunchColumns | SchemaError:
+    """What the decoder gave before simdjson (and gives where that path declines)."""
+    from kernelstream.schemas.columnar import _orjson_columns
+
+    try:
+        return _orjson_columns(raw)
+    except SchemaError as exc:
+        return exc
+
+
+def _equal(got: LaunchColumns | SchemaError, want: LaunchColumns | SchemaError) -> None:
+    if isinstance(want, SchemaError):
+        assert isinstance(got, SchemaError), got
+        assert (got.code, str(got)) == (want.code, str(want))
+        return
+    assert isinstance(got, LaunchColumns), got
+    for name in ("t_end", "duration_us", "ok"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), name
+    assert got.meta.model_dump() == want.meta.model_dump()
+    assert got.stream_key == want.stream_key and got.t_range() == want.t_range()
+
+
+def test_json_batches_alone_and_in_a_poll_get_the_orjson_paths_verdict() -> None:
+    """Every case of the catalogues above, and 400 batches with flipped bytes, decoded
+    alone and together in polls: the columns, fields, error codes and messages are those
+    of the orjson path."""
+    rng = np.random.default_rng(3)
+    n = 50
+    good = orjson.dumps(
+        _BASE
+        | {
+            "t_end": (1.8e9 + np.cumsum(rng.random(n))).tolist(),
+            "duration_us": (rng.random(n) * 100).tolist(),
+            "ok": rng.integers(0, 2, n).tolist(),
+        }
+    )
+    cases = [_raw(c, v) for c, v in _COLUMNS] + [orjson.dumps(_BASE | {f: v}) for f, v in _FIELDS]
+    cases += [good, good.replace(b'"ok":[', b'"ok":[-1,', 1), good.replace(b"[1,", b"[[1],", 1)]
+    flipped = []
+    for _ in range(400):
+        changed = bytearray(good)
+        for at in rng.integers(0, len(changed), 2):
+            changed[at] = int(rng.choice(list(b'0123456789.,[]{}":-e ntruefalsl')))
+        flipped.append(bytes(changed))
+    for poll in (cases, *(flipped[i : i + 40] for i in range(0, 400, 40))):
+        for raw, got in zip(poll, decode_launch_columns_many(poll), strict=True):
+            want = _orjson_verdict(raw)
+            _equal(got, want)
+            try:
+                alone: LaunchColumns | SchemaError = decode_launch_columns(raw)
+            except SchemaError as exc:
+                alone = exc
+            _equal(alone, want)
