@@ -19,6 +19,7 @@ from kernelstream.schemas.columnar import (
     decode_launch_columns,
     decode_launch_columns_many,
 )
+from tests.unit.schemas.verdicts import assert_same, verdict
 
 _BASE = make_example_batch([1.5, 2.5], duration_us=[3.0, 4.0], ok=[1, 0], seq_start=11)
 
@@ -210,26 +211,10 @@ def test_decoded_meta_is_the_models_copy_with_its_seq_start() -> None:
 
 
 def _alone(raw: bytes) -> LaunchColumns | SchemaError:
-    try:
-        return decode_launch_columns(raw)
-    except SchemaError as exc:
-        return exc
+    return verdict(decode_launch_columns, raw)
 
 
-def _same(got: LaunchColumns | SchemaError, want: LaunchColumns | SchemaError) -> None:
-    if isinstance(want, SchemaError):
-        assert isinstance(got, SchemaError), got
-        assert (got.code, str(got)) == (want.code, str(want))
-        return
-    assert isinstance(got, LaunchColumns), got
-    for name in ("t_end", "duration_us", "ok"):
-        a, b = getattr(got, name), getattr(want, name)
-        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), name
-    assert got.meta == want.meta
-    assert got.stream_key == want.meta.stream_key
-    assert got.known_t_range == want.known_t_range
-    assert got.known_in_order == want.known_in_order
-    assert got.known_all_ok == want.known_all_ok
+_same = assert_same
 
 
 def _poll_of_every_case() -> list[bytes]:

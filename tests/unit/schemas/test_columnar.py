@@ -15,6 +15,7 @@ from kernelstream.schemas.columnar import (
     decode_launch_columns,
     decode_launch_columns_many,
 )
+from tests.unit.schemas.verdicts import assert_same, verdict
 
 # A valid record as a node sends it (the shared example batch), columns replaced per case.
 _BASE: dict[str, Any] = make_example_batch(
@@ -188,23 +189,11 @@ def _orjson_verdict(raw: bytes) -> LaunchColumns | SchemaError:
     """What the decoder gave before simdjson (and gives where that path declines)."""
     from kernelstream.schemas.columnar import _orjson_columns
 
-    try:
-        return _orjson_columns(raw)
-    except SchemaError as exc:
-        return exc
+    return verdict(_orjson_columns, raw)
 
 
 def _equal(got: LaunchColumns | SchemaError, want: LaunchColumns | SchemaError) -> None:
-    if isinstance(want, SchemaError):
-        assert isinstance(got, SchemaError), got
-        assert (got.code, str(got)) == (want.code, str(want))
-        return
-    assert isinstance(got, LaunchColumns), got
-    for name in ("t_end", "duration_us", "ok"):
-        a, b = getattr(got, name), getattr(want, name)
-        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), name
-    assert got.meta.model_dump() == want.meta.model_dump()
-    assert got.stream_key == want.stream_key and got.t_range() == want.t_range()
+    assert_same(got, want, known=False)
 
 
 def test_json_batches_alone_and_in_a_poll_get_the_orjson_paths_verdict() -> None:
@@ -233,8 +222,4 @@ def test_json_batches_alone_and_in_a_poll_get_the_orjson_paths_verdict() -> None
         for raw, got in zip(poll, decode_launch_columns_many(poll), strict=True):
             want = _orjson_verdict(raw)
             _equal(got, want)
-            try:
-                alone: LaunchColumns | SchemaError = decode_launch_columns(raw)
-            except SchemaError as exc:
-                alone = exc
-            _equal(alone, want)
+            _equal(verdict(decode_launch_columns, raw), want)
