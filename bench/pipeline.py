@@ -52,7 +52,7 @@ from kernelstream.bench.pipeline_input import (
     recent_t0,
 )
 from kernelstream.bench.pipeline_load import live_capacity, parse_loads
-from kernelstream.bench.pipeline_procs import WorkerProc, bench_settings, running
+from kernelstream.bench.pipeline_procs import WorkerProc, bench_settings, every_stage_done, running
 from kernelstream.bench.results import dated_stem
 from kernelstream.schemas import Finding, Recommendation, WindowAggregate, decode
 
@@ -110,18 +110,37 @@ def _worker_rate(st: dict[str, Any]) -> float:
 
 
 async def _run_worker(
-    settings: Any, log: Path, n: int, argv: list[str] | None = None, source: Path | None = None
+    settings: Any,
+    log: Path,
+    n: int,
+    argv: list[str] | None = None,
+    source: Path | None = None,
+    every_stage: bool = False,
 ) -> dict:
+    """One worker reads ``n`` launches; its window stage's rate and, with
+    ``every_stage``, its rate per CPU second until its tuner and alert stages have taken
+    every finding the window stage published (``every_stage_per_cpu_s``)."""
     w = WorkerProc(settings, log, argv, source)
+    done: dict[str, float] = {}
     with running(w):
         # The rate comes from the worker's own first/last batch times, so polling its
         # stats page (which costs its event loop) need not be frequent.
         st = await w.wait_stats(
             lambda s: s["window"]["launches"] >= n, 600, "all launches", every_s=0.5
         )
+        if every_stage:
+            done = await every_stage_done(w, st["window"]["last_batch_at"])
         rss = w.rss_bytes()
     first = st["window"]["first_batch_at"]
+    extra = {}
+    if done:
+        cpu_s = done["cpu"] - st["window"]["cpu_at_first_poll"]
+        extra = {
+            "every_stage_cpu_s": cpu_s,
+            "every_stage_per_cpu_s": st["window"]["launches"] / cpu_s,
+        }
     return {
+        **extra,
         "launches": st["window"]["launches"],
         "seconds": st["window"]["last_batch_at"] - first,
         "per_s": _worker_rate(st),
@@ -247,13 +266,14 @@ async def _latency(
     """(d) launch completion -> the node receives the first resulting recommendation.
 
     A live fleet (every stream in completion order, batches sent when they close,
-    as nodes send them) feeds a real worker; a consumer of the recommendations topic
-    stands in for the nodes and notes when each recommendation arrives. For each
-    (node, device, kernel) only the *first* recommendation counts: the tuner keeps
-    one outstanding per kernel and the fleet never applies it, so later ones wait on
-    expiries, not on the pipeline. That recommendation names its finding, whose id
-    names the window it classified; every launch of that window has a latency
-    ``received_at - t_end`` (same clock: the fleet and the consumer share the host).
+    as nodes send them, compressed before they are due) feeds a real worker; a
+    consumer of the recommendations topic stands in for the nodes and notes when each
+    recommendation arrives. For each (node, device, kernel) only the *first*
+    recommendation counts: the tuner keeps one outstanding per kernel and the fleet
+    never applies it, so later ones wait on expiries, not on the pipeline. That
+    recommendation names its finding, whose id names the window it classified; every
+    launch of that window has a latency ``received_at - t_end`` (same clock: the fleet
+    and the consumer share the host).
     p50/p99 are over those launches; ``window_end_to_received`` is the pipeline
     delay after the window's last possible launch, one value per recommendation.
 
@@ -330,10 +350,18 @@ async def _latency(
                 second += 1
                 if any(k.startswith("warmup") for k in received):
                     break
+            # The measured input is compressed before it is due (LiveFleet.prebuild): the
+            # nodes compress on their machines, not on the cores of the worker measured.
+            per_s = await fleet.build_time(producer, settings.topic_launches)
+            start = int(time.time() + 1.3 * per_s * seconds) + 2
+            plan = await fleet.prebuild(producer, settings.topic_launches, start, seconds)
+            if time.time() > fleet.send_time(start, 0):
+                raise RuntimeError("building the input took longer than planned")
             measuring = True
             received.clear()
             all_in.clear()
-            await fleet.run(producer, settings.topic_launches, second, seconds)
+            await fleet.replay(producer, settings.topic_launches, plan)
+            del plan
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(all_in.wait(), 10)
             await asyncio.sleep(0.5)  # the hop follower catches up
@@ -740,12 +768,20 @@ def _table(r: dict[str, Any]) -> str:
 
 def _capacity_text(c: dict[str, Any]) -> str:
     text = (
-        f"(d) capacity  {c['median_per_s']:,.0f} launches/s, median of "
+        f"(d) capacity  {c['median_per_s']:,.0f} launches per CPU second through every stage, "
+        "median of "
         + ", ".join(f"{x:,.0f}" for x in c["rounds_per_s"])
         + f" (load1 {', '.join(f'{x:.1f}' for x in c['load1_rounds'])}; {c['messages']:,} "
         f"messages of {c['launches_per_message']} launches from {c['streams']} streams, read "
         "as a backlog); the latency phases below run at fractions of it"
     )
+    if "window_stage_median_per_s" in c:
+        text += (
+            f"\n    the window stage alone to its last batch: "
+            f"{c['window_stage_median_per_s']:,.0f} launches/s (median of "
+            + ", ".join(f"{x:,.0f}" for x in c["window_stage_rounds_per_s"])
+            + ")"
+        )
     b = c.get("baseline")
     if b:
         text += (

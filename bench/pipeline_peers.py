@@ -36,8 +36,8 @@ its window agent publishes, and while launches are buffered the window agent hol
 event loop, so most of their work runs after the last batch. For the workers (and the
 baseline, where its tree counts them) the benchmark also waits until the tuner and alert
 stages have taken every finding and prints the rate per CPU second of every stage to then
-(:func:`_every_stage_done`), beside the window stage's. Every topic a run writes or
-reads, but the input, is its own.
+(:func:`~bench.pipeline_procs.every_stage_done`), beside the window stage's. Every topic a
+run writes or reads, but the input, is its own.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ from kernelstream.bench.pipeline_input import (
     produce_messages,
     recent_t0,
 )
-from kernelstream.bench.pipeline_procs import WorkerProc, bench_settings, running
+from kernelstream.bench.pipeline_procs import WorkerProc, bench_settings, every_stage_done, running
 from kernelstream.bench.results import dated_stem
 from kernelstream.bench.worker_path import aggregates_pass, nonempty_windows, window_parts
 from kernelstream.schemas import LaunchBatch, WindowAggregate, decode, encode
@@ -222,7 +222,7 @@ async def _system(
             every_s=0.5,
         )
         if module is None:
-            done = await _every_stage_done(w, st["window"]["last_batch_at"])
+            done = await every_stage_done(w, st["window"]["last_batch_at"])
         await asyncio.sleep(s.idle_timeout_s + 2.0)  # idle streams' last windows close
         windows = (
             await _kernelstream_windows(s)
@@ -257,35 +257,6 @@ async def _system(
         ),
         "_windows": windows,
     }
-
-
-async def _every_stage_done(w: WorkerProc, last_batch_at: float) -> dict[str, float]:
-    """The moment a worker's tuner and alert stages have taken every finding its window
-    agent published, and the worker's CPU clock then (all threads, the clock of its own
-    stamps); empty for a worker without the ``read.findings`` counter (an older tree).
-
-    The window agent holds the event loop while its consumer has launches buffered, so
-    the Faust agent that feeds the findings to those stages runs mostly after the last
-    batch: a rate to the last batch leaves their work out. The stats page is polled every
-    0.1 s. Where the stages are still behind ``idle_timeout_s`` after the last batch, the
-    closing of the streams' last windows for idleness, and their findings, count too.
-    """
-    import psutil
-
-    assert w.proc is not None
-    proc = psutil.Process(w.proc.pid)
-    while True:
-        st = await asyncio.to_thread(w.stats)
-        counters = (st or {}).get("counters", {})
-        published = sum(n for k, n in counters.items() if k.startswith("findings."))
-        read = counters.get("read.findings")
-        if published and read is not None and read >= published:
-            cpu = proc.cpu_times()
-            return {"at": time.time(), "cpu": cpu.user + cpu.system}
-        waited = time.time() - last_batch_at
-        if waited > 120.0 or (read is None and waited > 20.0):
-            return {}
-        await asyncio.sleep(0.1)
 
 
 _IDLE_S = 5.0  # idle seconds measured before the scale-out input is produced

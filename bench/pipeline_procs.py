@@ -19,7 +19,7 @@ import orjson
 from kernelstream.app.kafka.embedded import die_with_parent, free_port
 from kernelstream.app.settings import Settings
 
-__all__ = ["WorkerProc", "bench_settings", "peer_stats", "settings_env"]
+__all__ = ["WorkerProc", "bench_settings", "every_stage_done", "peer_stats", "settings_env"]
 
 
 def bench_settings(bootstrap: str, data_dir: Path, **overrides: Any) -> Settings:
@@ -148,3 +148,32 @@ def running(worker: WorkerProc) -> Iterator[WorkerProc]:
         yield worker
     finally:
         worker.stop()
+
+
+async def every_stage_done(w: WorkerProc, last_batch_at: float) -> dict[str, float]:
+    """The moment a worker's tuner and alert stages have taken every finding its window
+    agent published, and the worker's CPU clock then (all threads, the clock of its own
+    stamps); empty for a worker without the ``read.findings`` counter (an older tree).
+
+    The window agent holds the event loop while its consumer has launches buffered, so
+    the Faust agent that feeds the findings to those stages runs mostly after the last
+    batch: a rate to the last batch leaves their work out. The stats page is polled every
+    0.1 s. Where the stages are still behind ``idle_timeout_s`` after the last batch, the
+    closing of the streams' last windows for idleness, and their findings, count too.
+    """
+    import psutil
+
+    assert w.proc is not None
+    proc = psutil.Process(w.proc.pid)
+    while True:
+        st = await asyncio.to_thread(w.stats)
+        counters = (st or {}).get("counters", {})
+        published = sum(n for k, n in counters.items() if k.startswith("findings."))
+        read = counters.get("read.findings")
+        if published and read is not None and read >= published:
+            cpu = proc.cpu_times()
+            return {"at": time.time(), "cpu": cpu.user + cpu.system}
+        waited = time.time() - last_batch_at
+        if waited > 120.0 or (read is None and waited > 20.0):
+            return {}
+        await asyncio.sleep(0.1)
