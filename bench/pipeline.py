@@ -502,6 +502,14 @@ def _side_by_side(results: dict[str, dict[str, Any]]) -> str:
                 cells.append(format(value, fmt))
         if any(c != "-" for c in cells):
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    # (d): p50 / p99 of each latency phase, by its label (setting and load)
+    phases = {n: {d["label"]: d for d in results[n].get("latency_d") or []} for n in names}
+    for label in dict.fromkeys(k for n in names for k in phases[n]):
+        cells = [
+            f"{d['p50_s']:.2f} / {d['p99_s']:.2f}" if (d := phases[n].get(label)) else "-"
+            for n in names
+        ]
+        lines.append(f"| latency p50 / p99 s, {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
