@@ -911,9 +911,9 @@ def _loads_option(value: str | None) -> str | None:
     "--latency-load",
     default=None,
     callback=lambda _ctx, _p, v: _loads_option(v),
-    help="Fractions of capacity, e.g. 0.1,0.5,0.9: measure the worker's capacity on the live "
-    "fleet's messages first, then run each latency phase at those fractions of it "
-    "(instead of --latency-rate).",
+    help="Fractions of capacity, e.g. 0.1,0.5,0.9: measure the worker's capacity (launches "
+    "per CPU second through every stage) on the live fleet's messages first, then run each "
+    "latency phase at those fractions of it (instead of --latency-rate).",
 )
 @click.option(
     "--capacity-s",
