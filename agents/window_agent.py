@@ -91,6 +91,14 @@ log = logging.getLogger("kernelstream.window")
 # whole fetches and 289-330 MiB taking 128 messages (~250k launches, ~7 MiB of JSON)
 # at a time, with no measurable cost in throughput.
 _MAX_POLL_RECORDS = 128
+# A poll holds the event loop while it is processed, and a finding's way to the tuner
+# (Faust's consumer thread, the findings agent's burst, the tuner's thread, the send)
+# takes several turns of the loop, each waiting out a poll. So a poll is also bounded by
+# launches: about this many, taken as whole messages, from the launches per message of
+# the last poll (large batches: 32 messages of 2,000 launches, ~15 ms of JSON at full
+# speed, instead of 128; small ones: the 128 above).
+_POLL_LAUNCHES = 65_536
+_MIN_POLL_RECORDS = 8
 
 # How often the agent looks for offsets its consumer skipped (:meth:`WindowIngest._follow_skipped`).
 _SKIP_CHECK_S = 0.5
@@ -282,6 +290,7 @@ class WindowIngest(Service):
         self._left = False
         self._skips_checked_at = 0.0
         self._uncommitted: set[Any] = set()  # tps the group had no committed offset for
+        self._poll_records = _MAX_POLL_RECORDS  # messages per poll (_POLL_LAUNCHES)
 
     @property
     def bootstrap(self) -> str:
@@ -359,7 +368,7 @@ class WindowIngest(Service):
                             await asyncio.wait_for(self._taken_over.wait(), 0.2)
                         continue
                     polled = time.time(), time.process_time()
-                fetched = await consumer.getmany(timeout_ms=200, max_records=_MAX_POLL_RECORDS)
+                fetched = await consumer.getmany(timeout_ms=200, max_records=self._poll_records)
                 if fetched:
                     if polled is not None:
                         stats.first_poll_at, stats.cpu_at_first_poll = polled
@@ -370,6 +379,7 @@ class WindowIngest(Service):
                         stage["fetch"] += time.perf_counter() - t0
             except ConsumerStoppedError:
                 break
+            launches_before = stats.launches
             async with self._lock:
                 if self._left:
                     break
@@ -396,6 +406,9 @@ class WindowIngest(Service):
                     if stats.first_batch_at is not None:
                         stage["checkpoint"] += time.perf_counter() - t0
             if fetched:
+                self._poll_records = _poll_records(
+                    stats.launches - launches_before, sum(map(len, fetched.values()))
+                )
                 # A turn of the event loop for the worker's other tasks after every poll:
                 # aiokafka's getmany returns buffered records without suspending, so under
                 # load the agent would otherwise run poll after poll while the findings it
@@ -822,6 +835,18 @@ class WindowIngest(Service):
                 committed,
             )
         return None
+
+
+def _poll_records(launches: int, messages: int) -> int:
+    """Messages the next poll takes: about ``_POLL_LAUNCHES`` launches at the last poll's
+    launches per message, within [``_MIN_POLL_RECORDS``, ``_MAX_POLL_RECORDS``].
+
+    >>> _poll_records(128 * 2000, 128), _poll_records(128 * 182, 128), _poll_records(0, 5)
+    (32, 128, 128)
+    """
+    if launches <= 0 or messages <= 0:
+        return _MAX_POLL_RECORDS
+    return max(_MIN_POLL_RECORDS, min(_MAX_POLL_RECORDS, _POLL_LAUNCHES * messages // launches))
 
 
 class _Listener(ConsumerRebalanceListener):
