@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from kernelstream.app.kafka.partitioner import CachedKeyPartitioner
 from kernelstream.kernels.backends.sim import SimDevice
 from kernelstream.kernels.runner import LaunchBatcher, LaunchChunk, NodeBatch
 from kernelstream.schemas import LaunchBatch, encode
@@ -375,8 +376,6 @@ class LiveFleet:
         launches)`` in send order; the stream sequence numbers advance as if sent.
         """
         partitions = sorted(await producer.partitions_for(topic))
-        from kernelstream.app.kafka.partitioner import CachedKeyPartitioner
-
         where = CachedKeyPartitioner()
         plan = []
         for i in range(seconds):
