@@ -794,7 +794,7 @@ def _capacity_text(c: dict[str, Any]) -> str:
     if b:
         text += (
             f"\n    baseline worker ({b['source']}), alternating rounds: "
-            f"{b['median_per_s']:,.0f} launches/s, median of "
+            f"{b['median_per_s']:,.0f} launches per CPU second through every stage, median of "
             + ", ".join(f"{x:,.0f}" for x in b["rounds_per_s"])
             + f"; this worker / baseline = {c['median_per_s'] / b['median_per_s']:.2f}"
         )
