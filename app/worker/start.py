@@ -22,11 +22,18 @@ import ctypes
 import gc
 import importlib
 import logging
+from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
-from kernelstream.agents.window_consumer import EarlyConsumer
+from kernelstream.agents.window_consumer import DeferredListener, EarlyConsumer
 from kernelstream.app.kafka.capabilities import probe
+from kernelstream.app.kafka.group_member import (
+    leave_previous_member,
+    member_file,
+    remember_member,
+)
 from kernelstream.app.settings import Settings
 
 __all__ = ["retain_heap", "run_worker", "start_window_consumer", "window_consumer"]
@@ -103,13 +110,38 @@ def window_consumer(settings: Settings, bootstrap: str) -> AIOKafkaConsumer:
     )
 
 
+class _KeepMemberId(DeferredListener):
+    """Forwards to the window agent, and first keeps the consumer's member id in the data
+    folder at each assignment (:mod:`~kernelstream.app.kafka.group_member`)."""
+
+    def __init__(self, path: Path, group: str) -> None:
+        super().__init__()
+        self.path, self.group = path, group
+        self.consumer: AIOKafkaConsumer | None = None
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        member = getattr(getattr(self.consumer, "_coordinator", None), "member_id", None)
+        if isinstance(member, str) and member:
+            try:
+                remember_member(self.path, self.group, member)
+            except OSError as ex:
+                log.warning("could not keep the window consumer's member id: %s", ex)
+        await super().on_partitions_assigned(assigned)
+
+
 async def start_window_consumer(settings: Settings, bootstrap: str) -> EarlyConsumer:
-    """Create the topics (the subscription must see them), start, subscribe."""
+    """Create the topics (the subscription must see them), end the previous run's group
+    membership if it did not (:mod:`~kernelstream.app.kafka.group_member`), start,
+    subscribe."""
     from kernelstream.app.kafka.topics import ensure_state_partitions, ensure_topics
 
     await ensure_topics(settings, bootstrap)
     await ensure_state_partitions(settings, bootstrap)
-    early = EarlyConsumer(window_consumer(settings, bootstrap))
+    group, path = window_group(settings), member_file(settings.data_dir)
+    await leave_previous_member(path, group, bootstrap, settings.kafka_client_kwargs())
+    listener = _KeepMemberId(path, group)
+    early = EarlyConsumer(window_consumer(settings, bootstrap), listener)
+    listener.consumer = early.consumer
     # Started before subscribing: ``start()`` of a subscribed consumer returns only
     # once partitions are assigned. Subscribed after, the join runs in the background.
     await early.consumer.start()
