@@ -52,7 +52,13 @@ from kernelstream.bench.pipeline_input import (
     recent_t0,
 )
 from kernelstream.bench.pipeline_load import live_capacity, parse_loads
-from kernelstream.bench.pipeline_procs import WorkerProc, bench_settings, every_stage_done, running
+from kernelstream.bench.pipeline_procs import (
+    WorkerProc,
+    bench_settings,
+    every_stage_done,
+    every_stage_figures,
+    running,
+)
 from kernelstream.bench.results import dated_stem
 from kernelstream.schemas import Finding, Recommendation, WindowAggregate, decode
 
@@ -132,15 +138,8 @@ async def _run_worker(
             done = await every_stage_done(w, st["window"]["last_batch_at"])
         rss = w.rss_bytes()
     first = st["window"]["first_batch_at"]
-    extra = {}
-    if done:
-        cpu_s = done["cpu"] - st["window"]["cpu_at_first_poll"]
-        extra = {
-            "every_stage_cpu_s": cpu_s,
-            "every_stage_per_cpu_s": st["window"]["launches"] / cpu_s,
-        }
     return {
-        **extra,
+        **every_stage_figures(st["window"], done),
         "launches": st["window"]["launches"],
         "seconds": st["window"]["last_batch_at"] - first,
         "per_s": _worker_rate(st),

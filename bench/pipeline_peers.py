@@ -68,7 +68,13 @@ from kernelstream.bench.pipeline_input import (
     produce_messages,
     recent_t0,
 )
-from kernelstream.bench.pipeline_procs import WorkerProc, bench_settings, every_stage_done, running
+from kernelstream.bench.pipeline_procs import (
+    WorkerProc,
+    bench_settings,
+    every_stage_done,
+    every_stage_figures,
+    running,
+)
 from kernelstream.bench.results import dated_stem
 from kernelstream.bench.worker_path import aggregates_pass, nonempty_windows, window_parts
 from kernelstream.schemas import LaunchBatch, WindowAggregate, decode, encode
@@ -246,15 +252,7 @@ async def _system(
         "stage_s": win.get("stage_s"),
         "polls": win.get("polls"),
         "polled_messages": win.get("polled_messages"),
-        **(
-            {
-                "every_stage_s": done["at"] - win["first_poll_at"],
-                "every_stage_cpu_s": done["cpu"] - win["cpu_at_first_poll"],
-                "every_stage_per_cpu_s": win["launches"] / (done["cpu"] - win["cpu_at_first_poll"]),
-            }
-            if done
-            else {}
-        ),
+        **every_stage_figures(win, done),
         "_windows": windows,
     }
 

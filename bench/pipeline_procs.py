@@ -19,7 +19,14 @@ import orjson
 from kernelstream.app.kafka.embedded import die_with_parent, free_port
 from kernelstream.app.settings import Settings
 
-__all__ = ["WorkerProc", "bench_settings", "every_stage_done", "peer_stats", "settings_env"]
+__all__ = [
+    "WorkerProc",
+    "bench_settings",
+    "every_stage_done",
+    "every_stage_figures",
+    "peer_stats",
+    "settings_env",
+]
 
 
 def bench_settings(bootstrap: str, data_dir: Path, **overrides: Any) -> Settings:
@@ -177,3 +184,17 @@ async def every_stage_done(w: WorkerProc, last_batch_at: float) -> dict[str, flo
         if waited > 120.0 or (read is None and waited > 20.0):
             return {}
         await asyncio.sleep(0.1)
+
+
+def every_stage_figures(window: dict[str, Any], done: dict[str, float]) -> dict[str, float]:
+    """From the window stage's stats and :func:`every_stage_done`: wall and CPU seconds from
+    the first poll until every stage was done, and launches per CPU second over them
+    (empty where ``done`` is)."""
+    if not done:
+        return {}
+    cpu_s = done["cpu"] - window["cpu_at_first_poll"]
+    return {
+        "every_stage_s": done["at"] - window["first_poll_at"],
+        "every_stage_cpu_s": cpu_s,
+        "every_stage_per_cpu_s": window["launches"] / cpu_s,
+    }
