@@ -7,9 +7,11 @@ agent is a service inside the Faust worker that consumes ``ks.launches`` with a
 plain aiokafka group consumer, a whole fetch at a time, and does per-batch work
 only: decode the columnar batch with orjson straight into NumPy arrays
 (:func:`schemas.columnar.decode_launch_columns`), hand the arrays to the
-:class:`~agents.logic.windowing.Windower`, publish the windows that batch's
-watermark closed through the Faust producer, each followed by its finding (the
-detector runs inline: :mod:`agents.detector_agent`). A Faust timer flushes idle keys.
+:class:`~agents.logic.windowing.Windower` (the batches that continue their streams
+exactly, nearly all of them, a run at a time: :class:`~agents.logic.windowing.InOrderRun`),
+publish the windows their watermarks closed through the Faust producer, each followed
+by its finding (the detector runs inline: :mod:`agents.detector_agent`). A Faust timer
+flushes idle keys.
 
 Exactly-once window results without broker transactions (the embedded broker
 has neither idempotent producers nor transactions):
@@ -74,7 +76,7 @@ from kernelstream.agents.detector_agent import InlineDetector
 from kernelstream.agents.logic.errors import SnapshotError
 from kernelstream.agents.logic.sequencing import SeqVerdict, judge_sequence
 from kernelstream.agents.logic.snapshot_codec import pack, unpack
-from kernelstream.agents.logic.windowing import Windower, WindowSpec
+from kernelstream.agents.logic.windowing import InOrderRun, Windower, WindowSpec
 from kernelstream.agents.window_checkpoints import CheckpointStore
 from kernelstream.agents.window_consumer import EarlyConsumer
 from kernelstream.schemas import LaunchBatch, WindowAggregate, encode
@@ -501,20 +503,90 @@ class WindowIngest(Service):
 
     async def _ingest(self, events: list[Any], keys: set[str]) -> list[LaunchColumns | None]:
         """One partition's messages of a poll, in order: decoded and checked at the edge
-        (the whole poll at once), then each one's sequence checked, windowed, and what it
-        closed published. Returns the decoded columns (None: dead-lettered).
+        (the whole poll at once), then windowed in order and what they closed published.
+        Returns the decoded columns (None: dead-lettered).
 
-        Per message this calls :meth:`_count`, and :meth:`_finish` only for what has
-        something to await: most batches close nothing, and a coroutine per message
-        would cost more than the windowing of a small batch.
+        Consecutive batches that continue their streams exactly go into an
+        :class:`InOrderRun`, windowed together with their streams' windows closed after
+        them (:meth:`_count_run`): no sequence verdict, windowing checks or close per
+        batch (``kernelstream bench worker-path``: the decode-and-window path 1.2x as fast
+        at 182-launch batches, the same at 2,000). Any other batch (a copy, a
+        gap, launches out of order or late, device samples, host telemetry) ends the run
+        and goes the general way: :meth:`_count`, then :meth:`_finish` only for what has
+        something to await.
         """
         decoded = await self._decode(events)
+        run = InOrderRun(self.windower)
+        taken: list[Any] = []  # the events of the run's batches
         for event, cols in zip(events, decoded, strict=True):
-            if cols is not None:
+            if cols is None:
+                continue
+            if run.take(cols):
+                taken.append(event)
+                continue
+            if taken:
+                await self._count_run(run, taken, keys)
+                taken = []
+            done = self._count(event, cols, keys)
+            if done is not None:
+                await self._finish(event, done)
+        if taken:
+            await self._count_run(run, taken, keys)
+        return decoded
+
+    async def _count_run(self, run: InOrderRun, events: list[Any], keys: set[str]) -> None:
+        """Window the batches an :class:`InOrderRun` took, all at once, and publish the
+        windows they closed (each stream's, after the run: the same windows, in the same
+        order per stream, as batch by batch).
+
+        Should the run's windowing fail in a way nothing foresaw, its batches go the
+        general way one by one, so that only the one it fails on is dead-lettered
+        (``internal_error``); those the run had counted before it failed (their stream
+        is counted through their last sequence number) are not counted again.
+        """
+        stats, ctx, stage = self.stats, self.ctx, self.stats.stage_s
+        batches = run.batches
+        now = time.time()
+        t1 = time.perf_counter()
+        try:
+            touched, late = run.flush(now)
+        except Exception:
+            log.exception("windowing a run of %d batches failed; one by one", len(batches))
+            for event, cols in zip(events, batches, strict=True):
+                key = cols.stream_key
+                if self.windower.seen_through(key) >= cols.meta.seq_start + len(cols) - 1:
+                    keys.add(key)  # counted by the run
+                    stats.batches += 1
+                    stats.launches += len(cols)
+                    ctx.counters["launches.in"] += len(cols)
+                    continue
                 done = self._count(event, cols, keys)
                 if done is not None:
                     await self._finish(event, done)
-        return decoded
+            return
+        t2 = time.perf_counter()
+        stage["window"] += t2 - t1
+        n = sum(c.t_end.size for c in batches)
+        stats.batches += len(batches)
+        stats.launches += n
+        ctx.counters["launches.in"] += n
+        if stats.first_batch_at is None:
+            stats.first_batch_at = now
+            stats.cpu_at_first_batch = time.process_time()
+        keys.update(touched)
+        closed = [agg for key in touched for agg in self.windower.poll_key(key)]
+        stage["close"] += time.perf_counter() - t2
+        stats.last_batch_at = time.time()
+        if late or closed:
+            t0 = time.perf_counter()
+            for too_late in late:
+                ctx.counters["launches.late"] += len(too_late.t_end)
+                for part in late_parts(too_late):
+                    await ctx.send("late", too_late.stream_key.encode(), encode(part))
+            if closed:
+                await self.publish(closed)
+            stage["emit"] += time.perf_counter() - t0
+            stats.last_batch_at = time.time()
 
     def _count(
         self, event: Any, decoded: LaunchColumns, keys: set[str]

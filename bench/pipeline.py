@@ -359,10 +359,14 @@ async def _latency(
             measuring = True
             received.clear()
             all_in.clear()
+            # The clocks start at the first batch's send time, not before the wait for it.
+            await asyncio.sleep(max(0.0, fleet.send_time(start, 0) - time.time()))
+            cpu = _CpuShares(w)
             await fleet.replay(producer, settings.topic_launches, plan)
             del plan
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(all_in.wait(), 10)
+            shares = cpu.cores()
             await asyncio.sleep(0.5)  # the hop follower catches up
         finally:
             listener.cancel()
@@ -439,10 +443,46 @@ async def _latency(
             "received by the node's consumer (record create times, ms resolution)"
         ),
         "target_p99_s": settings.window_s + 1.0,
+        "cores": shares,
         "load_avg_start": load_start,
         "load_avg_end": os.getloadavg(),
         "met": bool(lat.size and np.percentile(lat, 99) <= settings.window_s + 1.0),
     }
+
+
+class _CpuShares:
+    """Cores (CPU seconds per second) the measured worker, this process (the fleet and
+    the recommendation consumers) and everything else (the broker, mostly) used from
+    now to :meth:`cores`, and the machine's cores: on a machine the three share, a
+    worker given less than it needs falls behind whatever its own speed."""
+
+    def __init__(self, w: WorkerProc) -> None:
+        import psutil
+
+        self._worker = psutil.Process(w.proc.pid) if w.proc is not None else None
+        self._me = psutil.Process()
+        self._at = time.monotonic(), self._cpu()
+
+    def _cpu(self) -> tuple[float, float, float]:
+        import psutil
+
+        t = psutil.cpu_times()
+        busy = t.user + t.system + t.nice + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+        worker = sum(self._worker.cpu_times()[:2]) if self._worker is not None else 0.0
+        return busy, worker, sum(self._me.cpu_times()[:2])
+
+    def cores(self) -> dict[str, float]:
+        import psutil
+
+        t0, (busy0, worker0, me0) = self._at
+        busy, worker, me = self._cpu()
+        dt = time.monotonic() - t0
+        return {
+            "worker": (worker - worker0) / dt,
+            "fleet": (me - me0) / dt,
+            "other": max(0.0, (busy - busy0) - (worker - worker0) - (me - me0)) / dt,
+            "machine": float(psutil.cpu_count() or 1),
+        }
 
 
 def _close_at(settings: Any) -> float | None:
@@ -757,6 +797,12 @@ def _table(r: dict[str, Any]) -> str:
         )
         if d.get("hops_s"):
             lines.append("    after window end, p50/p99 s: " + _hops_text(d["hops_s"]))
+        c = d.get("cores")
+        if c:
+            lines.append(
+                f"    cores used while measured: worker {c['worker']:.2f}, fleet "
+                f"{c['fleet']:.2f}, the rest (broker) {c['other']:.2f}, of {c['machine']:.0f}"
+            )
         behind = d.get("generator_behind_s", {})
         if behind.get("max") is not None:
             lines.append(

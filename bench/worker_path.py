@@ -8,10 +8,13 @@ benchmark's fleet batches (zstd-compressed as nodes send them), it times:
 * ``ceiling``: zstd decompression + ``orjson.loads`` of every message (what the
   pipeline benchmark's ceiling does per message, minus the broker);
 * ``worker``: decompression, :func:`schemas.columnar.decode_launch_columns_many`
-  (parse and validation, a poll of messages at a time), :meth:`Windower.add_columns`,
-  :meth:`Windower.poll_key` (closing windows) and a checkpoint snapshot
-  (:func:`agents.logic.snapshot_codec.pack`) about once a second of input, as the
-  window agent does.
+  (parse and validation, a poll of messages at a time), the windowing of the batches
+  that continue their streams a run at a time (:class:`InOrderRun`), each other batch
+  alone (:meth:`Windower.add_columns`), :meth:`Windower.poll_key` (closing windows) and a
+  checkpoint snapshot (:func:`agents.logic.snapshot_codec.pack`) about once a second of
+  input, as the window agent does; beside it, in the same rounds, every batch windowed
+  alone and its stream's windows closed after it (``batch by batch``), as the agent did
+  before it windowed runs.
 
 It prints ns per launch for both and their ratio; ``--profile`` adds the top of a
 cProfile of the worker path. With ``--wire binary`` it also prints what bounds any worker
@@ -38,7 +41,7 @@ import orjson
 from aiokafka import codec
 
 from kernelstream.agents.logic.snapshot_codec import pack
-from kernelstream.agents.logic.windowing import Windower, WindowSpec, percentiles
+from kernelstream.agents.logic.windowing import InOrderRun, Windower, WindowSpec, percentiles
 from kernelstream.bench.pipeline_input import FleetSpec, encoded, fleet_batches, recent_t0
 from kernelstream.schemas.binary import encode_launch_batch
 from kernelstream.schemas.columnar import decode_launch_columns_many
@@ -49,19 +52,29 @@ __all__ = ["aggregates_pass", "command", "measure", "nonempty_windows", "window_
 _POLL = 128  # messages per consumer poll (agents/window_agent.py)
 
 
-def _worker_pass(messages: list[bytes], per_checkpoint: int) -> int:
+def _worker_pass(messages: list[bytes], per_checkpoint: int, runs: bool = True) -> int:
+    """The window agent's path over ``messages``; ``runs``: the batches that continue
+    their streams exactly windowed a run at a time (:class:`InOrderRun`, as the agent
+    does), else batch by batch (add_columns, then the stream's windows closed)."""
     windower = Windower(WindowSpec(size_s=1.0, out_of_orderness_s=0.0, allowed_lateness_s=0.05))
     windows = 0
     for at in range(0, len(messages), _POLL):
         # decoded a poll at a time, as the window agent takes them from its consumer
         poll = [codec.zstd_decode(raw) for raw in messages[at : at + _POLL]]
-        for i, cols in enumerate(decode_launch_columns_many(poll), start=at):
+        run = InOrderRun(windower)
+        for cols in decode_launch_columns_many(poll):
             if isinstance(cols, SchemaError):
                 raise cols
+            if runs and run.take(cols):
+                continue
+            keys, _ = run.flush(time.time())
+            windows += sum(len(windower.poll_key(key)) for key in keys)
             windower.add_columns(cols, time.time())
             windows += len(windower.poll_key(cols.meta.stream_key))
-            if (i + 1) % per_checkpoint == 0:
-                pack(windower.snapshot(arrays=True))
+        keys, _ = run.flush(time.time())
+        windows += sum(len(windower.poll_key(key)) for key in keys)
+        if (at // _POLL + 1) % max(1, per_checkpoint // _POLL) == 0:
+            pack(windower.snapshot(arrays=True))
     return windows
 
 
@@ -136,10 +149,15 @@ def measure(
     launches = _ceiling_pass(json_messages)
     per_checkpoint = max(1, round(len(messages) / seconds))  # ~one per second of input
     parts = nonempty_windows(batches) if wire == "binary" else []
-    worker, ceiling, zstd, aggregates = [], [], [], []
+    worker, by_batch, ceiling, zstd, aggregates = [], [], [], [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
-        windows = _worker_pass(messages, per_checkpoint)
+        windows = _worker_pass(messages, per_checkpoint, runs=False)
+        t1 = time.perf_counter()
+        by_batch.append((t1 - t0) / launches * 1e9)
+        t0 = time.perf_counter()
+        if _worker_pass(messages, per_checkpoint) != windows:
+            raise RuntimeError("the two paths closed different numbers of windows")
         t1 = time.perf_counter()
         _ceiling_pass(json_messages)
         t2 = time.perf_counter()
@@ -168,10 +186,12 @@ def measure(
         "messages": len(messages),
         "windows": windows,
         "worker_ns_per_launch": min(worker),
+        "batch_by_batch_ns_per_launch": min(by_batch),
         "ceiling_ns_per_launch": min(ceiling),
         "ratio": min(ceiling) / min(worker),
         "rounds": {
             "worker": worker,
+            "batch_by_batch": by_batch,
             "ceiling": ceiling,
             "zstd": zstd,
             "aggregates": aggregates,
@@ -205,6 +225,9 @@ def command(
         f"({wire}) -> {r['windows']} windows\n"
         f"worker path   {r['worker_ns_per_launch']:6.0f} ns/launch "
         f"({1e3 / r['worker_ns_per_launch']:.2f}M launches/s on one core)\n"
+        f"  batch by batch {r['batch_by_batch_ns_per_launch']:6.0f} ns/launch (each batch "
+        "windowed alone, its stream's windows closed after it): "
+        f"{r['batch_by_batch_ns_per_launch'] / r['worker_ns_per_launch']:.2f}x the path's\n"
         f"zstd + orjson {r['ceiling_ns_per_launch']:6.0f} ns/launch\n"
         f"ratio (ceiling / worker) = {r['ratio']:.2f}"
     )

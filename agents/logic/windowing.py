@@ -37,10 +37,12 @@ import numpy.typing as npt
 
 from kernelstream.agents.logic.errors import LogicSettingsError, SnapshotError
 from kernelstream.agents.logic.ratios import finite_ratio
+from kernelstream.agents.logic.sequencing import SEQ_BOUND
 from kernelstream.schemas.columnar import LaunchColumns
 from kernelstream.schemas.records import DeviceSample, LaunchBatch, WindowAggregate
 
 __all__ = [
+    "InOrderRun",
     "LaunchRow",
     "WindowSpec",
     "Windower",
@@ -241,6 +243,58 @@ class Windower:
         if cols.meta.samples and sum(len(b.t_end) for b in late) < len(cols):
             self._add_samples(cols.meta)
         return late
+
+    def add_in_order(self, run: Sequence[LaunchColumns], now: float) -> list[str] | None:
+        """:meth:`add_columns` of each batch of ``run``, in order; the stream keys they
+        touched, in order of first appearance. None, having changed nothing, where a
+        batch has a launch on a window edge that float rounding blurs (``floor(t / size)``
+        says one window, ``(window + 1) * size`` computes its end at or below the launch):
+        :meth:`add_columns` then judges it launch by launch (:meth:`InOrderRun.flush`).
+
+        Only for batches an :class:`InOrderRun` took: each continues its stream exactly
+        (end times in completion order, none before a launch counted earlier, none in a
+        window already emitted; no device samples), so none is late and what is left of
+        :meth:`add_columns` is its in-order path without its checks: per batch, the
+        windows of its two ends, and each window's slice of its columns (views, no
+        launch copied) appended to the window's accumulator. The windows, the state and
+        every counter come out exactly as batch by batch
+        (``tests/unit/agents/test_in_order_run.py``).
+        """
+        size = self.spec.size_s
+        plan: list[tuple[int, list[tuple[int, int, int]] | None]] = []
+        for c in run:
+            lo, hi = c.t_range()
+            first, last = math.floor(lo / size), math.floor(hi / size)
+            if not hi < (last + 1) * size:
+                return None
+            cuts = None
+            if first != last:
+                cuts = _window_cuts(c.t_end, first, last, size)
+                if cuts is None:
+                    return None
+            plan.append((first, cuts))
+        keys = self._keys
+        launches = 0
+        for c, (first, cuts) in zip(run, plan, strict=True):
+            key = c.stream_key
+            st = keys.get(key)
+            if st is None:
+                st = keys[key] = _KeyState()
+            meta, t = c.meta, c.t_end
+            n = t.size
+            launches += n
+            st.last_seen = now
+            st.seq_hi = max(st.seq_hi, meta.seq_start + n - 1)
+            st.max_t = max(st.max_t, c.t_range()[1])
+            all_ok = bool(c.known_all_ok)
+            if cuts is None:
+                self._add_slice(st, meta, first, t, c.duration_us, c.ok, 0, 0, all_ok)
+                continue
+            d, ok = c.duration_us, c.ok
+            for window, a, z in cuts:
+                self._add_slice(st, meta, window, t[a:z], d[a:z], ok[a:z], a, 0, all_ok)
+        self.metrics.launches_in += launches
+        return list(dict.fromkeys(c.stream_key for c in run))
 
     def _add_samples(self, batch: LaunchBatch) -> None:
         """Each of the batch's device samples into the window of its time, or, where the
@@ -636,6 +690,77 @@ class Windower:
 
 
 # -- aggregate maths (batched) ------------------------------------------------
+
+
+class InOrderRun:
+    """Consecutive batches that each continue their stream exactly, windowed at once.
+
+    Nearly every batch a worker reads is the next of its stream: sequence numbers right
+    after the last ones counted, end times in completion order and at or after every
+    launch counted before, in no window already emitted, and no device samples or host
+    telemetry. Such a batch is never a duplicate, never implausible
+    (:func:`agents.logic.sequencing.judge_sequence` counts it whole) and has nothing
+    late. :meth:`take` says whether a batch is one (judged against the windower and the
+    batches taken before it); :meth:`flush` windows the taken ones together
+    (:meth:`Windower.add_in_order`). A batch it refuses goes the general way, after a
+    flush, so that each stream's batches are still counted in order.
+    """
+
+    __slots__ = ("_tail", "batches", "windower")
+
+    def __init__(self, windower: Windower) -> None:
+        self.windower = windower
+        self.batches: list[LaunchColumns] = []
+        # stream key -> (last seq, latest end time, first window not emitted) after the
+        # batches taken so far
+        self._tail: dict[str, tuple[int, float, int | None]] = {}
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def take(self, cols: LaunchColumns) -> bool:
+        """Take ``cols`` into the run if it continues its stream exactly, else False."""
+        n = cols.t_end.size
+        meta = cols.meta
+        if (
+            n == 0
+            or meta.samples
+            or cols.host_gap_us is not None
+            or cols.copies is not None
+            or not (cols.known_in_order or n == 1)
+        ):
+            return False
+        key = cols.stream_key
+        tail = self._tail.get(key)
+        if tail is None:
+            st = self.windower._keys.get(key)
+            tail = (-1, -math.inf, None) if st is None else (st.seq_hi, st.max_t, st.closed_below)
+        seq_hi, max_t, closed_below = tail
+        first = meta.seq_start
+        last = first + n - 1
+        if last >= SEQ_BOUND or (seq_hi >= 0 and first != seq_hi + 1):
+            return False
+        lo, hi = cols.t_range()
+        if not lo >= max_t:
+            return False
+        if closed_below is not None and self.windower.spec.window_of(lo) < closed_below:
+            return False
+        self._tail[key] = (last, hi, closed_below)
+        self.batches.append(cols)
+        return True
+
+    def flush(self, now: float) -> tuple[list[str], list[LaunchBatch]]:
+        """Window the batches taken (:meth:`Windower.add_in_order`): the stream keys they
+        touched and their too-late launches (none, but where float rounding blurs a
+        window's edge and :meth:`Windower.add_columns` takes each batch). The run is
+        empty afterwards, whatever happened."""
+        batches, self.batches = self.batches, []
+        self._tail.clear()
+        keys = self.windower.add_in_order(batches, now)
+        if keys is not None:
+            return keys, []
+        late = [x for c in batches for x in self.windower.add_columns(c, now)]
+        return list(dict.fromkeys(c.stream_key for c in batches)), late
 
 
 def _aggregate_acc(acc: _Acc, window: int, config_id: str, size_s: float) -> WindowAggregate:

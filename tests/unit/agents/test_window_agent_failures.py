@@ -40,6 +40,17 @@ class FailingWindower(Windower):
     def add_columns(self, cols: Any, now: float) -> Any:
         raise ZeroDivisionError("a defect in the window maths")
 
+    def add_in_order(self, run: Any, now: float) -> Any:
+        raise ZeroDivisionError("a defect in the window maths")
+
+
+class RunFailsAfterOne(Windower):
+    """Counts the first batch of a run, then fails (a defect in the run's path only)."""
+
+    def add_in_order(self, run: Any, now: float) -> Any:
+        super().add_in_order(run[:1], now)
+        raise ZeroDivisionError("a defect in the run's window maths")
+
 
 def _msg(offset: int, kernel: str = "matmul") -> SimpleNamespace:
     batch = good_batch("n1", kernel, time.time() - 1.0, 20, 0)
@@ -66,6 +77,21 @@ def test_an_unforeseen_failure_is_dead_lettered_and_the_agent_goes_on() -> None:
     [letter] = [decode(v, DeadLetter) for v in topics["deadletter"].sent]
     assert letter.reason_code == "internal_error" and "ZeroDivisionError" in letter.reason
     assert letter.offset == 3 and ctx.counters["deadletter.window.internal_error"] == 1
+
+
+def test_a_failed_run_goes_batch_by_batch_and_counts_each_launch_once() -> None:
+    topics = {role: Topic() for role in ("deadletter", "late", "windows")}
+    ctx = WorkerContext(Settings(), topics)
+    windower = RunFailsAfterOne()
+    ingest = WindowIngest(None, ctx, windower)
+    msgs = [_msg(5, "matmul"), _msg(6, "reduction"), _msg(7, "transpose")]
+    keys: set[str] = set()
+    events = [SimpleNamespace(message=m, key=m.key, value=m.value) for m in msgs]
+    asyncio.run(ingest._ingest(events, keys))
+    assert topics["deadletter"].sent == []  # none refused, the counted one included
+    assert windower.metrics.launches_in == ingest.stats.launches == 3 * 20
+    assert ctx.counters["launches.in"] == 3 * 20
+    assert keys == {m.key.decode() for m in msgs}
 
 
 def test_a_poll_that_fails_to_decode_is_decoded_again_one_message_at_a_time(
