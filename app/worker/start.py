@@ -131,14 +131,21 @@ class _KeepMemberId(DeferredListener):
 
 async def start_window_consumer(settings: Settings, bootstrap: str) -> EarlyConsumer:
     """Create the topics (the subscription must see them), end the previous run's group
-    membership if it did not (:mod:`~kernelstream.app.kafka.group_member`), start,
-    subscribe."""
+    membership, and the Faust app's, if it did not (:mod:`~kernelstream.app.kafka.group_member`),
+    start, subscribe."""
     from kernelstream.app.kafka.topics import ensure_state_partitions, ensure_topics
 
     await ensure_topics(settings, bootstrap)
     await ensure_state_partitions(settings, bootstrap)
     group, path = window_group(settings), member_file(settings.data_dir)
-    await leave_previous_member(path, group, bootstrap, settings.kafka_client_kwargs())
+    kwargs = settings.kafka_client_kwargs()
+    await asyncio.gather(
+        leave_previous_member(path, group, bootstrap, kwargs),
+        # the Faust app's group (findings, tuner, alerts), whose consumer starts later
+        leave_previous_member(
+            member_file(settings.data_dir, "faust"), settings.app_id, bootstrap, kwargs
+        ),
+    )
     listener = _KeepMemberId(path, group)
     early = EarlyConsumer(window_consumer(settings, bootstrap), listener)
     listener.consumer = early.consumer

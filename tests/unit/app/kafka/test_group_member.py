@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 from kernelstream.app.kafka.embedded import free_port
 from kernelstream.app.kafka.group_member import (
     _previous,
+    faust_member_id,
     leave_previous_member,
     member_file,
     remember_member,
@@ -37,3 +39,26 @@ def test_an_unreachable_broker_leaves_the_start_as_it_was(tmp_path: Path) -> Non
     got = asyncio.run(leave_previous_member(path, "g", f"127.0.0.1:{free_port()}", timeout_s=2.0))
     assert got is False
     assert _previous(path, "g") == "m-1"  # kept: a later start tries again
+
+
+def test_the_two_consumers_keep_their_ids_apart(tmp_path: Path) -> None:
+    assert member_file(tmp_path) != member_file(tmp_path, "faust")
+    assert member_file(tmp_path, "faust").name == "faust-member.json"
+
+
+def test_the_faust_member_id_is_read_where_faust_keeps_its_consumer() -> None:
+    coordinator = SimpleNamespace(member_id="faust-1.0-abc")
+    consumer = SimpleNamespace(_coordinator=coordinator)
+    app = SimpleNamespace(
+        consumer=SimpleNamespace(_thread=SimpleNamespace(_ensure_consumer=lambda: consumer))
+    )
+    assert faust_member_id(app) == "faust-1.0-abc"
+    coordinator.member_id = ""  # not joined yet
+    assert faust_member_id(app) is None
+
+    def not_started() -> None:
+        raise RuntimeError("consumer not started")
+
+    app.consumer._thread._ensure_consumer = not_started
+    assert faust_member_id(app) is None
+    assert faust_member_id(SimpleNamespace()) is None  # another layout: nothing kept
