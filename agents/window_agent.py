@@ -556,9 +556,7 @@ class WindowIngest(Service):
                 key = cols.stream_key
                 if self.windower.seen_through(key) >= cols.meta.seq_start + len(cols) - 1:
                     keys.add(key)  # counted by the run
-                    stats.batches += 1
-                    stats.launches += len(cols)
-                    ctx.counters["launches.in"] += len(cols)
+                    self._counted(1, len(cols), now)
                     continue
                 done = self._count(event, cols, keys)
                 if done is not None:
@@ -566,13 +564,7 @@ class WindowIngest(Service):
             return
         t2 = time.perf_counter()
         stage["window"] += t2 - t1
-        n = sum(c.t_end.size for c in batches)
-        stats.batches += len(batches)
-        stats.launches += n
-        ctx.counters["launches.in"] += n
-        if stats.first_batch_at is None:
-            stats.first_batch_at = now
-            stats.cpu_at_first_batch = time.process_time()
+        self._counted(len(batches), sum(c.t_end.size for c in batches), now)
         keys.update(touched)
         closed = [agg for key in touched for agg in self.windower.poll_key(key)]
         stage["close"] += time.perf_counter() - t2
@@ -642,20 +634,24 @@ class WindowIngest(Service):
         self.stats.stage_s["emit"] += time.perf_counter() - t0
         self.stats.last_batch_at = time.time()
 
+    def _counted(self, batches: int, launches: int, now: float) -> None:
+        """Progress: ``batches`` batches holding ``launches`` launches were counted."""
+        stats = self.stats
+        stats.batches += batches
+        stats.launches += launches
+        self.ctx.counters["launches.in"] += launches
+        if stats.first_batch_at is None:
+            stats.first_batch_at = now
+            stats.cpu_at_first_batch = time.process_time()
+
     def _window(
         self, cols: LaunchColumns, keys: set[str]
     ) -> tuple[list[LaunchBatch], list[WindowAggregate]]:
         """Count the launches; their too-late ones and the windows they closed."""
-        stats, ctx, stage = self.stats, self.ctx, self.stats.stage_s
+        ctx, stage = self.ctx, self.stats.stage_s
         key = cols.stream_key
         now = time.time()
-        n = len(cols)
-        stats.batches += 1
-        stats.launches += n
-        ctx.counters["launches.in"] += n
-        if stats.first_batch_at is None:
-            stats.first_batch_at = now
-            stats.cpu_at_first_batch = time.process_time()
+        self._counted(1, len(cols), now)
         keys.add(key)
         if self.detector is not None:
             self.detector.on_batch(cols)
