@@ -167,7 +167,11 @@ async def _scenario(settings: Settings, worker: Any) -> None:
     assert back.status == "rolled_back", back
     assert back.after_mean_us and back.before_mean_us
     assert back.after_mean_us > 1.2 * back.before_mean_us
-    assert report.final_configs["transpose"]["pinned"] == 1
+    # At stop the node runs what it kept, or a change of the worker's search it applied
+    # after that and was still measuring (neither kept nor rolled back yet).
+    counts = report.outcomes
+    measuring = counts.get("applied", 0) > counts.get("kept", 0) + counts.get("rolled_back", 0)
+    assert report.final_configs["transpose"]["pinned"] == 1 or measuring, report
     # A finding no knob fixes stays advice: no recommendation cites it.
     assert _host(found, "transfer_bound", 0)[0].evidence.get("knob_param") is None
     assert not [x for x in recs if x.evidence.get("classification") == "transfer_bound"]
