@@ -542,7 +542,9 @@ class WindowIngest(Service):
         Should the run's windowing fail in a way nothing foresaw, its batches go the
         general way one by one, so that only the one it fails on is dead-lettered
         (``internal_error``); those the run had counted before it failed (their stream
-        is counted through their last sequence number) are not counted again.
+        is counted through their last sequence number) are not counted again. Should
+        closing a stream's windows fail, the stream's last batch of the run is
+        dead-lettered (``internal_error``), as the batch that closed them would be.
         """
         stats, ctx, stage = self.stats, self.ctx, self.stats.stage_s
         batches = run.batches
@@ -566,7 +568,15 @@ class WindowIngest(Service):
         stage["window"] += t2 - t1
         self._counted(len(batches), sum(c.t_end.size for c in batches), now)
         keys.update(touched)
-        closed = [agg for key in touched for agg in self.windower.poll_key(key)]
+        closed: list[WindowAggregate] = []
+        last = {cols.stream_key: event for event, cols in zip(events, batches, strict=True)}
+        for key in touched:
+            try:
+                closed += self.windower.poll_key(key)
+            except Exception as ex:
+                # As batch by batch: the batch that closed the windows is dead-lettered
+                # and the agent goes on (raised, every restart would fail on it again).
+                await self._internal_error(last[key], ex)
         stage["close"] += time.perf_counter() - t2
         stats.last_batch_at = time.time()
         if late or closed:

@@ -94,6 +94,22 @@ def test_a_failed_run_goes_batch_by_batch_and_counts_each_launch_once() -> None:
     assert keys == {m.key.decode() for m in msgs}
 
 
+class CloseFails(Windower):
+    def poll_key(self, key: str) -> Any:
+        raise ZeroDivisionError("a defect in the aggregate maths")
+
+
+def test_a_close_that_fails_after_a_run_is_dead_lettered_and_the_agent_goes_on() -> None:
+    topics = {role: Topic() for role in ("deadletter", "late", "windows")}
+    ctx = WorkerContext(Settings(), topics)
+    ingest = WindowIngest(None, ctx, CloseFails())
+    asyncio.run(_poll(ingest, [_msg(8), _msg(9, "reduction")]))  # does not raise
+    letters = [decode(v, DeadLetter) for v in topics["deadletter"].sent]
+    assert [x.offset for x in letters] == [8, 9]  # each stream's batch that closed
+    assert {x.reason_code for x in letters} == {"internal_error"}
+    assert ingest.stats.launches == 2 * 20  # counted: the windowing itself went through
+
+
 def test_a_poll_that_fails_to_decode_is_decoded_again_one_message_at_a_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
