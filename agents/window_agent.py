@@ -569,14 +569,15 @@ class WindowIngest(Service):
         self._counted(len(batches), sum(c.t_end.size for c in batches), now)
         keys.update(touched)
         closed: list[WindowAggregate] = []
-        last = {cols.stream_key: event for event, cols in zip(events, batches, strict=True)}
         for key in touched:
             try:
                 closed += self.windower.poll_key(key)
             except Exception as ex:
-                # As batch by batch: the batch that closed the windows is dead-lettered
-                # and the agent goes on (raised, every restart would fail on it again).
-                await self._internal_error(last[key], ex)
+                # As batch by batch: the batch that closed the windows (the stream's last
+                # of the run) is dead-lettered and the agent goes on (raised, every
+                # restart would fail on it again).
+                pairs = zip(reversed(events), reversed(batches), strict=True)
+                await self._internal_error(next(e for e, c in pairs if c.stream_key == key), ex)
         stage["close"] += time.perf_counter() - t2
         stats.last_batch_at = time.time()
         if late or closed:

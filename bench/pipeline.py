@@ -459,21 +459,18 @@ class _CpuShares:
     def __init__(self, w: WorkerProc) -> None:
         import psutil
 
+        self._psutil = psutil
         self._worker = psutil.Process(w.proc.pid) if w.proc is not None else None
         self._me = psutil.Process()
         self._at = time.monotonic(), self._cpu()
 
     def _cpu(self) -> tuple[float, float, float]:
-        import psutil
-
-        t = psutil.cpu_times()
+        t = self._psutil.cpu_times()
         busy = t.user + t.system + t.nice + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
         worker = sum(self._worker.cpu_times()[:2]) if self._worker is not None else 0.0
         return busy, worker, sum(self._me.cpu_times()[:2])
 
     def cores(self) -> dict[str, float]:
-        import psutil
-
         t0, (busy0, worker0, me0) = self._at
         busy, worker, me = self._cpu()
         dt = time.monotonic() - t0
@@ -481,7 +478,7 @@ class _CpuShares:
             "worker": (worker - worker0) / dt,
             "fleet": (me - me0) / dt,
             "other": max(0.0, (busy - busy0) - (worker - worker0) - (me - me0)) / dt,
-            "machine": float(psutil.cpu_count() or 1),
+            "machine": float(self._psutil.cpu_count() or 1),
         }
 
 

@@ -261,7 +261,7 @@ class Windower:
         (``tests/unit/agents/test_in_order_run.py``).
         """
         size = self.spec.size_s
-        plan: list[tuple[int, list[tuple[int, int, int]] | None]] = []
+        plan: list[tuple[int, float, list[tuple[int, int, int]] | None]] = []
         for c in run:
             lo, hi = c.t_range()
             first, last = math.floor(lo / size), math.floor(hi / size)
@@ -272,10 +272,10 @@ class Windower:
                 cuts = _window_cuts(c.t_end, first, last, size)
                 if cuts is None:
                     return None
-            plan.append((first, cuts))
+            plan.append((first, hi, cuts))
         keys = self._keys
         launches = 0
-        for c, (first, cuts) in zip(run, plan, strict=True):
+        for c, (first, hi, cuts) in zip(run, plan, strict=True):
             key = c.stream_key
             st = keys.get(key)
             if st is None:
@@ -285,7 +285,7 @@ class Windower:
             launches += n
             st.last_seen = now
             st.seq_hi = max(st.seq_hi, meta.seq_start + n - 1)
-            st.max_t = max(st.max_t, c.t_range()[1])
+            st.max_t = max(st.max_t, hi)
             all_ok = bool(c.known_all_ok)
             if cuts is None:
                 self._add_slice(st, meta, first, t, c.duration_us, c.ok, 0, 0, all_ok)

@@ -30,7 +30,14 @@ from typing import Any
 
 import orjson
 
-__all__ = ["faust_member_id", "leave_previous_member", "member_file", "remember_member"]
+__all__ = [
+    "consumer_member_id",
+    "faust_member_id",
+    "keep_member",
+    "leave_previous_member",
+    "member_file",
+    "remember_member",
+]
 
 log = logging.getLogger("kernelstream.worker")
 
@@ -42,18 +49,35 @@ def member_file(data_dir: Path, consumer: str = "window") -> Path:
     return data_dir / f"{consumer}-member.json"
 
 
-def faust_member_id(app: Any) -> str | None:
-    """The member id of the Faust app's group consumer, or None where it has none yet.
+def consumer_member_id(consumer: Any) -> str | None:
+    """The member id of an aiokafka group consumer, or None where it has none yet.
 
-    Faust runs its aiokafka consumer on a thread of its own and offers no accessor; this
-    reads the consumer's coordinator the way Faust itself does, and any change in that
-    layout gives None (the id is then not kept, and a restart waits as before).
+    aiokafka offers no accessor: this reads the consumer's coordinator, and any change in
+    that layout gives None (the id is then not kept, and a restart waits as before).
     """
+    member = getattr(getattr(consumer, "_coordinator", None), "member_id", None)
+    return member if isinstance(member, str) and member else None
+
+
+def faust_member_id(app: Any) -> str | None:
+    """:func:`consumer_member_id` of the Faust app's group consumer, which Faust runs on a
+    thread of its own (reached the way Faust itself reaches it)."""
     try:
-        member = app.consumer._thread._ensure_consumer()._coordinator.member_id
+        consumer = app.consumer._thread._ensure_consumer()
     except Exception:
         return None
-    return member if isinstance(member, str) and member else None
+    return consumer_member_id(consumer)
+
+
+def keep_member(path: Path, group: str, member_id: str | None) -> None:
+    """:func:`remember_member` at an assignment: nothing without an id, and a failure to
+    write is logged (the start after a crash then waits as before), never raised."""
+    if member_id is None:
+        return
+    try:
+        remember_member(path, group, member_id)
+    except OSError as ex:
+        log.warning("could not keep the member id of group %s in %s: %s", group, path, ex)
 
 
 def remember_member(path: Path, group: str, member_id: str) -> None:

@@ -8,7 +8,6 @@ store backed by rocksdict).
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -16,12 +15,10 @@ from typing import Any
 import faust
 
 from kernelstream.app.kafka.capabilities import BrokerCapabilities
-from kernelstream.app.kafka.group_member import faust_member_id, member_file, remember_member
+from kernelstream.app.kafka.group_member import faust_member_id, keep_member, member_file
 from kernelstream.app.kafka.partitioner import CachedKeyPartitioner
 from kernelstream.app.kafka.topics import ensure_state_partitions, topic_specs
 from kernelstream.app.settings import Settings
-
-log = logging.getLogger("kernelstream.worker")
 
 __all__ = ["create_app", "faust_broker_kwargs", "transport"]
 
@@ -171,12 +168,7 @@ def create_app(
     async def keep_member_id(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         # So that a restart after a crash ends this membership at once
         # (app/kafka/group_member.py; start_window_consumer does it for both groups).
-        member = faust_member_id(app)
-        if member is not None:
-            try:
-                remember_member(kept, settings.app_id, member)
-            except OSError as ex:
-                log.warning("could not keep the Faust consumer's member id: %s", ex)
+        keep_member(kept, settings.app_id, faust_member_id(app))
 
     app.on_partitions_assigned.connect(keep_member_id)  # a strong reference (weak=False)
 

@@ -30,9 +30,10 @@ from aiokafka import AIOKafkaConsumer
 from kernelstream.agents.window_consumer import DeferredListener, EarlyConsumer
 from kernelstream.app.kafka.capabilities import probe
 from kernelstream.app.kafka.group_member import (
+    consumer_member_id,
+    keep_member,
     leave_previous_member,
     member_file,
-    remember_member,
 )
 from kernelstream.app.settings import Settings
 
@@ -120,12 +121,7 @@ class _KeepMemberId(DeferredListener):
         self.consumer: AIOKafkaConsumer | None = None
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        member = getattr(getattr(self.consumer, "_coordinator", None), "member_id", None)
-        if isinstance(member, str) and member:
-            try:
-                remember_member(self.path, self.group, member)
-            except OSError as ex:
-                log.warning("could not keep the window consumer's member id: %s", ex)
+        keep_member(self.path, self.group, consumer_member_id(self.consumer))
         await super().on_partitions_assigned(assigned)
 
 
