@@ -3,14 +3,16 @@
 :class:`OfflineAnalysis` is fed the recorded messages of one replay range, partition
 by partition in offset order, and does what the worker did with them:
 
-* launch batches pass the same edge checks (:func:`schemas.columnar.decode_launch_columns`
+* launch batches pass the same edge checks (:func:`schemas.columnar.decode_launch_columns_many`
   and :func:`agents.context.launch_batch_problem`), with the record's Kafka timestamp
   standing in for the worker's clock (the live worker used its clock at processing
   time, seconds later; replaying a week-old range against today's clock would refuse
   everything as too old);
-* accepted batches go to a :class:`~agents.logic.windowing.Windower` with
-  ``add_columns`` followed by ``poll_key``, exactly as the window agent does, and every
-  open window is flushed at the end of the range (``flush_all``);
+* accepted batches go to a :class:`~agents.logic.windowing.Windower` as the window
+  agent sends them: those that continue their streams exactly a run at a time
+  (:class:`~agents.logic.windowing.InOrderRun`), every other one through the sequence
+  rules, ``add_columns`` and ``poll_key``; every open window is flushed at the end of
+  the range (``flush_all``);
 * every closed window is classified by a :class:`~agents.logic.detection.Detector`
   in the order the window stream carries it (per stream key, which is all the
   detector's state depends on);
@@ -40,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -55,7 +57,7 @@ from kernelstream.agents.logic.transfers import (
     transfer_findings,
 )
 from kernelstream.agents.logic.tuning import Tuner
-from kernelstream.agents.logic.windowing import Windower, WindowSpec
+from kernelstream.agents.logic.windowing import InOrderRun, Windower, WindowSpec
 from kernelstream.kernels.devices import device_spec_for_name
 from kernelstream.kernels.transfers import host_declared
 from kernelstream.schemas import (
@@ -68,7 +70,7 @@ from kernelstream.schemas import (
     decode,
 )
 from kernelstream.schemas.codec import check_key
-from kernelstream.schemas.columnar import decode_launch_columns
+from kernelstream.schemas.columnar import LaunchColumns, decode_launch_columns_many
 
 __all__ = [
     "AnalysisResult",
@@ -198,38 +200,79 @@ class OfflineAnalysis:
 
     def add_launch_message(self, msg: RecordedMessage) -> None:
         """One recorded ``ks.launches`` message, in its partition's offset order."""
+        self.add_launch_messages([msg])
+
+    def add_launch_messages(self, msgs: Sequence[RecordedMessage]) -> None:
+        """Recorded ``ks.launches`` messages of one partition, in offset order (a chunk as
+        read), on the window agent's path (:meth:`agents.window_agent.WindowIngest._ingest`):
+        decoded and checked at the edge a chunk at a time
+        (:func:`schemas.columnar.decode_launch_columns_many`), the batches that continue
+        their streams exactly windowed a run at a time (:class:`InOrderRun`), each other
+        batch alone after the sequence rules.
+        """
         res = self.result
-        if not key_matches(msg.key, self.flt):
-            res.skipped_messages += 1
-            return
-        try:
-            if msg.value is None:
-                raise SchemaError("the message has no value (a tombstone)", "invalid_json")
-            key = check_key(msg.key)
-            cols = decode_launch_columns(msg.value)
+        kept: list[tuple[RecordedMessage, str | None]] = []
+        for msg in msgs:
+            if not key_matches(msg.key, self.flt):
+                res.skipped_messages += 1
+                continue
+            try:
+                if msg.value is None:
+                    raise SchemaError("the message has no value (a tombstone)", "invalid_json")
+                kept.append((msg, check_key(msg.key)))
+            except SchemaError as exc:
+                res.rejected[exc.code or "invalid"] += 1
+        decoded = decode_launch_columns_many([m.value or b"" for m, _ in kept])
+        run = InOrderRun(self.windower)
+        now = 0.0
+        for (msg, key), cols in zip(kept, decoded, strict=True):
+            now = msg.timestamp_ms / 1000.0
+            if isinstance(cols, SchemaError):
+                res.rejected[cols.code or "invalid"] += 1
+                continue
             problem = launch_batch_problem(
                 cols.meta,
                 key,
-                msg.timestamp_ms / 1000.0,
+                now,
                 self.limits,
                 self.known_workload,
                 cols.t_range(),
                 config_problem=self.config_problem,
                 backstep_s=cols.max_backstep(),
+                batch_key=cols.key,
             )
             if problem is not None:
-                raise problem
-        except SchemaError as exc:
-            res.rejected[exc.code or "invalid"] += 1
+                res.rejected[problem.code or "invalid"] += 1
+                continue
+            meta = cols.meta
+            if not self.flt.keeps(meta.node, meta.device_index, meta.device_model, meta.kernel):
+                res.skipped_messages += 1
+                continue
+            if run.take(cols):
+                res.launch_messages += 1
+                res.launches += len(cols)
+                continue
+            self._flush_run(run, now)
+            self._count(cols, now)
+        self._flush_run(run, now)
+
+    def _flush_run(self, run: InOrderRun, now: float) -> None:
+        """Window the batches ``run`` took; take the windows they closed, stream by stream."""
+        if not run.batches:
             return
-        meta = cols.meta
-        if not self.flt.keeps(meta.node, meta.device_index, meta.device_model, meta.kernel):
-            res.skipped_messages += 1
-            return
+        # ``now`` only drives idle flushes, which replay leaves to the end of the range.
+        touched, late = run.flush(now)
+        self.result.late_launches += sum(len(x.t_end) for x in late)
+        for key in touched:
+            self._take_windows(self.windower.poll_key(key))
+
+    def _count(self, cols: LaunchColumns, now: float) -> None:
+        """One batch the general way: the sequence rules, windowing, its stream's close."""
+        res = self.result
         # The window agent's sequence rules (agents/logic/sequencing.py): a resent copy
         # is a duplicate, an implausible jump is refused, an overlap counts from its
         # first new launch.
-        verdict = judge_sequence(self.windower, cols, msg.timestamp_ms / 1000.0, self.seq_limits)
+        verdict = judge_sequence(self.windower, cols, now, self.seq_limits)
         if verdict.action != "count":
             code = "duplicate" if verdict.action == "duplicate" else "implausible_seq"
             res.rejected[code] += 1
@@ -241,10 +284,9 @@ class OfflineAnalysis:
         res.launch_messages += 1
         res.launches += len(cols)
         self.transfers.add(cols)
-        # ``now`` only drives idle flushes, which replay leaves to the end of the range.
-        for too_late in self.windower.add_columns(cols, msg.timestamp_ms / 1000.0):
+        for too_late in self.windower.add_columns(cols, now):
             res.late_launches += len(too_late.t_end)
-        self._take_windows(self.windower.poll_key(meta.stream_key))
+        self._take_windows(self.windower.poll_key(cols.stream_key))
 
     def _take_windows(self, aggs: Iterable[WindowAggregate]) -> None:
         for agg in aggs:

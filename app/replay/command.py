@@ -580,8 +580,7 @@ async def analyse(
             n += len(chunk)
             launches_before = analysis.result.launches
             if r.topic == topics["launches"]:
-                for m in chunk:
-                    analysis.add_launch_message(m)
+                analysis.add_launch_messages(chunk)
             else:
                 for m in chunk:
                     analysis.add_recorded(m, kinds[r.topic])

@@ -6,6 +6,7 @@ import asyncio
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -256,3 +257,108 @@ def test_republish_filter_reads_binary_launch_batches_too() -> None:
             batch.device_model,
             "gemm",
         )
+
+
+def _mixed_messages(seed: int, wire: str) -> list[RecordedMessage]:
+    """One partition of several streams, mostly in line, with resent copies, overlaps,
+    gaps, launches out of order and late, failures, and messages the edge refuses (a
+    tombstone, bytes that are no batch, a key that is not the batch's)."""
+    from kernelstream.schemas.binary import encode_launch_batch
+
+    rng = random.Random(seed)
+    seq = dict.fromkeys(range(5), 0)
+    clock = dict.fromkeys(range(5), T0)
+    out: list[RecordedMessage] = []
+    for offset in range(300):
+        i = rng.randrange(5)
+        roll = rng.random()
+        ts = round(max(clock.values()) * 1000) + 50
+        if roll < 0.02:
+            out.append(RecordedMessage("ks.launches", 0, offset, ts, b"n0:0/matmul", None))
+            continue
+        if roll < 0.04:
+            out.append(RecordedMessage("ks.launches", 0, offset, ts, b"n0:0/matmul", b"KSLB!"))
+            continue
+        if roll < 0.08 and out and out[-1].value:
+            out.append(out[rng.randrange(len(out))]._replace(offset=offset))  # resent
+            continue
+        n = rng.choice([1, 3, 25, 182])
+        t = (clock[i] + np.cumsum([rng.expovariate(n / 0.4) for _ in range(n)])).tolist()
+        if roll < 0.12:
+            t = sorted(t, key=lambda _: rng.random())
+        elif roll < 0.16:
+            t = [x - rng.uniform(0.5, 2.0) for x in t]
+        start = seq[i] + (rng.choice([-2, 5]) if roll > 0.97 else 0)
+        b = make_example_batch(
+            t,
+            [rng.uniform(5.0, 500.0) for _ in range(n)],
+            [0 if rng.random() < 0.03 else 1 for _ in range(n)],
+            node=f"n{i}",
+            kernel="matmul",
+            problem_size=[2048],
+            config={**SPACE, "unroll": 1 + i % 2},
+            seq_start=max(0, start),
+        )
+        key = b"n9:0/matmul" if 0.16 <= roll < 0.18 else b.stream_key.encode()
+        value = encode_launch_batch(b) if wire == "binary" else encode(b)
+        out.append(RecordedMessage("ks.launches", 0, offset, ts, key, value))
+        seq[i] = max(seq[i], max(0, start) + n)
+        clock[i] = max(clock[i], max(t))
+    return out
+
+
+@pytest.mark.parametrize("wire", ["json", "binary"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_chunks_window_as_the_window_agent_and_as_batch_by_batch(seed: int, wire: str) -> None:
+    """Replay feeds a partition a chunk at a time on the window agent's path (runs of
+    in-line batches); whatever the chunking, every result equals message by message's,
+    and the windows equal a windower fed batch by batch (sequence rules, add_columns,
+    poll_key) with the same messages."""
+    from kernelstream.agents.context import LaunchLimits, launch_batch_problem
+    from kernelstream.agents.logic.sequencing import SeqLimits, judge_sequence
+    from kernelstream.schemas.columnar import decode_launch_columns
+
+    msgs = _mixed_messages(seed, wire)
+    results = []
+    for size in (1, 7, 128, len(msgs)):
+        analysis = OfflineAnalysis(SPEC)
+        for at in range(0, len(msgs), size):
+            analysis.add_launch_messages(msgs[at : at + size])
+        results.append(analysis.finish())
+    first = results[0]
+    assert first.rejected["duplicate"] > 0 and first.late_launches > 0
+    assert {"invalid_json", "bad_key"} <= set(first.rejected)
+    for res in results[1:]:
+        assert res.windows == first.windows
+        assert res.findings == first.findings
+        assert res.rejected == first.rejected
+        assert (res.launches, res.launch_messages, res.late_launches) == (
+            first.launches,
+            first.launch_messages,
+            first.late_launches,
+        )
+        assert res.duplicate_launches == first.duplicate_launches
+    # the reference: the edge checks and the sequence rules, then batch by batch
+    ref = Windower(SPEC)
+    want = []
+    for m in msgs:
+        if m.value is None or m.key is None:
+            continue
+        try:
+            cols = decode_launch_columns(m.value)
+        except Exception:
+            continue
+        now = m.timestamp_ms / 1000.0
+        limits = LaunchLimits()
+        span = cols.t_range()
+        back = cols.max_backstep()
+        if launch_batch_problem(
+            cols.meta, m.key.decode(), now, limits, None, span, backstep_s=back
+        ):
+            continue
+        verdict = judge_sequence(ref, cols, now, SeqLimits())
+        if verdict.action == "count":
+            ref.add_columns(verdict.cols, now)
+            want += ref.poll_key(cols.stream_key)
+    want += ref.flush_all()
+    assert first.windows == sorted(want, key=lambda a: (a.stream_key, a.window_start, a.config_id))
