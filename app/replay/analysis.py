@@ -40,6 +40,7 @@ Everything here is plain Python over records: no Kafka, no Faust.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -71,6 +72,8 @@ from kernelstream.schemas import (
 )
 from kernelstream.schemas.codec import check_key
 from kernelstream.schemas.columnar import LaunchColumns, decode_launch_columns_many
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AnalysisResult",
@@ -222,7 +225,7 @@ class OfflineAnalysis:
                 kept.append((msg, check_key(msg.key)))
             except SchemaError as exc:
                 res.rejected[exc.code or "invalid"] += 1
-        decoded = decode_launch_columns_many([m.value or b"" for m, _ in kept])
+        decoded = _decode_many([m.value or b"" for m, _ in kept])
         run = InOrderRun(self.windower)
         now = 0.0
         for (msg, key), cols in zip(kept, decoded, strict=True):
@@ -230,17 +233,21 @@ class OfflineAnalysis:
             if isinstance(cols, SchemaError):
                 res.rejected[cols.code or "invalid"] += 1
                 continue
-            problem = launch_batch_problem(
-                cols.meta,
-                key,
-                now,
-                self.limits,
-                self.known_workload,
-                cols.t_range(),
-                config_problem=self.config_problem,
-                backstep_s=cols.max_backstep(),
-                batch_key=cols.key,
-            )
+            try:
+                problem = launch_batch_problem(
+                    cols.meta,
+                    key,
+                    now,
+                    self.limits,
+                    self.known_workload,
+                    cols.t_range(),
+                    config_problem=self.config_problem,
+                    backstep_s=cols.max_backstep(),
+                    batch_key=cols.key,
+                )
+            except Exception as ex:
+                log.exception("checking a launch batch of %s failed", key)
+                problem = SchemaError(f"the edge check failed: {ex!r}", "internal_error")
             if problem is not None:
                 res.rejected[problem.code or "invalid"] += 1
                 continue
@@ -249,22 +256,56 @@ class OfflineAnalysis:
                 res.skipped_messages += 1
                 continue
             if run.take(cols):
-                res.launch_messages += 1
-                res.launches += len(cols)
                 continue
             self._flush_run(run, now)
-            self._count(cols, now)
+            self._count_one(cols, now)
         self._flush_run(run, now)
 
     def _flush_run(self, run: InOrderRun, now: float) -> None:
-        """Window the batches ``run`` took; take the windows they closed, stream by stream."""
-        if not run.batches:
+        """Window the batches ``run`` took; take the windows they closed, stream by stream.
+
+        As the window agent: should the run's windowing fail in a way nothing foresaw,
+        its batches go the general way one by one (those the run had counted are
+        recognised by sequence number), and a stream whose windows fail to close counts
+        one ``internal_error``; the replay goes on.
+        """
+        batches = run.batches
+        if not batches:
             return
-        # ``now`` only drives idle flushes, which replay leaves to the end of the range.
-        touched, late = run.flush(now)
-        self.result.late_launches += sum(len(x.t_end) for x in late)
+        res = self.result
+        try:
+            # ``now`` only drives idle flushes, which replay leaves to the end of the range.
+            touched, late = run.flush(now)
+        except Exception:
+            log.exception("windowing a run of %d batches failed; one by one", len(batches))
+            for cols in batches:
+                last = cols.meta.seq_start + len(cols) - 1
+                if self.windower.seen_through(cols.stream_key) >= last:
+                    res.launch_messages += 1  # counted by the run
+                    res.launches += len(cols)
+                else:
+                    self._count_one(cols, now)
+            return
+        res.launch_messages += len(batches)
+        res.launches += sum(len(c) for c in batches)
+        res.late_launches += sum(len(x.t_end) for x in late)
         for key in touched:
-            self._take_windows(self.windower.poll_key(key))
+            try:
+                closed = self.windower.poll_key(key)
+            except Exception:
+                log.exception("closing the windows of %s failed", key)
+                res.rejected["internal_error"] += 1
+                continue
+            self._take_windows(closed)
+
+    def _count_one(self, cols: LaunchColumns, now: float) -> None:
+        """:meth:`_count`; a failure nothing foresaw counts the batch ``internal_error``
+        (the window agent dead-letters it) and the replay goes on."""
+        try:
+            self._count(cols, now)
+        except Exception:
+            log.exception("a launch batch of %s failed", cols.stream_key)
+            self.result.rejected["internal_error"] += 1
 
     def _count(self, cols: LaunchColumns, now: float) -> None:
         """One batch the general way: the sequence rules, windowing, its stream's close."""
@@ -281,17 +322,26 @@ class OfflineAnalysis:
             return
         res.duplicate_launches += verdict.skipped
         cols = verdict.cols
+        late = self.windower.add_columns(cols, now)
         res.launch_messages += 1
         res.launches += len(cols)
+        res.late_launches += sum(len(x.t_end) for x in late)
         self.transfers.add(cols)
-        for too_late in self.windower.add_columns(cols, now):
-            res.late_launches += len(too_late.t_end)
         self._take_windows(self.windower.poll_key(cols.stream_key))
 
     def _take_windows(self, aggs: Iterable[WindowAggregate]) -> None:
+        """Keep closed windows and their findings. A window the detector fails on keeps
+        no finding and counts ``detector.internal_error`` (the worker's inline detector
+        dead-letters it, stage ``detector``)."""
         for agg in aggs:
             self.result.windows.append(agg)
-            finding = self.detector.classify(agg)
+            try:
+                finding = self.detector.classify(agg)
+            except Exception:
+                log.exception("classifying window %s failed", finding_id(agg))
+                self.result.rejected["detector.internal_error"] += 1
+                self.transfers.close(agg)
+                continue
             self._findings_by_key[agg.stream_key].append(finding)
             host = self.transfers.close(agg)
             if host is not None:
@@ -365,6 +415,22 @@ class OfflineAnalysis:
             if proposed is not None:
                 out.append(proposed)
         return out
+
+
+def _decode_many(values: list[bytes]) -> list[LaunchColumns | SchemaError]:
+    """:func:`decode_launch_columns_many`; should it fail in a way nothing foresaw, each
+    message alone, the one it fails on refused ``internal_error`` (as the window agent)."""
+    try:
+        return decode_launch_columns_many(values)
+    except Exception:
+        log.exception("decoding %d launch messages failed; one by one", len(values))
+    out: list[LaunchColumns | SchemaError] = []
+    for value in values:
+        try:
+            out += decode_launch_columns_many([value])
+        except Exception as ex:
+            out.append(SchemaError(f"the decoder failed on this message: {ex!r}", "internal_error"))
+    return out
 
 
 def _window_order(a: WindowAggregate) -> tuple[str, float, str]:

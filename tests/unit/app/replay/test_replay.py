@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -362,3 +363,86 @@ def test_chunks_window_as_the_window_agent_and_as_batch_by_batch(seed: int, wire
             want += ref.poll_key(cols.stream_key)
     want += ref.flush_all()
     assert first.windows == sorted(want, key=lambda a: (a.stream_key, a.window_start, a.config_id))
+
+
+class _RunFails(Windower):
+    """Every run's windowing fails before it counts anything (a defect of that path)."""
+
+    def add_in_order(self, run: Any, now: float) -> Any:
+        raise ZeroDivisionError("a defect in the run's window maths")
+
+
+class _StreamFails(_RunFails):
+    """And every batch of stream n1 fails alone too."""
+
+    def add_columns(self, cols: LaunchColumns, now: float) -> Any:
+        if cols.meta.node == "n1":
+            raise ZeroDivisionError("a defect in the window maths")
+        return super().add_columns(cols, now)
+
+
+def _replayed(msgs: list[RecordedMessage], windower: Windower | None = None) -> Any:
+    analysis = OfflineAnalysis(SPEC)
+    if windower is not None:
+        analysis.windower = windower
+    for at in range(0, len(msgs), 16):
+        analysis.add_launch_messages(msgs[at : at + 16])
+    return analysis.finish()
+
+
+def test_a_failing_run_goes_batch_by_batch_with_the_same_results() -> None:
+    msgs = messages(batches())
+    clean, failed = _replayed(msgs), _replayed(msgs, _RunFails(SPEC))
+    assert failed.windows == clean.windows and failed.findings == clean.findings
+    assert (failed.launches, failed.launch_messages) == (clean.launches, clean.launch_messages)
+    assert not failed.rejected
+
+
+def test_a_batch_the_windowing_fails_on_is_counted_and_the_replay_goes_on() -> None:
+    msgs = messages(batches())
+    clean, failed = _replayed(msgs), _replayed(msgs, _StreamFails(SPEC))
+    n1 = [m for m in msgs if m.key and m.key.startswith(b"n1:")]
+    assert failed.rejected == {"internal_error": len(n1)}
+    assert failed.windows == [w for w in clean.windows if w.node != "n1"]
+    assert failed.launch_messages == clean.launch_messages - len(n1)
+
+
+def test_a_message_the_decoder_fails_on_is_counted_and_the_replay_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import kernelstream.app.replay.analysis as analysis_module
+
+    msgs = messages(batches())
+    clean = _replayed(msgs)
+    poison = msgs[5].value
+    real = analysis_module.decode_launch_columns_many
+
+    def failing(values: list[bytes]) -> Any:
+        if poison in values:
+            raise ZeroDivisionError("a defect in the decoder")
+        return real(values)
+
+    monkeypatch.setattr(analysis_module, "decode_launch_columns_many", failing)
+    failed = _replayed(msgs)
+    assert failed.rejected == {"internal_error": 1}
+    assert failed.launch_messages == clean.launch_messages - 1
+
+
+def test_a_window_the_detector_fails_on_keeps_no_finding(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelstream.agents.logic.detection import Detector
+
+    msgs = messages(batches())
+    clean = _replayed(msgs)
+    victim = clean.windows[3]
+    real = Detector.classify
+
+    def classify(self: Detector, agg: Any) -> Any:
+        if agg == victim:
+            raise ZeroDivisionError("a defect in the detector")
+        return real(self, agg)
+
+    monkeypatch.setattr(Detector, "classify", classify)
+    failed = _replayed(msgs)
+    assert failed.rejected == {"detector.internal_error": 1}
+    assert failed.windows == clean.windows
+    assert len(failed.findings) == len(clean.findings) - 1
