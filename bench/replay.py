@@ -6,12 +6,19 @@ change every 10 s of event time) to a fresh topic on the embedded broker, then t
 ``kernelstream replay --report DIR`` end to end in this process: reading the range,
 edge checks, windows, detector, offline tuner, summary, what-if, plots and page.
 Records the machine's load average (other work shares the cores) with the figures.
+
+Then, in the same run, the replay's windowing alone (edge checks, windows, detector; no
+broker, no tuner) over the same messages spread on the topic's partitions as its
+producer spread them: a chunk of a partition at a time, as replay reads them
+(:meth:`OfflineAnalysis.add_launch_messages`: decoded together, the batches that continue
+their streams windowed a run at a time), against one message at a time, alternating.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import math
 import os
 import platform
 import random
@@ -107,6 +114,52 @@ async def _publish(bootstrap: str, topic: str, msgs: list[tuple[bytes, bytes, in
         await producer.stop()
 
 
+_CHUNK = 500  # messages of a partition handed over at once (what a fetch returns, about)
+
+
+def windowing_alone(
+    settings: Any, msgs: list[tuple[bytes, bytes, int]], rounds: int = 3
+) -> dict[str, float]:
+    """ns per launch of the replay's windowing over ``msgs`` a chunk of a partition at a
+    time and one message at a time (best of ``rounds``, alternating)."""
+    from aiokafka.partitioner import murmur2
+
+    from kernelstream.agents.logic.windowing import WindowSpec
+    from kernelstream.app.replay.analysis import OfflineAnalysis, RecordedMessage
+
+    spec = WindowSpec(
+        size_s=settings.window_s,
+        out_of_orderness_s=settings.out_of_orderness_s,
+        allowed_lateness_s=settings.allowed_lateness_s,
+        idle_timeout_s=settings.idle_timeout_s,
+    )
+    parts: dict[int, list[RecordedMessage]] = {}
+    for key, value, ts in msgs:
+        p = (murmur2(key) & 0x7FFFFFFF) % settings.partitions  # the producer's partitioner
+        part = parts.setdefault(p, [])
+        part.append(RecordedMessage(settings.topic_launches, p, len(part), ts, key, value))
+    best = {"chunks": math.inf, "one_at_a_time": math.inf}
+    outcome: dict[str, tuple[int, int, int]] = {}
+    for _ in range(rounds):
+        for mode in best:
+            analysis = OfflineAnalysis(spec)
+            t = time.perf_counter()
+            for part in parts.values():
+                if mode == "chunks":
+                    for at in range(0, len(part), _CHUNK):
+                        analysis.add_launch_messages(part[at : at + _CHUNK])
+                else:
+                    for m in part:
+                        analysis.add_launch_message(m)
+            best[mode] = min(best[mode], time.perf_counter() - t)
+            res = analysis.result
+            outcome[mode] = (res.launches, len(res.windows), sum(res.rejected.values()))
+    if outcome["chunks"] != outcome["one_at_a_time"]:
+        raise RuntimeError(f"the two ways windowed differently: {outcome}")
+    launches = outcome["chunks"][0]
+    return {f"{mode}_ns_per_launch": s / launches * 1e9 for mode, s in best.items()}
+
+
 def run_benchmark(launches: int, per_batch: int, echo: Any = print) -> dict[str, Any]:
     """Publish, replay into a report, return the measured figures."""
     from kernelstream.app.kafka.embedded import EmbeddedBroker
@@ -143,6 +196,7 @@ def run_benchmark(launches: int, per_batch: int, echo: Any = print) -> dict[str,
         load_after = os.getloadavg()
         phases = orjson.loads((out / "run.json").read_bytes())
         echo(f"replayed {done['launches']:,} launches into a report in {wall:.1f} s")
+        alone = windowing_alone(settings, msgs)
         return {
             "date": dt.date.today().isoformat(),
             "machine": {
@@ -172,6 +226,7 @@ def run_benchmark(launches: int, per_batch: int, echo: Any = print) -> dict[str,
                 "target_s": 60.0,
                 "met": wall <= 60.0,
             },
+            "windowing_alone": alone,
         }
 
 
@@ -189,7 +244,7 @@ def command(launches: int, per_batch: int, results_dir: Path) -> None:
     report = run_benchmark(launches, per_batch, echo=lambda m: click.echo(m, err=True))
     path = Path(f"{dated_stem(results_dir, 'replay', report['date'])}.json")
     path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
-    r, m = report["result"], report["machine"]
+    r, m, w = report["result"], report["machine"], report["windowing_alone"]
     text = (
         f"kernelstream bench replay --launches {launches} --batch {per_batch}\n"
         f"{report['input']['launches']:,} launches in {report['input']['messages']:,} messages, "
@@ -199,6 +254,10 @@ def command(launches: int, per_batch: int, results_dir: Path) -> None:
         f"process CPU {r['process_cpu_s']:.1f} s\n"
         f"phases: read+window {r['read_and_window_s']:.1f} s, analysis "
         f"{r['analysis_s']:.1f} s, report+plots {r['report_write_and_plots_s']:.1f} s\n"
+        f"windowing alone (edge checks, windows, detector; best of 3): a chunk of "
+        f"{_CHUNK} messages of a partition at a time {w['chunks_ns_per_launch']:.0f} ns/launch, "
+        f"one message at a time {w['one_at_a_time_ns_per_launch']:.0f}: "
+        f"{w['one_at_a_time_ns_per_launch'] / w['chunks_ns_per_launch']:.2f}x\n"
         f"{m['cpus']} CPUs; load average before {m['loadavg_before']}, after "
         f"{m['loadavg_after']}\n"
     )
