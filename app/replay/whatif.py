@@ -62,15 +62,19 @@ def trace_what_if(
     windows: Sequence[WindowAggregate], trace_paths: Sequence[Path]
 ) -> list[dict[str, Any]]:
     """One entry per (device model, workload, problem size) that a trace file covers."""
-    from kernelstream.kernels.backends.trace import load_cache
+    from kernelstream.kernels.backends.trace import cache_kernel_name, load_cache
     from kernelstream.kernels.devices import device_spec_for_name
     from kernelstream.kernels.errors import KernelsError
 
     groups: dict[tuple[str, str, tuple[int, ...]], list[WindowAggregate]] = defaultdict(list)
     for w in windows:
         groups[(w.device_model, w.workload, tuple(w.problem_size))].append(w)
+    workloads = {workload for _, workload, _ in groups}
     traces = []
     for path in trace_paths:
+        named = cache_kernel_name(path)
+        if named is not None and named not in workloads:
+            continue  # a kernel the range did not run: not loaded
         try:
             t = load_cache(path)
         except KernelsError as ex:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from kernelstream.kernels.backends.base import LaunchPlan, LaunchResult, make_plan, well_formed
 from kernelstream.kernels.devices import DeviceSpec, device_spec_for_name
@@ -46,6 +47,7 @@ __all__ = [
     "TraceDevice",
     "TraceSpace",
     "cache_files_in",
+    "cache_kernel_name",
     "default_tuning_spaces_dir",
     "is_measured_time",
     "load_cache",
@@ -113,13 +115,25 @@ def cache_files_in(directory: str | Path | None) -> list[Path]:
 
 
 def _read_json(path: Path) -> Any:
+    """The document of a cache file: orjson where it parses it (a third of the time of
+    ``json`` on the measured spaces, the same objects), else ``json``, which also takes
+    the NaN and Infinity that Kernel Tuner's ``json.dumps`` may write, and what an open
+    cache needs (:func:`_open_cache`)."""
     try:
         if path.name.endswith(".gz"):
-            with gzip.open(path, "rt", encoding="utf-8") as fh:
-                text = fh.read()
+            with gzip.open(path, "rb") as fh:
+                data = fh.read()
         else:
-            text = path.read_text(encoding="utf-8")
+            data = path.read_bytes()
     except (OSError, ValueError, EOFError) as ex:
+        raise TraceFileError(f"cannot read Kernel Tuner cache {path}: {ex}") from ex
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        text = data.decode("utf-8")
+    except ValueError as ex:
         raise TraceFileError(f"cannot read Kernel Tuner cache {path}: {ex}") from ex
     try:
         return json.loads(text)
@@ -448,6 +462,41 @@ _DEDISP_CHANNELS = 1536
 def read_cache_document(path: str | Path) -> Any:
     """The parsed JSON of a Kernel Tuner cache file (``.json`` or ``.json.gz``)."""
     return _read_json(Path(path))
+
+
+# A cache header's kernel name, before its entries begin (Kernel Tuner writes the header's
+# fields first, ``"cache"`` last); a name with an escape is left to the full read.
+_HEADER_KERNEL = re.compile(rb'"kernel_name"\s*:\s*"([^"\\]*)"')
+_HEADER_BYTES = 1 << 16
+
+
+def cache_kernel_name(path: str | Path) -> str | None:
+    """The kernel a cache file's header names, read from its first 64 KiB only; None
+    when that is not plainly there (the full read then decides).
+
+    For choosing which of a folder's caches to load: loading one parses every measured
+    configuration (0.1-0.5 s for each of the measured spaces on a 2-core machine).
+    """
+    p = Path(path)
+    try:
+        if p.name.endswith(".gz"):
+            with gzip.open(p, "rb") as fh:
+                head = fh.read(_HEADER_BYTES)
+        else:
+            with p.open("rb") as fh:
+                head = fh.read(_HEADER_BYTES)
+    except (OSError, ValueError, EOFError):
+        return None
+    entries = head.find(b'"cache"')
+    if entries < 0:
+        return None
+    found = _HEADER_KERNEL.search(head, 0, entries)
+    if found is None:
+        return None
+    try:
+        return found.group(1).decode("utf-8")
+    except ValueError:
+        return None
 
 
 def load_cache(path: str | Path) -> TraceSpace:

@@ -337,3 +337,71 @@ def test_launch_noise_stays_independent_uniform_draws_of_the_measured_times() ->
     assert abs(np.mean(draws[1:] == draws[:-1]) - 1 / 3) < 0.01
     other = noise.draw("k", "other", times, 60_000)
     assert abs(np.mean(other == draws) - 1 / 3) < 0.01
+
+
+def test_what_json_reads_beyond_orjson_still_loads(tmp_path: Path) -> None:
+    # orjson parses the measured spaces; json takes what it refuses: NaN and Infinity
+    # (Kernel Tuner's json.dumps writes them) and integers past 64 bits.
+    f = _cache(tmp_path / "odd.json")
+    doc = json.loads(f.read_text())
+    doc["cache"]["16,1,15,15"]["times"] = [1.0, float("inf"), float("nan")]
+    doc["cache"]["16,1,15,15"]["compile_time"] = 2**70
+    f.write_text(json.dumps(doc))
+    from kernelstream.kernels.backends.trace import read_cache_document
+
+    assert read_cache_document(f)["cache"]["16,1,15,15"]["compile_time"] == 2**70
+    assert load_cache(f).kernel_name == "convolution_kernel"
+
+
+def test_a_caches_kernel_name_is_read_from_its_header(tmp_path: Path) -> None:
+    from kernelstream.kernels.backends.trace import cache_kernel_name
+
+    assert cache_kernel_name(_cache(tmp_path / "c.json")) == "convolution_kernel"
+    assert cache_kernel_name(_cache(tmp_path / "c.json.gz", gz=True)) == "convolution_kernel"
+    doc = json.loads((tmp_path / "c.json").read_text())
+    # entries before the name, a name with an escape, no name, not JSON: left to the full read
+    late = tmp_path / "late.json"
+    late.write_text(json.dumps({"cache": doc["cache"], "kernel_name": "convolution_kernel"}))
+    escaped = tmp_path / "escaped.json"
+    escaped.write_text(json.dumps({**doc, "kernel_name": 'a"b'}))
+    nameless = tmp_path / "nameless.json"
+    nameless.write_text(json.dumps({k: v for k, v in doc.items() if k != "kernel_name"}))
+    junk = tmp_path / "junk.json.gz"
+    junk.write_bytes(b"not gzip")
+    for path in (late, escaped, nameless, junk, tmp_path / "missing.json"):
+        assert cache_kernel_name(path) is None, path
+
+
+def test_the_what_if_loads_only_the_caches_of_kernels_the_range_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernelstream.agents.logic.windowing import Windower, make_example_batch
+    from kernelstream.app.replay.whatif import trace_what_if
+    from kernelstream.kernels.backends import trace
+
+    conv = _cache(tmp_path / "conv.json")
+    other = tmp_path / "other.json.gz"
+    with gzip.open(other, "wt") as fh:
+        json.dump({**json.loads(conv.read_text()), "kernel_name": "gemm"}, fh)
+    loaded: list[str] = []
+    real = trace.load_cache
+
+    def load(path: Any) -> TraceSpace:
+        loaded.append(Path(path).name)
+        return real(path)
+
+    monkeypatch.setattr(trace, "load_cache", load)
+    w = Windower()
+    config = {"block_size_x": 16, "block_size_y": 1, "filter_width": 15, "filter_height": 15}
+    w.add(
+        make_example_batch(
+            [0.1, 0.2],
+            kernel="convolution_kernel",
+            problem_size=[256, 128],
+            config=config,
+            device_model="A100-PCIE-40GB",
+        ),
+        now=0.0,
+    )
+    entries = trace_what_if(w.flush_all(), [conv, other])
+    assert loaded == ["conv.json"] and len(entries) == 1
