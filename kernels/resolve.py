@@ -25,22 +25,32 @@ log = logging.getLogger("kernelstream.resolve")
 class SpaceResolver:
     """Caches spaces by (workload, problem size); raises LookupError for unknown ones.
 
-    The tuning-spaces directory is read once, into an index of its cache files by
-    (kernel name, problem size), and again only when its listing changes (a file
-    added, removed or rewritten): a finding of a workload nobody knows is answered
-    from the index, not by parsing every cache file again (about 1.4 s for the four
-    files here, on the tuner's thread). A file that cannot be read is skipped with a
-    warning, so one broken or foreign file does not hide the good ones; the error for
-    an unknown workload names the skipped files and why.
+    The tuning-spaces directory is indexed by (kernel name, problem size) a kernel at a
+    time: the first lookup of a kernel parses only the cache files whose header names
+    it (:func:`kernels.backends.trace.cache_kernel_name`, the first 64 KiB of a file)
+    or names nothing readable, and the index answers every later lookup until the
+    folder's listing changes (a file added, removed or rewritten). Parsing every cache
+    of the measured spaces took about 2 s on a 2-core machine, on the thread of the
+    first finding or launch batch of a trace workload; one kernel's files take a
+    fraction of that. A file that cannot be read is skipped with a warning, so one
+    broken or foreign file does not hide the good ones; the error for an unknown
+    workload names the skipped files and why.
     """
 
     def __init__(self, tuning_spaces_dir: Path | None = None) -> None:
         self._dir = tuning_spaces_dir
         self._cache: dict[tuple[str, tuple[int, ...]], SearchSpace] = {}
         self._listing: tuple[tuple[str, int, int], ...] | None = None
-        # (kernel, problem size) -> its spaces, one per set of parameters, first-file first
+        # (kernel, problem size) -> its spaces, one per set of parameters, first-file first,
+        # for the kernels in ``_indexed``
         self._index: dict[tuple[str, tuple[int, ...]], list[SearchSpace]] = {}
+        self._indexed: set[str] = set()
         self._skipped: dict[str, str] = {}
+        self._declared: list[tuple[str, tuple[int, ...], SearchSpace]] = []
+        # per cache file of the listing: the kernel its header names, and the file read
+        # (None: unreadable, the reason in ``_skipped``)
+        self._names: dict[Path, str | None] = {}
+        self._traces: dict[Path, Any] = {}
 
     def space_for(
         self,
@@ -72,6 +82,7 @@ class SpaceResolver:
             return builtin
         d = Path(self._dir or default_tuning_spaces_dir())
         self._scan(d)
+        self._index_kernel(d, workload)
         spaces = self._index.get((workload, problem_size))
         if spaces:
             return _by_parameters(spaces, config)
@@ -83,8 +94,9 @@ class SpaceResolver:
         )
 
     def _scan(self, d: Path) -> None:
-        """(Re)build the index if the directory's cache files changed since last time."""
-        from kernelstream.kernels.backends.trace import cache_files_in, load_caches_in
+        """Start the index anew if the directory's files changed since last time (its
+        declared-space files are read then; cache files when a kernel is looked up)."""
+        from kernelstream.kernels.backends.trace import cache_files_in
         from kernelstream.kernels.declared import space_files_in
 
         sigs = []
@@ -97,48 +109,57 @@ class SpaceResolver:
         listing = tuple(sigs)
         if listing == self._listing:
             return
+        self._index, self._indexed, self._skipped = {}, set(), {}
+        self._names, self._traces = {}, {}
+        self._declared = self._read_declared(d, self._skipped)
+        self._listing = listing
+
+    def _index_kernel(self, d: Path, kernel: str) -> None:
+        """Index the cache files of ``kernel`` (once per listing), then its declared spaces.
+
+        The spaces of (kernel, size) are merged from the files that hold that kernel, in
+        the folder's order, as a scan of every file would: the files a header says hold
+        another kernel are the only ones not read.
+        """
+        if kernel in self._indexed:
+            return
+        from kernelstream.kernels.backends import trace as trace_module
+
         index: dict[tuple[str, tuple[int, ...]], list[SearchSpace]] = {}
-        traces, unreadable = load_caches_in(d)  # logs each file it skips, and why
-        skipped = {path.name: why for path, why in unreadable.items()}
-        for trace in traces:
-            spaces = index.setdefault((trace.name, tuple(trace.problem_size)), [])
-            names = set(trace.space.params)
-            same = [i for i, have in enumerate(spaces) if set(have.params) == names]
-            if not same:
-                # Other parameters: another version of the kernel, or another kernel of
-                # that name. Kept beside the first; a config's parameters pick one.
-                spaces.append(trace.space)
+        for path in trace_module.cache_files_in(d):
+            if path not in self._names:
+                self._names[path] = trace_module.cache_kernel_name(path)
+            if self._names[path] not in (None, kernel):
                 continue
-            have = spaces[same[0]]
-            if (
-                dict(have.params) == dict(trace.space.params)
-                and have.allowed is not None
-                and trace.space.allowed is not None
-            ):
-                # The same kernel measured on two GPUs (or a session's partial cache
-                # beside a finished one): the declared space is every config either
-                # file holds, whichever file sorts first.
-                spaces[same[0]] = replace(have, allowed=have.allowed | trace.space.allowed)
-            else:
-                log.warning(
-                    "tuning spaces: %s declares %s %s with the parameters of an earlier "
-                    "file but other values or restrictions; the earlier one is used",
-                    trace.path,
-                    trace.name,
-                    trace.problem_size,
-                )
-        self._add_declared(d, index, skipped)
-        self._listing, self._index, self._skipped = listing, index, skipped
+            if path not in self._traces:
+                try:
+                    self._traces[path] = trace_module.load_cache(path)
+                except trace_module.TraceFileError as ex:
+                    self._traces[path] = None
+                    self._skipped[path.name] = str(ex)
+                    log.warning("skipped (not read as a Kernel Tuner cache): %s", ex)
+            trace = self._traces[path]
+            if trace is not None and trace.name == kernel:
+                _merge(index, trace)
+        for name, size, space in self._declared:
+            if name != kernel:
+                continue
+            # Declared wins over a cache of the same parameters (it carries the user's
+            # restrictions), and comes first.
+            names = set(space.params)
+            others = [have for have in index.get((name, size), []) if set(have.params) != names]
+            index[(name, size)] = [space, *others]
+        self._index.update(index)
+        self._indexed.add(kernel)
 
     @staticmethod
-    def _add_declared(
-        d: Path,
-        index: dict[tuple[str, tuple[int, ...]], list[SearchSpace]],
-        skipped: dict[str, str],
-    ) -> None:
+    def _read_declared(
+        d: Path, skipped: dict[str, str]
+    ) -> list[tuple[str, tuple[int, ...], SearchSpace]]:
         from kernelstream.kernels.declared import read_space, space_files_in
         from kernelstream.kernels.errors import KernelDefinitionError
 
+        out = []
         for path in space_files_in(d):
             try:
                 name, size, space = read_space(path)
@@ -146,11 +167,38 @@ class SpaceResolver:
                 skipped[path.name] = str(ex)
                 log.warning("tuning spaces: skipped %s", ex)
                 continue
-            # Declared wins over a cache of the same parameters (it carries the user's
-            # restrictions), and comes first.
-            names = set(space.params)
-            others = [have for have in index.get((name, size), []) if set(have.params) != names]
-            index[(name, size)] = [space, *others]
+            out.append((name, tuple(size), space))
+        return out
+
+
+def _merge(index: dict[tuple[str, tuple[int, ...]], list[SearchSpace]], trace: Any) -> None:
+    """Add a cache file's space to ``index`` beside the earlier files' of its kernel."""
+    spaces = index.setdefault((trace.name, tuple(trace.problem_size)), [])
+    names = set(trace.space.params)
+    same = [i for i, have in enumerate(spaces) if set(have.params) == names]
+    if not same:
+        # Other parameters: another version of the kernel, or another kernel of that
+        # name. Kept beside the first; a config's parameters pick one.
+        spaces.append(trace.space)
+        return
+    have = spaces[same[0]]
+    if (
+        dict(have.params) == dict(trace.space.params)
+        and have.allowed is not None
+        and trace.space.allowed is not None
+    ):
+        # The same kernel measured on two GPUs (or a session's partial cache beside a
+        # finished one): the declared space is every config either file holds,
+        # whichever file sorts first.
+        spaces[same[0]] = replace(have, allowed=have.allowed | trace.space.allowed)
+    else:
+        log.warning(
+            "tuning spaces: %s declares %s %s with the parameters of an earlier "
+            "file but other values or restrictions; the earlier one is used",
+            trace.path,
+            trace.name,
+            trace.problem_size,
+        )
 
 
 def _by_parameters(spaces: list[SearchSpace], config: Mapping[str, Any] | None) -> SearchSpace:

@@ -59,7 +59,7 @@ def test_a_broken_file_does_not_hide_the_others(tmp_path: Path) -> None:
         resolver.space_for("scale", (2048,))
 
 
-def test_misses_do_not_read_the_folder_again(
+def test_a_lookup_parses_only_its_kernels_files_and_misses_read_nothing_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reads = _counting(monkeypatch)
@@ -69,13 +69,14 @@ def test_misses_do_not_read_the_folder_again(
     for _ in range(3):
         with pytest.raises(LookupError, match="unknown workload 'nobody'"):
             resolver.space_for("nobody", (1,))
-    assert sorted(reads) == ["a.json", "b.json"]  # once, for the first miss
+    assert reads == []  # their headers name other kernels: neither file is parsed
     assert resolver.space_for("shift", (1024,)).size() == 4
-    assert len(reads) == 2  # answered from the index
-    # A file added later is found: the listing changed, so the folder is read again.
+    assert resolver.space_for("shift", (1024,)).size() == 4
+    assert reads == ["b.json"]  # only the file of that kernel, once
+    # A file added later is found: the listing changed, so the index starts anew.
     _cache(tmp_path / "c.json", "nobody", [1])
     assert resolver.space_for("nobody", (1,)).size() == 4
-    assert sorted(reads) == ["a.json", "a.json", "b.json", "b.json", "c.json"]
+    assert reads == ["b.json", "c.json"]
 
 
 def test_one_kernel_in_two_files_is_the_union(tmp_path: Path) -> None:
@@ -124,3 +125,23 @@ def test_the_shared_convolution_caches_of_two_kernel_versions_both_resolve() -> 
         batch = make_example_batch([1.0], kernel=cache.name, problem_size=size, config=config)
         assert batch.workload == cache.name and ctx.known_workload(cache.name, size)
         assert ctx.config_problem(batch) is None, f.name
+
+
+@pytest.mark.realdata
+def test_each_kernel_resolves_as_from_every_file_of_the_measured_spaces(
+    real_spaces: Path,
+) -> None:
+    # Per kernel, only the files whose header names it are parsed; the spaces are the
+    # ones every file of the folder, merged in order, gives.
+    from kernelstream.kernels.resolve import _merge
+
+    everything: dict[tuple[str, tuple[int, ...]], list[Any]] = {}
+    traces, skipped = trace.load_caches_in(real_spaces)
+    for t in traces:
+        _merge(everything, t)
+    assert everything and not skipped
+    resolver = SpaceResolver(real_spaces)
+    for (name, size), spaces in everything.items():
+        for space in spaces:
+            got = resolver.space_for(name, size, space.start_config())
+            assert (dict(got.params), got.allowed) == (dict(space.params), space.allowed)
