@@ -373,24 +373,15 @@ def test_a_caches_kernel_name_is_read_from_its_header(tmp_path: Path) -> None:
 
 
 def test_the_what_if_loads_only_the_caches_of_kernels_the_range_ran(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, cache_reads: list[str]
 ) -> None:
     from kernelstream.agents.logic.windowing import Windower, make_example_batch
     from kernelstream.app.replay.whatif import trace_what_if
-    from kernelstream.kernels.backends import trace
 
     conv = _cache(tmp_path / "conv.json")
     other = tmp_path / "other.json.gz"
     with gzip.open(other, "wt") as fh:
         json.dump({**json.loads(conv.read_text()), "kernel_name": "gemm"}, fh)
-    loaded: list[str] = []
-    real = trace.load_cache
-
-    def load(path: Any) -> TraceSpace:
-        loaded.append(Path(path).name)
-        return real(path)
-
-    monkeypatch.setattr(trace, "load_cache", load)
     w = Windower()
     config = {"block_size_x": 16, "block_size_y": 1, "filter_width": 15, "filter_height": 15}
     w.add(
@@ -404,4 +395,4 @@ def test_the_what_if_loads_only_the_caches_of_kernels_the_range_ran(
         now=0.0,
     )
     entries = trace_what_if(w.flush_all(), [conv, other])
-    assert loaded == ["conv.json"] and len(entries) == 1
+    assert cache_reads == ["conv.json"] and len(entries) == 1

@@ -32,18 +32,6 @@ def _cache(path: Path, kernel: str, size: list[int], tiles: tuple[int, ...] = (1
     return path
 
 
-def _counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    reads: list[str] = []
-    real = trace.load_cache
-
-    def counted(path: Any) -> Any:
-        reads.append(Path(path).name)
-        return real(path)
-
-    monkeypatch.setattr(trace, "load_cache", counted)
-    return reads
-
-
 def test_built_in_workloads_need_no_folder(tmp_path: Path) -> None:
     space = SpaceResolver(tmp_path / "absent").space_for("matmul", (512,))
     assert space.size() > 1
@@ -60,9 +48,9 @@ def test_a_broken_file_does_not_hide_the_others(tmp_path: Path) -> None:
 
 
 def test_a_lookup_parses_only_its_kernels_files_and_misses_read_nothing_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, cache_reads: list[str]
 ) -> None:
-    reads = _counting(monkeypatch)
+    reads = cache_reads
     _cache(tmp_path / "a.json", "scale", [1024])
     _cache(tmp_path / "b.json", "shift", [1024])
     resolver = SpaceResolver(tmp_path)
