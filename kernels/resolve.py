@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kernelstream.kernels.space import SearchSpace
 
@@ -47,10 +47,11 @@ class SpaceResolver:
         self._indexed: set[str] = set()
         self._skipped: dict[str, str] = {}
         self._declared: list[tuple[str, tuple[int, ...], SearchSpace]] = []
-        # per cache file of the listing: the kernel its header names, and the file read
-        # (None: unreadable, the reason in ``_skipped``)
+        # per cache file of the listing: the kernel its header names, and what the file
+        # read declares (None: unreadable, the reason in ``_skipped``); the measured
+        # times are not kept
         self._names: dict[Path, str | None] = {}
-        self._traces: dict[Path, Any] = {}
+        self._traces: dict[Path, _Declared | None] = {}
 
     def space_for(
         self,
@@ -133,7 +134,8 @@ class SpaceResolver:
                 continue
             if path not in self._traces:
                 try:
-                    self._traces[path] = trace_module.load_cache(path)
+                    t = trace_module.load_cache(path)
+                    self._traces[path] = _Declared(t.name, tuple(t.problem_size), t.space, path)
                 except trace_module.TraceFileError as ex:
                     self._traces[path] = None
                     self._skipped[path.name] = str(ex)
@@ -169,6 +171,15 @@ class SpaceResolver:
                 continue
             out.append((name, tuple(size), space))
         return out
+
+
+class _Declared(NamedTuple):
+    """What a cache file declares: its kernel, problem size and space."""
+
+    name: str
+    problem_size: tuple[int, ...]
+    space: SearchSpace
+    path: Path
 
 
 def _merge(index: dict[tuple[str, tuple[int, ...]], list[SearchSpace]], trace: Any) -> None:
