@@ -151,8 +151,11 @@ class SpaceResolver:
             names = set(space.params)
             others = [have for have in index.get((name, size), []) if set(have.params) != names]
             index[(name, size)] = [space, *others]
-        self._index.update(index)
-        self._indexed.add(kernel)
+        if index:
+            # A name nothing declares is not remembered: launch batches can carry any
+            # number of names, and a lookup of one again reads no file anyway.
+            self._index.update(index)
+            self._indexed.add(kernel)
 
     @staticmethod
     def _read_declared(

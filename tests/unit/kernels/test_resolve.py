@@ -133,3 +133,18 @@ def test_each_kernel_resolves_as_from_every_file_of_the_measured_spaces(
         for space in spaces:
             got = resolver.space_for(name, size, space.start_config())
             assert (dict(got.params), got.allowed) == (dict(space.params), space.allowed)
+
+
+def test_names_nothing_declares_are_not_remembered(tmp_path: Path, cache_reads: list[str]) -> None:
+    # A worker looks up the workload of every launch batch it has not placed yet: hostile
+    # or mistaken names must not grow the resolver, nor read a file twice.
+    _cache(tmp_path / "a.json", "scale", [1024])
+    (tmp_path / "b-broken.json").write_text('{"kernel_name": "half a file", ')
+    resolver = SpaceResolver(tmp_path)
+    for i in range(200):
+        with pytest.raises(LookupError):
+            resolver.space_for(f"nobody-{i}", (1,))
+    assert resolver._indexed == set() and resolver._index == {}
+    assert cache_reads == ["b-broken.json"]  # the file whose header says nothing, once
+    assert resolver.space_for("scale", (1024,)).size() == 4
+    assert cache_reads == ["b-broken.json", "a.json"]
