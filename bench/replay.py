@@ -122,20 +122,15 @@ def windowing_alone(
 ) -> dict[str, float]:
     """ns per launch of the replay's windowing over ``msgs`` a chunk of a partition at a
     time and one message at a time (best of ``rounds``, alternating)."""
-    from aiokafka.partitioner import murmur2
-
-    from kernelstream.agents.logic.windowing import WindowSpec
+    from kernelstream.agents.reconfig_agent import partition_for_key
+    from kernelstream.agents.window_agent import window_spec
     from kernelstream.app.replay.analysis import OfflineAnalysis, RecordedMessage
 
-    spec = WindowSpec(
-        size_s=settings.window_s,
-        out_of_orderness_s=settings.out_of_orderness_s,
-        allowed_lateness_s=settings.allowed_lateness_s,
-        idle_timeout_s=settings.idle_timeout_s,
-    )
+    spec = window_spec(settings)  # as the replay command windows
+    partitions = list(range(settings.partitions))
     parts: dict[int, list[RecordedMessage]] = {}
     for key, value, ts in msgs:
-        p = (murmur2(key) & 0x7FFFFFFF) % settings.partitions  # the producer's partitioner
+        p = partition_for_key(key, partitions)  # the producer's partitioner
         part = parts.setdefault(p, [])
         part.append(RecordedMessage(settings.topic_launches, p, len(part), ts, key, value))
     best = {"chunks": math.inf, "one_at_a_time": math.inf}
