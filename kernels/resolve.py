@@ -52,6 +52,7 @@ class SpaceResolver:
         # times are not kept
         self._names: dict[Path, str | None] = {}
         self._traces: dict[Path, _Declared | None] = {}
+        self._caches: list[Path] = []  # the cache files of the listing, in order
 
     def space_for(
         self,
@@ -83,7 +84,7 @@ class SpaceResolver:
             return builtin
         d = Path(self._dir or default_tuning_spaces_dir())
         self._scan(d)
-        self._index_kernel(d, workload)
+        self._index_kernel(workload)
         spaces = self._index.get((workload, problem_size))
         if spaces:
             return _by_parameters(spaces, config)
@@ -100,8 +101,9 @@ class SpaceResolver:
         from kernelstream.kernels.backends.trace import cache_files_in
         from kernelstream.kernels.declared import space_files_in
 
+        caches = cache_files_in(d)
         sigs = []
-        for path in [*cache_files_in(d), *space_files_in(d)]:
+        for path in [*caches, *space_files_in(d)]:
             try:
                 st = path.stat()
             except OSError:
@@ -111,11 +113,11 @@ class SpaceResolver:
         if listing == self._listing:
             return
         self._index, self._indexed, self._skipped = {}, set(), {}
-        self._names, self._traces = {}, {}
+        self._names, self._traces, self._caches = {}, {}, caches
         self._declared = self._read_declared(d, self._skipped)
         self._listing = listing
 
-    def _index_kernel(self, d: Path, kernel: str) -> None:
+    def _index_kernel(self, kernel: str) -> None:
         """Index the cache files of ``kernel`` (once per listing), then its declared spaces.
 
         The spaces of (kernel, size) are merged from the files that hold that kernel, in
@@ -127,7 +129,7 @@ class SpaceResolver:
         from kernelstream.kernels.backends import trace as trace_module
 
         index: dict[tuple[str, tuple[int, ...]], list[SearchSpace]] = {}
-        for path in trace_module.cache_files_in(d):
+        for path in self._caches:  # as listed by the scan just before
             if path not in self._names:
                 self._names[path] = trace_module.cache_kernel_name(path)
             if self._names[path] not in (None, kernel):
