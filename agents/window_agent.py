@@ -555,9 +555,8 @@ class WindowIngest(Service):
         except Exception:
             log.exception("windowing a run of %d batches failed; one by one", len(batches))
             for event, cols in zip(events, batches, strict=True):
-                key = cols.stream_key
-                if self.windower.seen_through(key) >= cols.meta.seq_start + len(cols) - 1:
-                    keys.add(key)  # counted by the run
+                if self.windower.counted_whole(cols):
+                    keys.add(cols.stream_key)  # counted by the run
                     self._counted(1, len(cols), now)
                     continue
                 done = self._count(event, cols, keys)

@@ -506,6 +506,17 @@ class Windower:
         st = self._keys.get(key)
         return -1 if st is None else st.seq_hi
 
+    def counted_whole(self, cols: LaunchColumns) -> bool:
+        """Whether every launch of ``cols`` is already counted (its stream counted through
+        its last sequence number): what a run that failed part way had counted.
+
+        >>> w = Windower()
+        >>> c = LaunchColumns.from_batch(make_example_batch([0.1, 0.2], seq_start=5))
+        >>> w.counted_whole(c), w.add_columns(c, now=0.0) == [], w.counted_whole(c)
+        (False, True, True)
+        """
+        return self.seen_through(cols.stream_key) >= cols.meta.seq_start + len(cols) - 1
+
     def newest_event_time(self, key: str) -> float:
         """Largest event time of ``key`` ingested so far (-inf if none)."""
         st = self._keys.get(key)

@@ -279,8 +279,7 @@ class OfflineAnalysis:
         except Exception:
             log.exception("windowing a run of %d batches failed; one by one", len(batches))
             for cols in batches:
-                last = cols.meta.seq_start + len(cols) - 1
-                if self.windower.seen_through(cols.stream_key) >= last:
+                if self.windower.counted_whole(cols):
                     res.launch_messages += 1  # counted by the run
                     res.launches += len(cols)
                 else:
