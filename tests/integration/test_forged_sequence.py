@@ -9,6 +9,7 @@ other letter is not."""
 from __future__ import annotations
 
 import asyncio
+import math
 import subprocess
 import time
 
@@ -27,7 +28,10 @@ pytestmark = pytest.mark.integration
 async def _scenario(s: Settings) -> None:
     bootstrap = str(s.bootstrap)
     await ensure_topics(s, bootstrap)
-    now = time.time()
+    # Half a second into a window: the first batch (its first launch fails) never begins
+    # in the last 10 ms of a window, where that window would hold only the failed launch
+    # and the alert stage would rightly refuse to forecast from it (``series_gap``).
+    now = math.floor(time.time()) + 0.5
     first = good_batch(s.node_id, "matmul", now - 3.0, 20, 0)
     forged = first.to_wire() | {"seq_start": 2**53, "t_end": [now - 2.7] * 20}
     real = [
