@@ -69,6 +69,11 @@ class NodeReport:
 
     ``max_tick_lag_s`` is the launch loop's worst overrun of its 50 ms tick, by
     its own clock: a loop that waited for the broker would show the outage here.
+    ``worst_tick`` says where that tick's time went: ``at`` (wall clock, the tick's
+    start), ``launch_s`` (the workload's own step, run in a thread), ``thread_wait_s``
+    (from handing that step to a thread to having its result back, beyond the step
+    itself: a busy executor or a starved process) and ``rest_s`` (the loop's own work:
+    batching, publishing, evaluating).
     """
 
     node: str
@@ -79,6 +84,7 @@ class NodeReport:
     default_configs: dict[str, dict[str, Any]] = field(default_factory=dict)
     final_configs: dict[str, dict[str, Any]] = field(default_factory=dict)
     max_tick_lag_s: float = 0.0
+    worst_tick: dict[str, float] = field(default_factory=dict)
     outbox: dict[str, int] = field(default_factory=dict)
     # Launch batches the launch batch schema refused, by reason code (dead-lettered).
     refused: dict[str, int] = field(default_factory=dict)
@@ -507,6 +513,13 @@ async def run_node(
         store.close()
 
 
+def _timed(step: Callable[[float], Any], now: float) -> tuple[Any, float]:
+    """``step(now)`` and the seconds it took (run in a thread: its own time)."""
+    t0 = time.perf_counter()
+    out = step(now)
+    return out, time.perf_counter() - t0
+
+
 async def _loop(node: _Node, stop: asyncio.Event, duration_s: float | None) -> None:
     report = node.report
     node.sender.start()
@@ -517,7 +530,9 @@ async def _loop(node: _Node, stop: asyncio.Event, duration_s: float | None) -> N
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             tick_start = time.time()
             node.consider_recommendations(tick_start)
-            chunks = await asyncio.to_thread(node.runner.tick, time.time())
+            handed = time.perf_counter()
+            chunks, launch_s = await asyncio.to_thread(_timed, node.runner.tick, time.time())
+            back = time.perf_counter()
             now = time.time()
             node.launches(chunks, now)
             node.evaluate(now)
@@ -531,7 +546,14 @@ async def _loop(node: _Node, stop: asyncio.Event, duration_s: float | None) -> N
                 node.seen.forget_expired(now - 3600.0)  # an hour of margin for skewed clocks
             report.ticks += 1
             elapsed = time.time() - tick_start
-            report.max_tick_lag_s = max(report.max_tick_lag_s, elapsed - _TICK_S)
+            if elapsed - _TICK_S > report.max_tick_lag_s:
+                report.max_tick_lag_s = elapsed - _TICK_S
+                report.worst_tick = {
+                    "at": tick_start,
+                    "launch_s": launch_s,
+                    "thread_wait_s": back - handed - launch_s,
+                    "rest_s": elapsed - (back - handed),
+                }
             node.tick_lag.observe(time.monotonic(), elapsed - _TICK_S)
             await asyncio.sleep(max(0.0, _TICK_S - elapsed))
     finally:

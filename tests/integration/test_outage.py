@@ -98,6 +98,11 @@ async def _scenario(
         produced = sum(during[r.node][k] - at_down[r.node][k] for k in at_down[r.node])
         assert produced > 0, f"{r.node} launched nothing during the outage"
         assert r.max_tick_lag_s < MAX_TICK_LAG_S, f"{r.node}'s launch loop stalled: {r}"
+        if r.worst_tick:  # where the worst tick's time went: its parts make up the tick
+            parts = r.worst_tick["launch_s"] + r.worst_tick["thread_wait_s"]
+            assert parts + r.worst_tick["rest_s"] == pytest.approx(
+                r.max_tick_lag_s + 0.05, abs=0.01
+            )
         assert r.outbox["pending"] == 0, f"{r.node} did not deliver everything: {r.outbox}"
         assert r.outbox["dropped_batches"] == 0
 
@@ -136,7 +141,8 @@ async def _scenario(
         f"outage {OUTAGE_S:.0f} s: {sum(len(w) for w in want.values())} launches produced "
         f"since it began, all on the restarted broker; "
         f"{sum(n - 1 for n in wire.values())} exact re-sends on the wire; max tick lag "
-        f"{max(r.max_tick_lag_s for r in reports) * 1000:.0f} ms; outboxes "
+        f"{max(r.max_tick_lag_s for r in reports) * 1000:.0f} ms "
+        f"(worst ticks {[r.worst_tick for r in reports]}); outboxes "
         f"{[r.outbox for r in reports]}"
     )
 
