@@ -48,6 +48,7 @@ from kernelstream.schemas.errors import SchemaError
 __all__ = [
     "MAGIC",
     "BinaryBatch",
+    "encode_arrays",
     "encode_launch_batch",
     "encode_parts",
     "header_json",
@@ -303,6 +304,42 @@ def encode_parts(meta_json: bytes, seq_start: int, columns: list[Any]) -> bytes:
     return b"".join(parts)
 
 
+def encode_arrays(
+    meta_json: bytes,
+    seq_start: int,
+    t_end: npt.NDArray[np.float64],
+    duration_us: npt.NDArray[np.float64],
+    ok: npt.NDArray[np.uint8],
+) -> bytes:
+    """:func:`encode_parts` of the three wire columns as arrays of their wire types
+    (``<f8``, ``<f8``, ``|u1``, of one length): the same bytes, framed directly.
+
+    What a node pays per batch beyond the arrays' bytes: one header, one join. Both
+    double columns are whole 8-byte words, so only the flags need padding. Columns of
+    other types go through :func:`encode_parts`, which converts them.
+    """
+    n = t_end.size
+    if not (
+        t_end.dtype is _F8 is duration_us.dtype  # identity: a dtype's == costs ~0.3 us
+        and ok.dtype is _U1
+        and duration_us.size == ok.size == n
+    ):
+        return encode_parts(meta_json, seq_start, [t_end, duration_us, ok])
+    m = len(meta_json)
+    return b"".join(
+        (
+            _HEAD.pack(MAGIC, LAYOUT_VERSION, n, seq_start, m),
+            meta_json,
+            _SPACES[-m % 8],
+            t_end.tobytes(),
+            duration_us.tobytes(),
+            ok.tobytes(),
+            _ZEROS[-n % 8],
+        )
+    )
+
+
+_F8, _U1 = np.dtype("<f8"), np.dtype("|u1")  # NumPy's own instances (on little-endian)
 _SPACES = [b" " * i for i in range(8)]  # padding by length, built once
 _ZEROS = [b"\0" * i for i in range(8)]
 

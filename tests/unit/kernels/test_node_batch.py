@@ -14,6 +14,7 @@ from kernelstream.kernels.transfers import HostPattern
 from kernelstream.schemas import DeviceSample, encode
 from kernelstream.schemas.binary import encode_launch_batch
 from kernelstream.schemas.columnar import decode_launch_columns
+from kernelstream.schemas.records import MAX_DURATION_US
 
 
 class _CountingDevice(SimDevice):
@@ -102,7 +103,15 @@ def test_a_new_workload_object_gets_a_new_template() -> None:
 
 @pytest.mark.parametrize(
     ("column", "value"),
-    [("duration_us", float("nan")), ("duration_us", -1.0), ("t_end", float("inf"))],
+    [
+        ("duration_us", float("nan")),
+        ("duration_us", -1.0),
+        ("duration_us", -float("inf")),
+        ("duration_us", float("inf")),
+        ("duration_us", MAX_DURATION_US * 1.001),
+        ("t_end", float("inf")),
+        ("t_end", float("nan")),
+    ],
 )
 def test_a_column_the_model_refuses_is_refused_on_the_node(column: str, value: float) -> None:
     dev = SimDevice("A100-SXM4-80GB", seed=0)
@@ -141,3 +150,21 @@ def test_flags_other_than_0_and_1_are_the_models_to_refuse() -> None:
     (b,) = batcher.flush()
     with pytest.raises(ValidationError, match="ok"):
         b.wire()
+
+
+@pytest.mark.parametrize("value", [0.0, -0.0, MAX_DURATION_US])
+def test_durations_at_the_models_bounds_are_the_records_bytes(value: float) -> None:
+    # The node's own check reads the durations' bit patterns: -0.0 (which the model
+    # takes) goes through the record, the largest duration the model takes does not;
+    # both give the record's bytes.
+    dev = SimDevice("A100-SXM4-80GB", seed=0)
+    w = dev.workloads()[0]
+    cfg = w.space.start_config()
+    batcher = LaunchBatcher(dev, "n1")
+    d = np.array([5.0, value, 7.0])
+    t = np.array([1.0, 2.0, 3.0])
+    chunk = LaunchChunk(w.name, w, dict(cfg), w.space.config_id(cfg), 0, t, d, np.ones(3, bool))
+    batcher.add(chunk, 0.0)
+    (b,) = batcher.flush()
+    assert b.wire() == encode_launch_batch(b.record())
+    assert decode_launch_columns(b.wire()).duration_us.tolist() == [5.0, value, 7.0]

@@ -12,7 +12,12 @@ import pytest
 
 from kernelstream.agents.logic.windowing import make_example_batch
 from kernelstream.schemas import LaunchBatch, SchemaError, decode, decode_any, encode
-from kernelstream.schemas.binary import encode_launch_batch, encode_parts, is_binary
+from kernelstream.schemas.binary import (
+    encode_arrays,
+    encode_launch_batch,
+    encode_parts,
+    is_binary,
+)
 from kernelstream.schemas.columnar import (
     WIRE_COLUMNS,
     LaunchColumns,
@@ -318,3 +323,19 @@ def test_the_poll_builds_every_field_of_the_columns() -> None:
             assert a.tobytes() == b.tobytes(), f.name
         else:
             assert a == b, f.name
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 182, 2000])
+def test_arrays_frame_as_the_parts_do(n: int) -> None:
+    rng = np.random.default_rng(n)
+    t = np.cumsum(rng.random(n)) + 1.79e9
+    d = rng.random(n) * 100
+    ok = (rng.random(n) > 0.1).astype(np.uint8)
+    for header in (_header(), _header() + b" "):  # header lengths padded differently
+        want = encode_parts(header, 11, [t, d, ok])
+        assert encode_arrays(header, 11, t, d, ok) == want
+        # other column types are converted, as encode_parts does
+        assert encode_arrays(header, 11, t.astype(">f8"), d, ok.astype(bool)) == want
+        assert encode_arrays(header, 11, t, d.astype(np.float32).astype(np.float64), ok) == (
+            encode_parts(header, 11, [t, d.astype(np.float32), ok])
+        )
