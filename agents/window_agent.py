@@ -74,9 +74,9 @@ from mode import Service
 from kernelstream.agents.context import WorkerContext
 from kernelstream.agents.detector_agent import InlineDetector
 from kernelstream.agents.logic.errors import SnapshotError
-from kernelstream.agents.logic.sequencing import SeqVerdict, judge_sequence
+from kernelstream.agents.logic.ingest import Counted, Refused, window_partition
 from kernelstream.agents.logic.snapshot_codec import pack, unpack
-from kernelstream.agents.logic.windowing import InOrderRun, Windower, WindowSpec
+from kernelstream.agents.logic.windowing import Windower, WindowSpec
 from kernelstream.agents.window_checkpoints import CheckpointStore
 from kernelstream.agents.window_consumer import EarlyConsumer
 from kernelstream.schemas import LaunchBatch, WindowAggregate, encode
@@ -104,10 +104,6 @@ _MIN_POLL_RECORDS = 8
 
 # How often the agent looks for offsets its consumer skipped (:meth:`WindowIngest._follow_skipped`).
 _SKIP_CHECK_S = 0.5
-
-# What a counted batch leaves to publish: its stream key, its too-late launches and the
-# windows it closed.
-_Counted = tuple[str, list[LaunchBatch], list[WindowAggregate]]
 
 
 def window_spec(settings: Any) -> WindowSpec:
@@ -503,177 +499,70 @@ class WindowIngest(Service):
 
     async def _ingest(self, events: list[Any], keys: set[str]) -> list[LaunchColumns | None]:
         """One partition's messages of a poll, in order: decoded and checked at the edge
-        (the whole poll at once), then windowed in order and what they closed published.
-        Returns the decoded columns (None: dead-lettered).
+        (the whole poll at once), then windowed in order
+        (:func:`agents.logic.ingest.window_partition`, replay's path too) and what each
+        step closed published before the next is windowed. Returns the decoded columns
+        (None: dead-lettered).
 
-        Consecutive batches that continue their streams exactly go into an
-        :class:`InOrderRun`, windowed together with their streams' windows closed after
-        them (:meth:`_count_run`): no sequence verdict, windowing checks or close per
-        batch (``kernelstream bench worker-path``: the decode-and-window path 1.2x as fast
-        at 182-launch batches, the same at 2,000). Any other batch (a copy, a
-        gap, launches out of order or late, device samples, host telemetry) ends the run
-        and goes the general way: :meth:`_count`, then :meth:`_finish` only for what has
-        something to await.
+        Consecutive batches that continue their streams exactly are windowed a run at a
+        time, their streams' windows closed after them (``kernelstream bench
+        worker-path``: the decode-and-window path 1.2x as fast at 182-launch batches, the
+        same at 2,000); any other batch goes the general way, after the sequence rules.
         """
         decoded = await self._decode(events)
-        run = InOrderRun(self.windower)
-        taken: list[Any] = []  # the events of the run's batches
-        for event, cols in zip(events, decoded, strict=True):
-            if cols is None:
-                continue
-            if run.take(cols):
-                taken.append(event)
-                continue
-            if taken:
-                await self._count_run(run, taken, keys)
-                taken = []
-            done = self._count(event, cols, keys)
-            if done is not None:
-                await self._finish(event, done)
-        if taken:
-            await self._count_run(run, taken, keys)
+        steps = window_partition(
+            self.windower,
+            [(e, c) for e, c in zip(events, decoded, strict=True) if c is not None],
+            self.ctx.seq_limits,
+            now=_clock,
+            on_batch=self.detector.on_batch if self.detector is not None else None,
+            stage_s=self.stats.stage_s,
+        )
+        for step in steps:
+            if isinstance(step, Counted):
+                await self._counted(step, keys)
+            elif isinstance(step, Refused):
+                await self._refused(step)
+            else:
+                await self._internal_error(step.item, step.error)
         return decoded
 
-    async def _count_run(self, run: InOrderRun, events: list[Any], keys: set[str]) -> None:
-        """Window the batches an :class:`InOrderRun` took, all at once, and publish the
-        windows they closed (each stream's, after the run: the same windows, in the same
-        order per stream, as batch by batch).
-
-        Should the run's windowing fail in a way nothing foresaw, its batches go the
-        general way one by one, so that only the one it fails on is dead-lettered
-        (``internal_error``); those the run had counted before it failed (their stream
-        is counted through their last sequence number) are not counted again. Should
-        closing a stream's windows fail, the stream's last batch of the run is
-        dead-lettered (``internal_error``), as the batch that closed them would be.
-        """
-        stats, ctx, stage = self.stats, self.ctx, self.stats.stage_s
-        batches = run.batches
+    async def _counted(self, step: Counted, keys: set[str]) -> None:
+        """Progress, then the launches that came too late and the windows closed."""
+        stats, ctx = self.stats, self.ctx
         now = time.time()
-        t1 = time.perf_counter()
-        try:
-            touched, late = run.flush(now)
-        except Exception:
-            log.exception("windowing a run of %d batches failed; one by one", len(batches))
-            for event, cols in zip(events, batches, strict=True):
-                if self.windower.counted_whole(cols):
-                    keys.add(cols.stream_key)  # counted by the run
-                    self._counted(1, len(cols), now)
-                    continue
-                done = self._count(event, cols, keys)
-                if done is not None:
-                    await self._finish(event, done)
-            return
-        t2 = time.perf_counter()
-        stage["window"] += t2 - t1
-        self._counted(len(batches), sum(c.t_end.size for c in batches), now)
-        keys.update(touched)
-        closed: list[WindowAggregate] = []
-        for key in touched:
-            try:
-                closed += self.windower.poll_key(key)
-            except Exception as ex:
-                # As batch by batch: the batch that closed the windows (the stream's last
-                # of the run) is dead-lettered and the agent goes on (raised, every
-                # restart would fail on it again).
-                pairs = zip(reversed(events), reversed(batches), strict=True)
-                await self._internal_error(next(e for e, c in pairs if c.stream_key == key), ex)
-        stage["close"] += time.perf_counter() - t2
-        stats.last_batch_at = time.time()
-        if late or closed:
-            t0 = time.perf_counter()
-            for too_late in late:
-                ctx.counters["launches.late"] += len(too_late.t_end)
-                for part in late_parts(too_late):
-                    await ctx.send("late", too_late.stream_key.encode(), encode(part))
-            if closed:
-                await self.publish(closed)
-            stage["emit"] += time.perf_counter() - t0
-            stats.last_batch_at = time.time()
-
-    def _count(
-        self, event: Any, decoded: LaunchColumns, keys: set[str]
-    ) -> _Counted | SeqVerdict | Exception | None:
-        """One message's synchronous part of :meth:`_ingest`: its sequence check and windowing.
-
-        None when the batch was counted and closed nothing (most batches: nothing to
-        await); else what :meth:`_finish` publishes or dead-letters. A failure of the
-        checks or the window maths that nothing foresaw is returned, to be dead-lettered
-        (``internal_error``) and the message skipped: raised, it would stop the agent
-        before the offset is committed, and every restart would fail on the same message
-        again.
-        """
-        try:
-            verdict = judge_sequence(self.windower, decoded, time.time(), self.ctx.seq_limits)
-            if verdict.action != "count":
-                return verdict
-            if verdict.skipped:
-                self.ctx.counters["launches.duplicate"] += verdict.skipped
-            cols = verdict.cols
-            late, closed = self._window(cols, keys)
-        except Exception as ex:
-            return ex
-        self.stats.last_batch_at = time.time()
-        return (cols.stream_key, late, closed) if late or closed else None
-
-    async def _finish(self, event: Any, done: _Counted | SeqVerdict | Exception) -> None:
-        """Publish what a batch closed and its too-late launches, or dead-letter it.
-
-        A failure to publish (the broker) raises: the worker restarts from its
-        checkpoint and nothing is lost.
-        """
-        if isinstance(done, Exception):
-            await self._internal_error(event, done)
-            return
-        if isinstance(done, SeqVerdict):
-            # The edge checks (size, JSON, schema, key, event-time bounds, workload,
-            # space) were made on the whole poll (:meth:`_decode`); this is the stream's
-            # sequence numbers (:mod:`agents.logic.sequencing`).
-            code = "duplicate" if done.action == "duplicate" else "implausible_seq"
-            if code == "duplicate":
-                self.stats.duplicates += 1
-                self.ctx.counters["launches.duplicate"] += len(done.cols)
-            await self.ctx.dead_letter("window", event, done.reason, code)
-            return
-        key, late, closed = done
-        t0 = time.perf_counter()
-        for too_late in late:
-            for part in late_parts(too_late):
-                await self.ctx.send("late", key.encode(), encode(part))
-        if closed:
-            await self.publish(closed)
-        self.stats.stage_s["emit"] += time.perf_counter() - t0
-        self.stats.last_batch_at = time.time()
-
-    def _counted(self, batches: int, launches: int, now: float) -> None:
-        """Progress: ``batches`` batches holding ``launches`` launches were counted."""
-        stats = self.stats
-        stats.batches += batches
+        launches = step.launches
+        stats.batches += len(step.batches)
         stats.launches += launches
-        self.ctx.counters["launches.in"] += launches
+        ctx.counters["launches.in"] += launches
         if stats.first_batch_at is None:
             stats.first_batch_at = now
             stats.cpu_at_first_batch = time.process_time()
-
-    def _window(
-        self, cols: LaunchColumns, keys: set[str]
-    ) -> tuple[list[LaunchBatch], list[WindowAggregate]]:
-        """Count the launches; their too-late ones and the windows they closed."""
-        ctx, stage = self.ctx, self.stats.stage_s
-        key = cols.stream_key
-        now = time.time()
-        self._counted(1, len(cols), now)
-        keys.add(key)
-        if self.detector is not None:
-            self.detector.on_batch(cols)
-        t1 = time.perf_counter()
-        late = self.windower.add_columns(cols, now)
-        for too_late in late:
+        if step.duplicates:
+            ctx.counters["launches.duplicate"] += step.duplicates
+        keys.update(c.stream_key for c in step.batches)
+        stats.last_batch_at = now
+        if not (step.late or step.closed):
+            return
+        t0 = time.perf_counter()
+        for too_late in step.late:
             ctx.counters["launches.late"] += len(too_late.t_end)
-        t2 = time.perf_counter()
-        stage["window"] += t2 - t1
-        closed = self.windower.poll_key(key)
-        stage["close"] += time.perf_counter() - t2
-        return late, closed
+            for part in late_parts(too_late):
+                await ctx.send("late", too_late.stream_key.encode(), encode(part))
+        if step.closed:
+            await self.publish(step.closed)
+        stats.stage_s["emit"] += time.perf_counter() - t0
+        stats.last_batch_at = time.time()
+
+    async def _refused(self, step: Refused) -> None:
+        """A batch the sequence rules refused, dead-lettered. The edge checks (size, JSON,
+        schema, key, event-time bounds, workload, space) were made on the whole poll
+        (:meth:`_decode`); this is the stream's sequence numbers
+        (:mod:`agents.logic.sequencing`)."""
+        if step.code == "duplicate":
+            self.stats.duplicates += 1
+            self.ctx.counters["launches.duplicate"] += len(step.verdict.cols)
+        await self.ctx.dead_letter("window", step.item, step.verdict.reason, step.code)
 
     async def publish(self, aggs: list[WindowAggregate]) -> None:
         for agg in aggs:
@@ -950,6 +839,11 @@ class _Listener(ConsumerRebalanceListener):
             await self.ingest.crash(ex)
             return
         self.ingest._taken_over.set()
+
+
+def _clock(_: Any) -> float:
+    """The processing time of a batch, live: the clock when it is windowed."""
+    return time.time()
 
 
 class _Event:

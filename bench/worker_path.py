@@ -8,9 +8,10 @@ benchmark's fleet batches (zstd-compressed as nodes send them), it times:
 * ``ceiling``: zstd decompression + ``orjson.loads`` of every message (what the
   pipeline benchmark's ceiling does per message, minus the broker);
 * ``worker``: decompression, :func:`schemas.columnar.decode_launch_columns_many`
-  (parse and validation, a poll of messages at a time), the windowing of the batches
-  that continue their streams a run at a time (:class:`InOrderRun`), each other batch
-  alone (:meth:`Windower.add_columns`), :meth:`Windower.poll_key` (closing windows) and a
+  (parse and validation, a poll of messages at a time), the agent's own control flow
+  (:func:`agents.logic.ingest.window_partition`: the batches that continue their streams
+  a run at a time, each other batch alone after the sequence rules, the streams' windows
+  closed after them) and a
   checkpoint snapshot (:func:`agents.logic.snapshot_codec.pack`) about once a second of
   input, as the window agent does; beside it, in the same rounds, every batch windowed
   alone and its stream's windows closed after it (``batch by batch``), as the agent did
@@ -40,11 +41,13 @@ import numpy as np
 import orjson
 from aiokafka import codec
 
+from kernelstream.agents.logic.ingest import Counted, window_partition
+from kernelstream.agents.logic.sequencing import SeqLimits
 from kernelstream.agents.logic.snapshot_codec import pack
-from kernelstream.agents.logic.windowing import InOrderRun, Windower, WindowSpec, percentiles
+from kernelstream.agents.logic.windowing import Windower, WindowSpec, percentiles
 from kernelstream.bench.pipeline_input import FleetSpec, encoded, fleet_batches, recent_t0
 from kernelstream.schemas.binary import encode_launch_batch
-from kernelstream.schemas.columnar import decode_launch_columns_many
+from kernelstream.schemas.columnar import LaunchColumns, decode_launch_columns_many
 from kernelstream.schemas.errors import SchemaError
 
 __all__ = ["aggregates_pass", "command", "measure", "nonempty_windows", "window_parts"]
@@ -52,27 +55,38 @@ __all__ = ["aggregates_pass", "command", "measure", "nonempty_windows", "window_
 _POLL = 128  # messages per consumer poll (agents/window_agent.py)
 
 
+_SEQ_LIMITS = SeqLimits()
+
+
+def _now(_: object) -> float:
+    return time.time()
+
+
 def _worker_pass(messages: list[bytes], per_checkpoint: int, runs: bool = True) -> int:
-    """The window agent's path over ``messages``; ``runs``: the batches that continue
-    their streams exactly windowed a run at a time (:class:`InOrderRun`, as the agent
-    does), else batch by batch (add_columns, then the stream's windows closed)."""
+    """The window agent's path over ``messages``; ``runs``: the agent's own control flow
+    (:func:`agents.logic.ingest.window_partition`: the batches that continue their streams
+    exactly a run at a time, any other after the sequence rules), else batch by batch
+    (add_columns, then the stream's windows closed)."""
     windower = Windower(WindowSpec(size_s=1.0, out_of_orderness_s=0.0, allowed_lateness_s=0.05))
     windows = 0
     for at in range(0, len(messages), _POLL):
         # decoded a poll at a time, as the window agent takes them from its consumer
         poll = [codec.zstd_decode(raw) for raw in messages[at : at + _POLL]]
-        run = InOrderRun(windower)
+        decoded: list[LaunchColumns] = []
         for cols in decode_launch_columns_many(poll):
             if isinstance(cols, SchemaError):
                 raise cols
-            if runs and run.take(cols):
-                continue
-            keys, _ = run.flush(time.time())
-            windows += sum(len(windower.poll_key(key)) for key in keys)
-            windower.add_columns(cols, time.time())
-            windows += len(windower.poll_key(cols.meta.stream_key))
-        keys, _ = run.flush(time.time())
-        windows += sum(len(windower.poll_key(key)) for key in keys)
+            decoded.append(cols)
+        if runs:  # the agent's own control flow
+            steps = window_partition(windower, list(enumerate(decoded)), _SEQ_LIMITS, now=_now)
+            for step in steps:
+                if not isinstance(step, Counted):
+                    raise RuntimeError(f"the fleet's batches are all counted: {step}")
+                windows += len(step.closed)
+        else:
+            for cols in decoded:
+                windower.add_columns(cols, time.time())
+                windows += len(windower.poll_key(cols.stream_key))
         if (at // _POLL + 1) % max(1, per_checkpoint // _POLL) == 0:
             pack(windower.snapshot(arrays=True))
     return windows

@@ -50,7 +50,8 @@ from typing import Any, NamedTuple
 from kernelstream.agents.context import ConfigCheck, LaunchLimits, launch_batch_problem
 from kernelstream.agents.logic.detection import Detector, finding_id
 from kernelstream.agents.logic.forecast import Forecaster
-from kernelstream.agents.logic.sequencing import SeqLimits, judge_sequence
+from kernelstream.agents.logic.ingest import Counted, Refused, window_partition
+from kernelstream.agents.logic.sequencing import SeqLimits
 from kernelstream.agents.logic.transfers import (
     TransferSummary,
     TransferWindows,
@@ -58,7 +59,7 @@ from kernelstream.agents.logic.transfers import (
     transfer_findings,
 )
 from kernelstream.agents.logic.tuning import Tuner
-from kernelstream.agents.logic.windowing import InOrderRun, Windower, WindowSpec
+from kernelstream.agents.logic.windowing import Windower, WindowSpec
 from kernelstream.kernels.devices import device_spec_for_name
 from kernelstream.kernels.transfers import host_declared
 from kernelstream.schemas import (
@@ -209,9 +210,10 @@ class OfflineAnalysis:
         """Recorded ``ks.launches`` messages of one partition, in offset order (a chunk as
         read), on the window agent's path (:meth:`agents.window_agent.WindowIngest._ingest`):
         decoded and checked at the edge a chunk at a time
-        (:func:`schemas.columnar.decode_launch_columns_many`), the batches that continue
-        their streams exactly windowed a run at a time (:class:`InOrderRun`), each other
-        batch alone after the sequence rules.
+        (:func:`schemas.columnar.decode_launch_columns_many`), then windowed in order by
+        the agent's own control flow (:func:`agents.logic.ingest.window_partition`): the
+        batches that continue their streams exactly a run at a time, each other batch
+        alone after the sequence rules.
         """
         res = self.result
         kept: list[tuple[RecordedMessage, str | None]] = []
@@ -226,10 +228,8 @@ class OfflineAnalysis:
             except SchemaError as exc:
                 res.rejected[exc.code or "invalid"] += 1
         decoded = _decode_many([m.value or b"" for m, _ in kept])
-        run = InOrderRun(self.windower)
-        now = 0.0
+        checked: list[tuple[RecordedMessage, LaunchColumns]] = []
         for (msg, key), cols in zip(kept, decoded, strict=True):
-            now = msg.timestamp_ms / 1000.0
             if isinstance(cols, SchemaError):
                 res.rejected[cols.code or "invalid"] += 1
                 continue
@@ -237,7 +237,7 @@ class OfflineAnalysis:
                 problem = launch_batch_problem(
                     cols.meta,
                     key,
-                    now,
+                    _timestamp(msg),
                     self.limits,
                     self.known_workload,
                     cols.t_range(),
@@ -255,78 +255,25 @@ class OfflineAnalysis:
             if not self.flt.keeps(meta.node, meta.device_index, meta.device_model, meta.kernel):
                 res.skipped_messages += 1
                 continue
-            if run.take(cols):
-                continue
-            self._flush_run(run, now)
-            self._count_one(cols, now)
-        self._flush_run(run, now)
-
-    def _flush_run(self, run: InOrderRun, now: float) -> None:
-        """Window the batches ``run`` took; take the windows they closed, stream by stream.
-
-        As the window agent: should the run's windowing fail in a way nothing foresaw,
-        its batches go the general way one by one (those the run had counted are
-        recognised by sequence number), and a stream whose windows fail to close counts
-        one ``internal_error``; the replay goes on.
-        """
-        batches = run.batches
-        if not batches:
-            return
-        res = self.result
-        try:
-            # ``now`` only drives idle flushes, which replay leaves to the end of the range.
-            touched, late = run.flush(now)
-        except Exception:
-            log.exception("windowing a run of %d batches failed; one by one", len(batches))
-            for cols in batches:
-                if self.windower.counted_whole(cols):
-                    res.launch_messages += 1  # counted by the run
-                    res.launches += len(cols)
-                else:
-                    self._count_one(cols, now)
-            return
-        res.launch_messages += len(batches)
-        res.launches += sum(len(c) for c in batches)
-        res.late_launches += sum(len(x.t_end) for x in late)
-        for key in touched:
-            try:
-                closed = self.windower.poll_key(key)
-            except Exception:
-                log.exception("closing the windows of %s failed", key)
+            checked.append((msg, cols))
+        # ``now`` (a message's timestamp) drives the sequence rules' clock; idle flushes,
+        # which it would drive live, replay leaves to the end of the range.
+        steps = window_partition(
+            self.windower, checked, self.seq_limits, now=_timestamp, on_batch=self.transfers.add
+        )
+        for step in steps:
+            if isinstance(step, Counted):
+                res.launch_messages += len(step.batches)
+                res.launches += step.launches
+                res.duplicate_launches += step.duplicates
+                res.late_launches += sum(len(x.t_end) for x in step.late)
+                self._take_windows(step.closed)
+            elif isinstance(step, Refused):
+                res.rejected[step.code] += 1
+                if step.code == "duplicate":
+                    res.duplicate_launches += len(step.verdict.cols)
+            else:
                 res.rejected["internal_error"] += 1
-                continue
-            self._take_windows(closed)
-
-    def _count_one(self, cols: LaunchColumns, now: float) -> None:
-        """:meth:`_count`; a failure nothing foresaw counts the batch ``internal_error``
-        (the window agent dead-letters it) and the replay goes on."""
-        try:
-            self._count(cols, now)
-        except Exception:
-            log.exception("a launch batch of %s failed", cols.stream_key)
-            self.result.rejected["internal_error"] += 1
-
-    def _count(self, cols: LaunchColumns, now: float) -> None:
-        """One batch the general way: the sequence rules, windowing, its stream's close."""
-        res = self.result
-        # The window agent's sequence rules (agents/logic/sequencing.py): a resent copy
-        # is a duplicate, an implausible jump is refused, an overlap counts from its
-        # first new launch.
-        verdict = judge_sequence(self.windower, cols, now, self.seq_limits)
-        if verdict.action != "count":
-            code = "duplicate" if verdict.action == "duplicate" else "implausible_seq"
-            res.rejected[code] += 1
-            if code == "duplicate":
-                res.duplicate_launches += len(cols)
-            return
-        res.duplicate_launches += verdict.skipped
-        cols = verdict.cols
-        late = self.windower.add_columns(cols, now)
-        res.launch_messages += 1
-        res.launches += len(cols)
-        res.late_launches += sum(len(x.t_end) for x in late)
-        self.transfers.add(cols)
-        self._take_windows(self.windower.poll_key(cols.stream_key))
 
     def _take_windows(self, aggs: Iterable[WindowAggregate]) -> None:
         """Keep closed windows and their findings. A window the detector fails on keeps
@@ -414,6 +361,11 @@ class OfflineAnalysis:
             if proposed is not None:
                 out.append(proposed)
         return out
+
+
+def _timestamp(msg: RecordedMessage) -> float:
+    """A recorded message's processing time: when the broker took it."""
+    return msg.timestamp_ms / 1000.0
 
 
 def _decode_many(values: list[bytes]) -> list[LaunchColumns | SchemaError]:
