@@ -29,7 +29,12 @@ from kernelstream.kernels.space import Config
 from kernelstream.kernels.transfers import HostPattern, HostTimeline, simulate_host
 from kernelstream.schemas import DeviceSample, LaunchBatch, encode
 from kernelstream.schemas.binary import encode_arrays, encode_launch_batch, header_json
-from kernelstream.schemas.records import MAX_DURATION_US, MAX_LAUNCHES, CopyColumns
+from kernelstream.schemas.records import (
+    MAX_DURATION_BITS,
+    MAX_DURATION_US,
+    MAX_LAUNCHES,
+    CopyColumns,
+)
 
 __all__ = ["BatchTemplate", "LaunchBatcher", "LaunchChunk", "NodeBatch", "WorkloadRunner"]
 
@@ -67,7 +72,6 @@ class LaunchChunk:
 
 
 _add, _max = np.add.reduce, np.maximum.reduce  # what .sum() and .max() run, unwrapped
-_MAX_DURATION_BITS = int(np.array([MAX_DURATION_US], dtype="<f8").view("<u8")[0])
 _F8 = np.dtype("<f8")  # NumPy's own instance on little-endian: ``is`` is its test
 
 # Templates a batcher keeps, one per kernel and configuration it has batched: bounded for
@@ -183,7 +187,7 @@ class NodeBatch:
             return bool(d.min() >= 0.0 and d.max() <= MAX_DURATION_US) and math.isfinite(
                 self.t_end.sum()
             )
-        return math.isfinite(_add(self.t_end)) and int(_max(d.view("<u8"))) <= _MAX_DURATION_BITS
+        return math.isfinite(_add(self.t_end)) and int(_max(d.view("<u8"))) <= MAX_DURATION_BITS
 
 
 @dataclass

@@ -54,6 +54,7 @@ from kernelstream.schemas.errors import SchemaError
 from kernelstream.schemas.records import (
     _MAX_COPY_BYTES,
     _MAX_COPY_GBS,
+    MAX_DURATION_BITS,
     MAX_DURATION_US,
     MAX_LAUNCHES,
     CopyColumns,
@@ -681,13 +682,6 @@ def _with_seq_start(hit: tuple[LaunchBatch, set[str], str], seq_start: int) -> L
     return out
 
 
-# Bit patterns of non-negative doubles sort as the doubles do, and every negative
-# number and NaN has a larger pattern than +inf: one unsigned maximum checks
-# 0 <= d <= limit and "no NaN" at once (-0.0 fails it and goes to the model, which
-# takes it).
-_MAX_DURATION_BITS = int(np.array([MAX_DURATION_US], dtype="<f8").view("<u8")[0])
-
-
 # (earliest and latest end time, end times in completion order, every launch ran)
 _Plain = tuple[tuple[float, float], bool, bool]
 
@@ -708,7 +702,7 @@ def _plain_binary(cols: dict[str, npt.NDArray[Any]], n: int) -> _Plain | None:
     lo, hi = (float(t[0]), float(t[-1])) if in_order else (float(t.min()), float(t.max()))
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return None
-    if int(d.view("<u8").max()) > _MAX_DURATION_BITS or int(ok.max()) > 1:
+    if int(d.view("<u8").max()) > MAX_DURATION_BITS or int(ok.max()) > 1:
         return None
     return (lo, hi), in_order, bool(ok.min() == 1)
 
@@ -885,8 +879,8 @@ def _plain_binary_many(batches: list[_Cols | None]) -> list[_Plain | bool | None
     ok = np.concatenate([c[2] for c in sel])
     fine = np.isfinite(lo) & np.isfinite(hi)
     # all durations and flags in range (the common case) in two passes; else by batch
-    if int(d_bits.max()) > _MAX_DURATION_BITS or int(ok.max()) > 1:
-        fine &= np.maximum.reduceat(d_bits, starts) <= _MAX_DURATION_BITS
+    if int(d_bits.max()) > MAX_DURATION_BITS or int(ok.max()) > 1:
+        fine &= np.maximum.reduceat(d_bits, starts) <= MAX_DURATION_BITS
         fine &= np.maximum.reduceat(ok, starts) <= 1
     all_ok = np.minimum.reduceat(ok, starts) == 1
     for i, f, a, b, o, r in zip(

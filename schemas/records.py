@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import struct
 from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from kernelstream.schemas.keys import stream_key
 
 __all__ = [
+    "MAX_DURATION_BITS",
     "MAX_DURATION_US",
     "MAX_LAUNCHES",
     "RECORD_TYPES",
@@ -198,6 +200,12 @@ _MAX_COPY_BYTES = 1 << 44  # 16 TiB: more than any GPU's memory
 #: launch batch may hold: the model's bounds, which the vectorized checks of a batch's
 #: columns (schemas.columnar on the worker, kernels.runner on the node) also apply.
 MAX_DURATION_US = 3.6e9
+#: The bit pattern of MAX_DURATION_US read as an unsigned little-endian integer. Bit
+#: patterns of non-negative doubles sort as the doubles do, and every negative number and
+#: NaN has a larger pattern than +inf: one unsigned maximum of a column's patterns checks
+#: 0 <= d <= MAX_DURATION_US and "no NaN" at once (-0.0, which the model takes, fails it
+#: and is left to the model).
+MAX_DURATION_BITS: int = struct.unpack("<Q", struct.pack("<d", MAX_DURATION_US))[0]
 MAX_LAUNCHES = 100_000
 _Duration = Annotated[float, Field(ge=0.0, le=MAX_DURATION_US, allow_inf_nan=False)]
 # Launches counted in a window, a finding or an outcome: at most 2^53, where every count
