@@ -492,7 +492,13 @@ class WindowIngest(Service):
 
     async def _internal_error(self, event: Any, ex: Exception) -> None:
         msg = event.message
-        log.exception("launch message %s[%d]@%d failed", msg.topic, msg.partition, msg.offset)
+        log.error(  # the exception given (this may run outside its except block)
+            "launch message %s[%d]@%d failed",
+            msg.topic,
+            msg.partition,
+            msg.offset,
+            exc_info=ex,
+        )
         await self.ctx.dead_letter(
             "window", event, f"the worker failed on this message: {ex!r}", "internal_error"
         )

@@ -24,7 +24,8 @@ The steps:
   fails goes batch by batch: what the run had counted before it failed is recognised by
   sequence number (:meth:`~agents.logic.windowing.Windower.counted_whole`) and not counted
   again. A stream whose windows fail to close fails its last batch of the run, the batch
-  that closed them.
+  that closed them. A :class:`Failed` carries its exception; the caller reports it (the
+  window agent logs and dead-letters it, replay logs and counts it).
 """
 
 from __future__ import annotations
@@ -154,7 +155,6 @@ def _flush(
         try:
             closed += windower.poll_key(key)
         except Exception as ex:
-            log.exception("closing the windows of %s failed", key)
             pairs = zip(reversed(items), reversed(batches), strict=True)
             failed.append(Failed(next(i for i, c in pairs if c.stream_key == key), ex))
     stage["close"] += time.perf_counter() - t2
@@ -188,6 +188,5 @@ def _one(
         closed = windower.poll_key(counted.stream_key)
         stage["close"] += time.perf_counter() - t2
     except Exception as ex:
-        log.exception("a launch batch of %s failed", cols.stream_key)
         return Failed(item, ex)
     return Counted([item], [counted], late, closed, verdict.skipped)

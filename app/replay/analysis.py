@@ -273,6 +273,7 @@ class OfflineAnalysis:
                 if step.code == "duplicate":
                     res.duplicate_launches += len(step.verdict.cols)
             else:
+                log.error("a launch batch failed: %r", step.error, exc_info=step.error)
                 res.rejected["internal_error"] += 1
 
     def _take_windows(self, aggs: Iterable[WindowAggregate]) -> None:
