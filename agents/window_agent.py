@@ -74,7 +74,13 @@ from mode import Service
 from kernelstream.agents.context import WorkerContext
 from kernelstream.agents.detector_agent import InlineDetector
 from kernelstream.agents.logic.errors import SnapshotError
-from kernelstream.agents.logic.ingest import Counted, Refused, window_partition
+from kernelstream.agents.logic.ingest import (
+    MAX_POLL_RECORDS,
+    Counted,
+    Refused,
+    poll_records,
+    window_partition,
+)
 from kernelstream.agents.logic.snapshot_codec import pack, unpack
 from kernelstream.agents.logic.windowing import Windower, WindowSpec
 from kernelstream.agents.window_checkpoints import CheckpointStore
@@ -85,22 +91,6 @@ from kernelstream.schemas.columnar import LaunchColumns
 __all__ = ["WindowAgentStats", "WindowIngest", "register", "state_topic", "window_spec"]
 
 log = logging.getLogger("kernelstream.window")
-
-# Messages taken per poll. aiokafka decompresses a fetch's record batches as they are
-# taken, and one fetch of a backlog holds up to ``fetch_max_bytes`` of zstd batches
-# (~5x that as JSON): taking a whole fetch at once made the worker's memory follow
-# its lag. Catching up a backlog of 15M launches, peak RSS was 411-427 MiB taking
-# whole fetches and 289-330 MiB taking 128 messages (~250k launches, ~7 MiB of JSON)
-# at a time, with no measurable cost in throughput.
-_MAX_POLL_RECORDS = 128
-# A poll holds the event loop while it is processed, and a finding's way to the tuner
-# (Faust's consumer thread, the findings agent's burst, the tuner's thread, the send)
-# takes several turns of the loop, each waiting out a poll. So a poll is also bounded by
-# launches: about this many, taken as whole messages, from the launches per message of
-# the last poll (large batches: 32 messages of 2,000 launches, ~15 ms of JSON at full
-# speed, instead of 128; small ones: the 128 above).
-_POLL_LAUNCHES = 65_536
-_MIN_POLL_RECORDS = 8
 
 # How often the agent looks for offsets its consumer skipped (:meth:`WindowIngest._follow_skipped`).
 _SKIP_CHECK_S = 0.5
@@ -288,7 +278,7 @@ class WindowIngest(Service):
         self._left = False
         self._skips_checked_at = 0.0
         self._uncommitted: set[Any] = set()  # tps the group had no committed offset for
-        self._poll_records = _MAX_POLL_RECORDS  # messages per poll (_POLL_LAUNCHES)
+        self._poll_records = MAX_POLL_RECORDS  # messages per poll (poll_records)
 
     @property
     def bootstrap(self) -> str:
@@ -404,7 +394,7 @@ class WindowIngest(Service):
                     if stats.first_batch_at is not None:
                         stage["checkpoint"] += time.perf_counter() - t0
             if fetched:
-                self._poll_records = _poll_records(
+                self._poll_records = poll_records(
                     stats.launches - launches_before, sum(map(len, fetched.values()))
                 )
                 # A turn of the event loop for the worker's other tasks after every poll:
@@ -808,18 +798,6 @@ class WindowIngest(Service):
                 committed,
             )
         return None
-
-
-def _poll_records(launches: int, messages: int) -> int:
-    """Messages the next poll takes: about ``_POLL_LAUNCHES`` launches at the last poll's
-    launches per message, within [``_MIN_POLL_RECORDS``, ``_MAX_POLL_RECORDS``].
-
-    >>> _poll_records(128 * 2000, 128), _poll_records(128 * 182, 128), _poll_records(0, 5)
-    (32, 128, 128)
-    """
-    if launches <= 0 or messages <= 0:
-        return _MAX_POLL_RECORDS
-    return max(_MIN_POLL_RECORDS, min(_MAX_POLL_RECORDS, _POLL_LAUNCHES * messages // launches))
 
 
 class _Listener(ConsumerRebalanceListener):

@@ -41,7 +41,12 @@ import numpy as np
 import orjson
 from aiokafka import codec
 
-from kernelstream.agents.logic.ingest import Counted, window_partition
+from kernelstream.agents.logic.ingest import (
+    MAX_POLL_RECORDS,
+    Counted,
+    poll_records,
+    window_partition,
+)
 from kernelstream.agents.logic.sequencing import SeqLimits
 from kernelstream.agents.logic.snapshot_codec import pack
 from kernelstream.agents.logic.windowing import Windower, WindowSpec, percentiles
@@ -51,9 +56,6 @@ from kernelstream.schemas.columnar import LaunchColumns, decode_launch_columns_m
 from kernelstream.schemas.errors import SchemaError
 
 __all__ = ["aggregates_pass", "command", "measure", "nonempty_windows", "window_parts"]
-
-_POLL = 128  # messages per consumer poll (agents/window_agent.py)
-
 
 _SEQ_LIMITS = SeqLimits()
 
@@ -69,9 +71,11 @@ def _worker_pass(messages: list[bytes], per_checkpoint: int, runs: bool = True) 
     (add_columns, then the stream's windows closed)."""
     windower = Windower(WindowSpec(size_s=1.0, out_of_orderness_s=0.0, allowed_lateness_s=0.05))
     windows = 0
-    for at in range(0, len(messages), _POLL):
-        # decoded a poll at a time, as the window agent takes them from its consumer
-        poll = [codec.zstd_decode(raw) for raw in messages[at : at + _POLL]]
+    at, take, since_checkpoint = 0, MAX_POLL_RECORDS, 0
+    while at < len(messages):
+        # decoded a poll at a time, of the size the window agent takes from its consumer
+        poll = [codec.zstd_decode(raw) for raw in messages[at : at + take]]
+        at += len(poll)
         decoded: list[LaunchColumns] = []
         for cols in decode_launch_columns_many(poll):
             if isinstance(cols, SchemaError):
@@ -87,8 +91,11 @@ def _worker_pass(messages: list[bytes], per_checkpoint: int, runs: bool = True) 
             for cols in decoded:
                 windower.add_columns(cols, time.time())
                 windows += len(windower.poll_key(cols.stream_key))
-        if (at // _POLL + 1) % max(1, per_checkpoint // _POLL) == 0:
+        since_checkpoint += len(poll)
+        if since_checkpoint >= per_checkpoint:
             pack(windower.snapshot(arrays=True))
+            since_checkpoint = 0
+        take = poll_records(sum(c.t_end.size for c in decoded), len(poll))
     return windows
 
 
