@@ -522,6 +522,19 @@ class Windower:
         st = self._keys.get(key)
         return -math.inf if st is None else st.max_t
 
+    def stream_tail(self, key: str) -> tuple[int, float, int | None]:
+        """:meth:`seen_through`, :meth:`newest_event_time` and the first window of ``key``
+        not yet emitted (None: none emitted), in one lookup: what
+        :meth:`InOrderRun.take` judges a batch against.
+
+        >>> w = Windower()
+        >>> _ = w.add(make_example_batch([0.1, 0.2], seq_start=5), now=0.0)
+        >>> w.stream_tail("n1:0/saxpy"), w.stream_tail("other")
+        ((6, 0.2, None), (-1, -inf, None))
+        """
+        st = self._keys.get(key)
+        return (-1, -math.inf, None) if st is None else (st.seq_hi, st.max_t, st.closed_below)
+
     def poll(self, now: float) -> list[WindowAggregate]:
         """Windows completed by the watermark plus idle flushes, each exactly once.
 
@@ -744,8 +757,7 @@ class InOrderRun:
         key = cols.stream_key
         tail = self._tail.get(key)
         if tail is None:
-            st = self.windower._keys.get(key)
-            tail = (-1, -math.inf, None) if st is None else (st.seq_hi, st.max_t, st.closed_below)
+            tail = self.windower.stream_tail(key)
         seq_hi, max_t, closed_below = tail
         first = meta.seq_start
         last = first + n - 1
