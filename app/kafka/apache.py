@@ -9,6 +9,10 @@ and controller), starts ``java -cp 'libs/*' kafka.Kafka server.properties`` per
 node on free loopback ports, waits until every broker is in the cluster's
 metadata, and stops them cleanly (SIGTERM, controlled shutdown, then SIGKILL).
 
+Options for the JVM beyond the heap come from ``KAFKA_OPTS``, as Apache Kafka's own
+start scripts take them (the test suite runs its brokers with ``-XX:TieredStopAtLevel=1``:
+see ``tests/integration/conftest.py``).
+
 Fault drills reach single nodes: :meth:`KafkaCluster.signal` sends SIGKILL,
 SIGSTOP or SIGCONT to one node and :meth:`KafkaCluster.start_node` starts a
 killed node again on its own storage and ports.
@@ -21,6 +25,7 @@ import contextlib
 import fcntl
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -270,6 +275,7 @@ class KafkaCluster:
             "-Xms64m",
             self.heap,
             "-XX:+UseSerialGC",
+            *shlex.split(os.environ.get("KAFKA_OPTS", "")),
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={log4j}",
             "-cp",
