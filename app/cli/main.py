@@ -196,7 +196,8 @@ def demo(
     default="tansu",
     show_default=True,
     help="tansu: embedded, memory only, no Java. "
-    "kafka: Apache Kafka (KRaft), fetched with Maven once; needs Java 17.",
+    "kafka: Apache Kafka (KRaft), fetched with Maven once; needs Java 17 "
+    "(JVM options beyond its 512 MiB heap: KAFKA_OPTS).",
 )
 @click.option(
     "--brokers",
