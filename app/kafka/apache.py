@@ -275,9 +275,11 @@ class KafkaCluster:
             "-Xms64m",
             self.heap,
             "-XX:+UseSerialGC",
-            *shlex.split(os.environ.get("KAFKA_OPTS", "")),
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={log4j}",
+            # last, so that a user's option overrides any of the above (the JVM takes the
+            # last of two equal options)
+            *shlex.split(os.environ.get("KAFKA_OPTS", "")),
             "-cp",
             f"{libs}/*",
             main_class,

@@ -102,3 +102,20 @@ def test_a_failed_fetch_leaves_no_partial_folder(
 def test_default_cache_follows_xdg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert apache.default_cache_dir() == tmp_path / "kernelstream"
+
+
+def test_kafka_opts_reach_the_jvm_after_its_own_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    monkeypatch.setattr(apache, "kafka_libs", lambda cache_dir=None: libs)
+    monkeypatch.setenv("KAFKA_OPTS", "-Xmx1g  -Dlog4j2.configurationFile='/my dir/log.yaml'")
+    cmd = KafkaCluster(tmp_path)._java_cmd("kafka.Kafka", "server.properties")
+    # split as a shell would, and after the heap and log configuration, which they override
+    at = cmd.index("-Xmx1g")
+    assert cmd[at : at + 2] == ["-Xmx1g", "-Dlog4j2.configurationFile=/my dir/log.yaml"]
+    assert at > cmd.index("-Xmx512m") and at > cmd.index("-XX:+UseSerialGC")
+    assert cmd[at + 2 :] == ["-cp", f"{libs}/*", "kafka.Kafka", "server.properties"]
+    monkeypatch.delenv("KAFKA_OPTS")
+    assert "-Xmx1g" not in KafkaCluster(tmp_path)._java_cmd("kafka.Kafka")
