@@ -114,7 +114,12 @@ class TunerStage:
 
 
 def register(app: Any, ctx: WorkerContext) -> TunerStage:
-    """The tuner stage (fed by the findings agent) and the agent of its outcomes."""
+    """The tuner stage (fed by the findings reader) and the agent of its outcomes.
+
+    The outcomes agent is the Faust app group's one consumer: the partitions it assigns this
+    worker on ks.reconfig decide which fleet groups' findings the findings reader takes
+    (:mod:`agents.findings_agent`), so that a group's findings and outcomes meet in one tuner.
+    """
     stage = TunerStage(ctx)
 
     @app.agent(ctx.topics["reconfig"], name="outcomes")

@@ -35,8 +35,9 @@ def register_agents(
     window_consumer: Any = None,
     make_consumer: Callable[[], Any] | None = None,
     state_partitions: Callable[[int], Awaitable[None]] | None = None,
+    make_findings_consumer: Callable[[], Any] | None = None,
 ) -> WorkerAgents:
-    """Register the window agent (with the detector inline), the findings agent (the tuner
+    """Register the window agent (with the detector inline), the findings reader (the tuner
     and alert stages) and the outcomes agent.
 
     ``window_consumer`` is the window agent's consumer already joining its group, or
@@ -44,6 +45,7 @@ def register_agents(
     settings and the client options, the agents do not import it).
     ``state_partitions(n)`` makes sure the window-state topic has at least ``n``
     partitions (the window agent calls it when partitions are assigned).
+    ``make_findings_consumer`` builds the findings reader's consumer when the app starts.
     """
     ctx = WorkerContext(settings=settings, topics=topics, app=app)
     windower, stats = window_agent.register(
@@ -54,6 +56,10 @@ def register_agents(
         make_consumer,
         state_partitions,
     )
-    # One agent reads the findings for both stages that learn from them.
-    findings_agent.register(app, ctx, [tuner_agent.register(app, ctx), alert_agent.AlertStage(ctx)])
+    # One reader takes the findings for both stages that learn from them.
+    stages: list[findings_agent.FindingStage] = [
+        tuner_agent.register(app, ctx),
+        alert_agent.AlertStage(ctx),
+    ]
+    findings_agent.register(app, ctx, stages, make_findings_consumer)
     return WorkerAgents(ctx, windower, stats)

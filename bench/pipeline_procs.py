@@ -163,8 +163,8 @@ async def every_stage_done(w: WorkerProc, last_batch_at: float) -> dict[str, flo
     stamps); empty for a worker without the ``read.findings`` counter (an older tree).
 
     The window agent holds the event loop while its consumer has launches buffered, so
-    the Faust agent that feeds the findings to those stages runs mostly after the last
-    batch: a rate to the last batch leaves their work out. The stats page is polled every
+    much of the findings reader's work that feeds those stages can run after the last
+    batch: a rate to the last batch leaves it out. The stats page is polled every
     0.1 s. Where the stages are still behind ``idle_timeout_s`` after the last batch, the
     closing of the streams' last windows for idleness, and their findings, count too.
     """

@@ -65,8 +65,8 @@ log = logging.getLogger(__name__)
 # throughput.
 MAX_POLL_RECORDS = 128
 # A poll holds the event loop while it is processed, and a finding's way to the tuner
-# (Faust's consumer thread, the findings agent's burst, the tuner's thread, the send)
-# takes several turns of the loop, each waiting out a poll. So a poll is also bounded by
+# (the findings reader's poll, the tuner's thread, the send) takes several turns of the
+# loop, each waiting out a poll. So a poll is also bounded by
 # launches: about this many, taken as whole messages, from the launches per message of
 # the last poll (large batches: 32 messages of 2,000 launches, ~15 ms of JSON at full
 # speed, instead of 128; small ones: the 128 above).

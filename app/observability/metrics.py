@@ -357,11 +357,14 @@ class _WorkerCollector(Collector):
     def _lags(self) -> Iterator[tuple[str, dict[tuple[str, int], int]]]:
         window_lag = self.agents.ctx.probes.get("window.lag")
         yield "window", dict(window_lag()) if window_lag else {}
+        findings_lag = self.agents.ctx.probes.get("findings.lag")
+        yield "findings", dict(findings_lag()) if findings_lag else {}
         yield "agents", _faust_lag(self.app)
 
 
 def _faust_lag(app: Any) -> dict[tuple[str, int], int]:
-    """Lag of Faust's own consumer (detector, tuner), from fetch high watermarks."""
+    """Lag of Faust's own consumer (the tuner's reconfiguration outcomes), from fetch high
+    watermarks."""
     out: dict[tuple[str, int], int] = {}
     consumer = getattr(app, "_consumer", None)  # never create one just to be scraped
     if consumer is None:

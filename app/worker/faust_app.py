@@ -193,6 +193,7 @@ def create_app(
         deleting=True,
         retention=launches.retention_ms / 1000.0,
     )
+    from kernelstream.app.worker.start import findings_consumer
     from kernelstream.app.worker.start import window_consumer as make_window_consumer
 
     known = [0]  # partitions of the window-state topic this worker made sure of
@@ -209,6 +210,7 @@ def create_app(
         window_consumer,
         partial(make_window_consumer, settings, bootstrap),
         state_partitions,
+        partial(findings_consumer, settings, bootstrap),
     )
     _stats_page(app, agents)
     add_worker_endpoints(app, agents)

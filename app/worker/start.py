@@ -111,6 +111,30 @@ def window_consumer(settings: Settings, bootstrap: str) -> AIOKafkaConsumer:
     )
 
 
+def findings_group(settings: Settings) -> str:
+    """The consumer group whose committed offsets are the findings reader's positions. It
+    has no members: the reader assigns itself the partitions the app's group gave this
+    worker (:mod:`~kernelstream.agents.findings_agent`)."""
+    return f"{settings.app_id}.findings"
+
+
+def findings_consumer(settings: Settings, bootstrap: str) -> AIOKafkaConsumer:
+    """The findings reader's plain aiokafka consumer (partitions assigned by the reader)."""
+    s = settings
+    return AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=findings_group(s),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        # a backlog of findings (~1.5 KB each) prefetched a few MiB at a time, as Faust's
+        # consumer did (consumer_max_fetch_size)
+        max_partition_fetch_bytes=1 << 20,
+        fetch_max_bytes=4 << 20,
+        fetch_max_wait_ms=s.fetch_max_wait_ms,
+        **s.kafka_client_kwargs(),
+    )
+
+
 class _KeepMemberId(DeferredListener):
     """Forwards to the window agent, and first keeps the consumer's member id in the data
     folder at each assignment (:mod:`~kernelstream.app.kafka.group_member`)."""

@@ -213,6 +213,7 @@ def check_worker_samples(w: Samples, settings: Settings) -> None:
     assert total(w, "kernelstream_worker_open_windows") >= 0
     assert {lb["consumer"] for lb, _ in w["kernelstream_worker_assigned_partitions"]} == {
         "window",
+        "findings",
         "agents",
     }
     lag = w["kernelstream_worker_consumer_lag"]
