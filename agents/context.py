@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEAD_LETTER_INLINE_BYTES",
     "LaunchLimits",
+    "RecordEvent",
     "WorkerContext",
     "dead_letter_key",
     "dead_letter_record",
@@ -242,6 +243,16 @@ def event_time_problem(
             "unordered",
         )
     return None
+
+
+class RecordEvent:
+    """A plain consumer's record in the shape of a Faust event, as :meth:`WorkerContext.decode`
+    and :meth:`WorkerContext.dead_letter` take it (``message``, ``key``, ``value``)."""
+
+    __slots__ = ("key", "message", "value")
+
+    def __init__(self, msg: Any) -> None:
+        self.message, self.key, self.value = msg, msg.key, msg.value
 
 
 @dataclass

@@ -48,7 +48,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import ConsumerStoppedError, KafkaError
 from mode import Service
 
-from kernelstream.agents.context import WorkerContext
+from kernelstream.agents.context import RecordEvent, WorkerContext
 from kernelstream.schemas import Finding
 
 __all__ = ["STAGE", "FindingStage", "FindingsReader", "owned_findings", "register"]
@@ -97,15 +97,6 @@ def owned_findings(
     if counts is None or counts[0] == counts[1] or counts[1] <= 0:
         return {TopicPartition(findings, p) for p in mine}
     return {TopicPartition(findings, p) for p in range(counts[0]) if p % counts[1] in mine}
-
-
-class _Event:
-    """A consumer record as the dead-letter helpers take it (Faust's event shape)."""
-
-    __slots__ = ("key", "message", "value")
-
-    def __init__(self, msg: Any) -> None:
-        self.message, self.key, self.value = msg, msg.key, msg.value
 
 
 class FindingsReader(Service):
@@ -284,7 +275,7 @@ class FindingsReader(Service):
                 if msg.offset < nxt:
                     continue
                 taken += 1
-                event = _Event(msg)
+                event = RecordEvent(msg)
                 finding = await self.ctx.decode(STAGE, event, Finding)
                 if finding is not None:
                     burst.append((event, finding))

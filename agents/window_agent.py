@@ -71,7 +71,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import ConsumerStoppedError, IllegalStateError
 from mode import Service
 
-from kernelstream.agents.context import WorkerContext
+from kernelstream.agents.context import RecordEvent, WorkerContext
 from kernelstream.agents.detector_agent import InlineDetector
 from kernelstream.agents.logic.errors import SnapshotError
 from kernelstream.agents.logic.ingest import (
@@ -380,7 +380,8 @@ class WindowIngest(Service):
                         self._skipped(tp, nxt, msgs[0].offset)
                     self._uncommitted.discard(tp)
                     # below nxt: a fetch from before a re-assignment
-                    await self._ingest([_Event(msg) for msg in msgs if msg.offset >= nxt], keys)
+                    events = [RecordEvent(msg) for msg in msgs if msg.offset >= nxt]
+                    await self._ingest(events, keys)
                     self._next[tp] = max(nxt, msgs[-1].offset + 1)
                     self._dirty.add(tp)
                 if time.monotonic() - self._skips_checked_at >= _SKIP_CHECK_S:
@@ -828,15 +829,6 @@ class _Listener(ConsumerRebalanceListener):
 def _clock(_: Any) -> float:
     """The processing time of a batch, live: the clock when it is windowed."""
     return time.time()
-
-
-class _Event:
-    """A consumer record as the dead-letter helpers take it (Faust's event shape)."""
-
-    __slots__ = ("key", "message", "value")
-
-    def __init__(self, msg: Any) -> None:
-        self.message, self.key, self.value = msg, msg.key, msg.value
 
 
 async def _read_states(ingest: WindowIngest, partitions: set[int]) -> dict[int, bytes]:

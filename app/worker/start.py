@@ -90,24 +90,36 @@ def window_group(settings: Settings) -> str:
     return f"{settings.app_id}.window"
 
 
+def _consumer(settings: Settings, bootstrap: str, group: str, **kw: Any) -> AIOKafkaConsumer:
+    """A plain aiokafka consumer of the worker: offsets committed by its owner after the
+    work, from the earliest where the group has none, the settings' fetch wait and
+    client (security) options."""
+    return AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        **kw,
+        **settings.kafka_client_kwargs(),
+    )
+
+
 def window_consumer(settings: Settings, bootstrap: str) -> AIOKafkaConsumer:
     """The window agent's plain aiokafka group consumer of the launches topic."""
     from kernelstream.app.kafka import zstd_decode
 
     zstd_decode.install()  # the launch batches' decompression, ~2x faster per batch
     s = settings
-    return AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=window_group(s),
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
+    return _consumer(
+        s,
+        bootstrap,
+        window_group(s),
         session_timeout_ms=int(s.session_timeout_s * 1000),
         heartbeat_interval_ms=int(s.heartbeat_interval_s * 1000),
         rebalance_timeout_ms=int(s.session_timeout_s * 1000),
         max_partition_fetch_bytes=4 << 20,
         fetch_max_bytes=16 << 20,
-        fetch_max_wait_ms=s.fetch_max_wait_ms,
-        **s.kafka_client_kwargs(),
     )
 
 
@@ -119,19 +131,16 @@ def findings_group(settings: Settings) -> str:
 
 
 def findings_consumer(settings: Settings, bootstrap: str) -> AIOKafkaConsumer:
-    """The findings reader's plain aiokafka consumer (partitions assigned by the reader)."""
-    s = settings
-    return AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=findings_group(s),
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        # a backlog of findings (~1.5 KB each) prefetched a few MiB at a time, as Faust's
-        # consumer did (consumer_max_fetch_size)
+    """The findings reader's plain aiokafka consumer (partitions assigned by the reader).
+
+    A backlog of findings (~1.5 KB each) is prefetched a few MiB at a time, as Faust's
+    consumer did (``consumer_max_fetch_size``)."""
+    return _consumer(
+        settings,
+        bootstrap,
+        findings_group(settings),
         max_partition_fetch_bytes=1 << 20,
         fetch_max_bytes=4 << 20,
-        fetch_max_wait_ms=s.fetch_max_wait_ms,
-        **s.kafka_client_kwargs(),
     )
 
 
