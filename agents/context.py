@@ -38,6 +38,7 @@ __all__ = [
     "dead_letter_key",
     "dead_letter_record",
     "launch_batch_problem",
+    "partition_lag",
 ]
 
 log = logging.getLogger("kernelstream.deadletter")
@@ -243,6 +244,20 @@ def event_time_problem(
             "unordered",
         )
     return None
+
+
+def partition_lag(consumer: Any, next_offsets: dict[Any, int]) -> dict[tuple[str, int], int]:
+    """Records not yet processed per partition of a plain consumer: the high watermark of
+    its last fetch minus the next offset to process (partitions not fetched yet left out;
+    no ListOffsets request, which the embedded broker answers wrongly)."""
+    out: dict[tuple[str, int], int] = {}
+    if consumer is None:
+        return out
+    for tp, nxt in list(next_offsets.items()):
+        high = consumer.highwater(tp)
+        if high is not None:
+            out[(tp.topic, tp.partition)] = max(0, high - nxt)
+    return out
 
 
 class RecordEvent:

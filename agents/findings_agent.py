@@ -48,7 +48,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import ConsumerStoppedError, KafkaError
 from mode import Service
 
-from kernelstream.agents.context import RecordEvent, WorkerContext
+from kernelstream.agents.context import RecordEvent, WorkerContext, partition_lag
 from kernelstream.schemas import Finding
 
 __all__ = ["STAGE", "FindingStage", "FindingsReader", "owned_findings", "register"]
@@ -152,16 +152,9 @@ class FindingsReader(Service):
         return self._consumer_started.is_set() and not self._closed
 
     def lag(self) -> dict[tuple[str, int], int]:
-        """Findings not yet taken per owned partition (the last fetch's high watermark)."""
-        out: dict[tuple[str, int], int] = {}
-        if self._consumer is None:
-            return out
-        for tp in list(self._consumer.assignment()):
-            high = self._consumer.highwater(tp)
-            nxt = self._next.get(tp)
-            if high is not None and nxt is not None:
-                out[(tp.topic, tp.partition)] = max(0, high - nxt)
-        return out
+        """Findings not yet taken per owned partition (the last fetch's high watermark;
+        ``_next`` holds exactly the partitions owned)."""
+        return partition_lag(self._consumer, self._next)
 
     # -- ownership, from the app group's rebalances -----------------------------------
 
@@ -319,14 +312,11 @@ def register(
 
     app.on_partitions_revoked.connect(revoked)  # strong references (weak=False)
     app.on_partitions_assigned.connect(assigned)
+
     # Faust stops its producer before its children: commit and stop while it runs.
-    app.on_before_shutdown.connect(_on_shutdown(reader))
-    ctx.probes.update({"findings.ready": reader.ready, "findings.lag": reader.lag})
-    return reader
-
-
-def _on_shutdown(reader: FindingsReader) -> Callable[..., Any]:
     async def shutdown(sender: Any, /, *args: Any, **kwargs: Any) -> None:
         await reader.close()
 
-    return shutdown
+    app.on_before_shutdown.connect(shutdown)
+    ctx.probes.update({"findings.ready": reader.ready, "findings.lag": reader.lag})
+    return reader

@@ -71,7 +71,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import ConsumerStoppedError, IllegalStateError
 from mode import Service
 
-from kernelstream.agents.context import RecordEvent, WorkerContext
+from kernelstream.agents.context import RecordEvent, WorkerContext, partition_lag
 from kernelstream.agents.detector_agent import InlineDetector
 from kernelstream.agents.logic.errors import SnapshotError
 from kernelstream.agents.logic.ingest import (
@@ -328,12 +328,7 @@ class WindowIngest(Service):
 
     def lag(self) -> dict[tuple[str, int], int]:
         """Messages not yet processed per owned partition (the last fetch's high watermark)."""
-        out: dict[tuple[str, int], int] = {}
-        for tp, nxt in list(self._next.items()):
-            high = self._consumer.highwater(tp) if self._consumer is not None else None
-            if high is not None:
-                out[(tp.topic, tp.partition)] = max(0, high - nxt)
-        return out
+        return partition_lag(self._consumer, self._next)
 
     async def on_stop(self) -> None:
         await self.leave()
