@@ -376,7 +376,7 @@ class WindowIngest(Service):
                     self._uncommitted.discard(tp)
                     # below nxt: a fetch from before a re-assignment
                     events = [RecordEvent(msg) for msg in msgs if msg.offset >= nxt]
-                    await self._ingest(events, keys)
+                    await self.ingest(events, keys)
                     self._next[tp] = max(nxt, msgs[-1].offset + 1)
                     self._dirty.add(tp)
                 if time.monotonic() - self._skips_checked_at >= _SKIP_CHECK_S:
@@ -489,12 +489,13 @@ class WindowIngest(Service):
             "window", event, f"the worker failed on this message: {ex!r}", "internal_error"
         )
 
-    async def _ingest(self, events: list[Any], keys: set[str]) -> list[LaunchColumns | None]:
+    async def ingest(self, events: list[Any], keys: set[str]) -> list[LaunchColumns | None]:
         """One partition's messages of a poll, in order: decoded and checked at the edge
         (the whole poll at once), then windowed in order
         (:func:`agents.logic.ingest.window_partition`, replay's path too) and what each
-        step closed published before the next is windowed. Returns the decoded columns
-        (None: dead-lettered).
+        step closed published before the next is windowed. ``keys``: the partition's
+        stream keys, to which those of the batches counted are added. Returns the decoded
+        columns (None: dead-lettered).
 
         Consecutive batches that continue their streams exactly are windowed a run at a
         time, their streams' windows closed after them (``kernelstream bench

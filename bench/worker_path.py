@@ -18,7 +18,14 @@ benchmark's fleet batches (zstd-compressed as nodes send them), it times:
   before it windowed runs.
 
 It prints ns per launch for both and their ratio; ``--profile`` adds the top of a
-cProfile of the worker path. With ``--wire binary`` it also prints what bounds any worker
+cProfile of the worker path. ``--agent`` also runs the window agent's own per-poll code
+(:meth:`agents.window_agent.WindowIngest.ingest`: the edge checks of every message, the
+windowing, and each closed window published with its findings by the inline detector)
+over the same messages, the records it publishes counted instead of sent: the
+window stage's CPU per message and per window by step (decode, window, close, emit), as
+``bench pipeline-peers`` prints it from a live worker, but without a broker, a consumer or
+the worker's other tasks sharing the loop, so a change to the stage's own code shows in
+seconds and in the same figures. With ``--wire binary`` it also prints what bounds any worker
 on that input: zstd decompression alone (the binary ceiling's own work, no parsing left)
 and the exact window aggregates alone (count, mean and p95 per (stream, config, window):
 each window's durations gathered from the batches that carry them, summed, and
@@ -30,6 +37,7 @@ validation, the window bookkeeping, emitting) comes on top.
 
 from __future__ import annotations
 
+import asyncio
 import cProfile
 import io
 import pstats
@@ -40,7 +48,10 @@ import click
 import numpy as np
 import orjson
 from aiokafka import codec
+from aiokafka.structs import ConsumerRecord
 
+from kernelstream.agents.context import RecordEvent, WorkerContext
+from kernelstream.agents.detector_agent import InlineDetector
 from kernelstream.agents.logic.ingest import (
     MAX_POLL_RECORDS,
     Counted,
@@ -50,12 +61,21 @@ from kernelstream.agents.logic.ingest import (
 from kernelstream.agents.logic.sequencing import SeqLimits
 from kernelstream.agents.logic.snapshot_codec import pack
 from kernelstream.agents.logic.windowing import Windower, WindowSpec, percentiles
+from kernelstream.agents.window_agent import WindowIngest, window_spec
+from kernelstream.app.settings import Settings
 from kernelstream.bench.pipeline_input import FleetSpec, encoded, fleet_batches, recent_t0
 from kernelstream.schemas.binary import encode_launch_batch
 from kernelstream.schemas.columnar import LaunchColumns, decode_launch_columns_many
 from kernelstream.schemas.errors import SchemaError
 
-__all__ = ["aggregates_pass", "command", "measure", "nonempty_windows", "window_parts"]
+__all__ = [
+    "agent_pass",
+    "aggregates_pass",
+    "command",
+    "measure",
+    "nonempty_windows",
+    "window_parts",
+]
 
 _SEQ_LIMITS = SeqLimits()
 
@@ -139,6 +159,64 @@ def _ceiling_pass(messages: list[bytes]) -> int:
     return sum(len(orjson.loads(codec.zstd_decode(raw))["t_end"]) for raw in messages)
 
 
+class _Kept:
+    """A topic whose records are counted and dropped (``WorkerContext`` sends to it when the
+    context has no app): what the agent publishes, counted, without a producer."""
+
+    def __init__(self) -> None:
+        self.records = 0
+
+    async def send(
+        self, key: bytes | None = None, value: bytes = b"", partition: Any = None
+    ) -> None:
+        self.records += 1
+
+
+def _record(offset: int, key: bytes, value: bytes) -> ConsumerRecord[bytes, bytes]:
+    """A fetched launches message, as aiokafka's consumer returns it."""
+    return ConsumerRecord(
+        "ks.launches", 0, offset, 0, 0, key, value, None, len(key), len(value), ()
+    )
+
+
+def agent_pass(messages: list[bytes], keys: list[bytes]) -> dict[str, Any]:
+    """The window agent's per-poll code over ``messages`` (zstd-compressed; ``keys``: their
+    message keys), decompressed before the clock starts (aiokafka's fetch does that, and
+    each message alone here costs a decompression context that a record batch of many
+    shares), then a poll of the agent's size at a time through
+    :meth:`agents.window_agent.WindowIngest.ingest` with the inline detector. Returns the
+    seconds in all and by step, the windows and findings published and the dead letters
+    (none for the fleet's batches)."""
+    sinks = {role: _Kept() for role in ("deadletter", "late", "windows", "findings")}
+    settings = Settings()
+    ctx = WorkerContext(settings, sinks)
+    ingest = WindowIngest(None, ctx, Windower(window_spec(settings)), InlineDetector(ctx))
+    records = [
+        _record(i, key, codec.zstd_decode(raw))
+        for i, (key, raw) in enumerate(zip(keys, messages, strict=True))
+    ]
+
+    async def run() -> float:
+        at, take = 0, MAX_POLL_RECORDS
+        t0 = time.perf_counter()
+        while at < len(records):
+            events = [RecordEvent(record) for record in records[at : at + take]]
+            at += len(events)
+            before = ingest.stats.launches
+            await ingest.ingest(events, set())
+            take = poll_records(ingest.stats.launches - before, len(events))
+        return time.perf_counter() - t0
+
+    seconds = asyncio.run(run())
+    return {
+        "seconds": seconds,
+        "stage_s": dict(ingest.stats.stage_s),
+        "windows": sinks["windows"].records,
+        "findings": sinks["findings"].records,
+        "dead_letters": sinks["deadletter"].records,
+    }
+
+
 def measure(
     seconds: float = 4.0,
     batch: int = 2000,
@@ -147,11 +225,13 @@ def measure(
     nodes: int = 16,
     rate_per_kernel: float = 20_000.0,
     wire: str = "json",
+    agent: bool = False,
 ) -> dict[str, Any]:
     """Best-of-``rounds`` ns per launch of the worker path and of the ceiling path.
 
     ``wire="binary"`` feeds the worker path the binary layout (:mod:`schemas.binary`);
-    the ceiling stays zstd + ``orjson.loads`` of the same batches as JSON.
+    the ceiling stays zstd + ``orjson.loads`` of the same batches as JSON. ``agent``: also
+    the window agent's own per-poll code (:func:`agent_pass`), the fastest of the rounds.
     """
     fleet = FleetSpec(
         nodes=nodes,
@@ -161,17 +241,22 @@ def measure(
         t0=recent_t0(seconds),
     )
     batches = list(fleet_batches(fleet))
-    json_messages = [codec.zstd_encode(value) for _, value in encoded(batches)]
+    pairs = list(encoded(batches))
+    json_messages = [codec.zstd_encode(value) for _, value in pairs]
     messages = (
         [codec.zstd_encode(encode_launch_batch(b)) for b in batches]
         if wire == "binary"
         else json_messages
     )
+    keys = [key for key, _ in pairs]
     launches = _ceiling_pass(json_messages)
     per_checkpoint = max(1, round(len(messages) / seconds))  # ~one per second of input
     parts = nonempty_windows(batches) if wire == "binary" else []
     worker, by_batch, ceiling, zstd, aggregates = [], [], [], [], []
+    agent_runs: list[dict[str, Any]] = []
     for _ in range(rounds):
+        if agent:
+            agent_runs.append(agent_pass(messages, keys))
         t0 = time.perf_counter()
         windows = _worker_pass(messages, per_checkpoint, runs=False)
         t1 = time.perf_counter()
@@ -192,7 +277,7 @@ def measure(
             t2 = time.perf_counter()
             zstd.append((t1 - t0) / launches * 1e9)
             aggregates.append((t2 - t1) / launches * 1e9)
-    bound = {}
+    bound: dict[str, Any] = {}
     if parts:
         bound = {
             "zstd_ns_per_launch": min(zstd),
@@ -200,6 +285,14 @@ def measure(
             "aggregate_windows": len(parts),
             "bound_vs_binary_ceiling": min(zstd) / (min(zstd) + min(aggregates)),
             "worker_vs_binary_ceiling": min(zstd) / min(worker),
+        }
+    if agent_runs:
+        best = min(agent_runs, key=lambda r: r["seconds"])
+        bound["agent"] = {
+            **best,
+            "ns_per_launch": best["seconds"] / launches * 1e9,
+            "us_per_message": best["seconds"] / len(messages) * 1e6,
+            "rounds_s": [r["seconds"] for r in agent_runs],
         }
     return {
         **bound,
@@ -230,6 +323,12 @@ def measure(
 @click.option("--rate-per-kernel", type=float, default=20_000.0, show_default=True)
 @click.option("--wire", type=click.Choice(["json", "binary"]), default="json", show_default=True)
 @click.option("--profile", is_flag=True, help="Also print the top of a cProfile of the path.")
+@click.option(
+    "--agent",
+    is_flag=True,
+    help="Also the window agent's own per-poll code (edge checks, windowing, publishing "
+    "with findings; no broker), by step.",
+)
 def command(
     seconds: float,
     batch: int,
@@ -238,9 +337,18 @@ def command(
     rate_per_kernel: float,
     wire: str,
     profile: bool,
+    agent: bool,
 ) -> None:
     """Worker CPU per launch (decode, window, checkpoint) vs zstd + orjson alone."""
-    r = measure(seconds, batch, rounds, nodes=nodes, rate_per_kernel=rate_per_kernel, wire=wire)
+    r = measure(
+        seconds,
+        batch,
+        rounds,
+        nodes=nodes,
+        rate_per_kernel=rate_per_kernel,
+        wire=wire,
+        agent=agent,
+    )
     click.echo(
         f"{r['launches']:,} launches in {r['messages']:,} messages "
         f"({wire}) -> {r['windows']} windows\n"
@@ -262,9 +370,29 @@ def command(
             "a worker doing nothing but the aggregates: "
             f"{r['bound_vs_binary_ceiling']:.2f}"
         )
+    if agent:
+        click.echo(agent_lines(r["agent"], r["messages"]))
     if profile:
         prof = cProfile.Profile()
         prof.runcall(_worker_pass, r["_messages"], r["_per_checkpoint"])
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
         click.echo(out.getvalue())
+
+
+def agent_lines(a: dict[str, Any], messages: int) -> str:
+    """What :func:`agent_pass` measured, as ``bench pipeline-peers`` prints a live worker's
+    window stage: microseconds per message by step, and per window for closing and
+    publishing."""
+    steps = ("decode", "window", "close", "emit")
+    per_msg = ", ".join(f"{k} {a['stage_s'][k] / messages * 1e6:.1f}" for k in steps)
+    windows = max(1, a["windows"])
+    return (
+        f"window agent  {a['ns_per_launch']:6.1f} ns/launch, {a['us_per_message']:.1f} us per "
+        f"message ({a['windows']:,} windows, {a['findings']:,} findings published, "
+        f"{a['dead_letters']} dead letters)\n"
+        f"  by step, us per message: {per_msg} (per window: close "
+        f"{a['stage_s']['close'] / windows * 1e6:.0f}, emit "
+        f"{a['stage_s']['emit'] / windows * 1e6:.0f}); the rest of the total: the agent's "
+        "bookkeeping between the steps"
+    )

@@ -208,7 +208,7 @@ class OfflineAnalysis:
 
     def add_launch_messages(self, msgs: Sequence[RecordedMessage]) -> None:
         """Recorded ``ks.launches`` messages of one partition, in offset order (a chunk as
-        read), on the window agent's path (:meth:`agents.window_agent.WindowIngest._ingest`):
+        read), on the window agent's path (:meth:`agents.window_agent.WindowIngest.ingest`):
         decoded and checked at the edge a chunk at a time
         (:func:`schemas.columnar.decode_launch_columns_many`), then windowed in order by
         the agent's own control flow (:func:`agents.logic.ingest.window_partition`): the

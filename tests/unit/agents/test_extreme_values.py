@@ -110,7 +110,7 @@ def test_extreme_launch_batches_through_window_agent_tuner_and_forecaster(seed: 
 
     async def run() -> None:
         for i in range(0, len(events), 16):
-            await ingest._ingest(events[i : i + 16], set())
+            await ingest.ingest(events[i : i + 16], set())
         await ingest.publish(ingest.windower.flush_all())
 
     asyncio.run(run())

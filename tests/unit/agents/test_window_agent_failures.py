@@ -66,7 +66,7 @@ def _msg(offset: int, kernel: str = "matmul") -> SimpleNamespace:
 
 async def _poll(ingest: WindowIngest, msgs: list[Any]) -> list[Any]:
     events = [SimpleNamespace(message=m, key=m.key, value=m.value) for m in msgs]
-    return await ingest._ingest(events, set())
+    return await ingest.ingest(events, set())
 
 
 def test_an_unforeseen_failure_is_dead_lettered_and_the_agent_goes_on() -> None:
@@ -87,7 +87,7 @@ def test_a_failed_run_goes_batch_by_batch_and_counts_each_launch_once() -> None:
     msgs = [_msg(5, "matmul"), _msg(6, "reduction"), _msg(7, "transpose")]
     keys: set[str] = set()
     events = [SimpleNamespace(message=m, key=m.key, value=m.value) for m in msgs]
-    asyncio.run(ingest._ingest(events, keys))
+    asyncio.run(ingest.ingest(events, keys))
     assert topics["deadletter"].sent == []  # none refused, the counted one included
     assert windower.metrics.launches_in == ingest.stats.launches == 3 * 20
     assert ctx.counters["launches.in"] == 3 * 20

@@ -94,7 +94,7 @@ def _read(ingest: WindowIngest, offset: int, t0: float, seq: int) -> None:
         topic=_TP[0], partition=0, offset=offset, key=batch.stream_key.encode(), value=encode(batch)
     )
     event = SimpleNamespace(message=msg, key=msg.key, value=msg.value)
-    asyncio.run(ingest._ingest([event], ingest._keys_of[_TP]))
+    asyncio.run(ingest.ingest([event], ingest._keys_of[_TP]))
     ingest._next[_TP] = offset + 1
 
 

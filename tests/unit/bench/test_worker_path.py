@@ -48,3 +48,15 @@ def test_binary_wire_prints_the_bound_of_any_worker() -> None:
     assert r["bound_vs_binary_ceiling"] == r["zstd_ns_per_launch"] / (
         r["zstd_ns_per_launch"] + r["aggregates_ns_per_launch"]
     )
+
+
+def test_the_agent_pass_publishes_every_window_with_its_finding() -> None:
+    """--agent: the window agent's own code over the fleet's messages; nothing refused, a
+    roofline finding for every window it published, the steps inside the total."""
+    r = measure(seconds=1.5, batch=500, rounds=1, wire="binary", agent=True)
+    a = r["agent"]
+    assert a["dead_letters"] == 0
+    assert a["windows"] >= 64  # 64 streams: the second of input before the last is closed
+    assert a["findings"] >= a["windows"]
+    steps = sum(a["stage_s"][k] for k in ("decode", "window", "close", "emit"))
+    assert 0 < steps <= a["seconds"]
