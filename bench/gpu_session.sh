@@ -129,8 +129,11 @@ KS=("$PY" -m kernelstream.app.cli)
 # -- 2. GPU tests ----------------------------------------------------------------------
 if want tests; then
   log "tests: pytest -m gpu"
-  timeout "$(budget 200)" "$PY" -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider \
-    -p no:asyncio --junitxml="$WORK/gpu-tests.xml" 2>&1 | tee "$WORK/gpu-tests.txt"
+  # -o addopts=: one process (the project's two, pytest-xdist, may not be installed here,
+  # and the GPU's timing checks want the device to themselves)
+  timeout "$(budget 200)" "$PY" -m pytest -o addopts= -m gpu tests/gpu -q -rs \
+    -p no:cacheprovider -p no:asyncio --junitxml="$WORK/gpu-tests.xml" 2>&1 |
+    tee "$WORK/gpu-tests.txt"
   log "tests: exit ${PIPESTATUS[0]}"
   pack
 fi
