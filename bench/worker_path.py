@@ -3,7 +3,8 @@
 The pipeline benchmark's (c)/(a) compares two processes on a shared broker; this
 one isolates the worker's own code on the same kind of input so a change to it
 can be measured in seconds and profiled. In one process, on the pipeline
-benchmark's fleet batches (zstd-compressed as nodes send them), it times:
+benchmark's fleet batches (zstd-compressed as nodes send them, a frame per message, and
+decompressed by the worker's own decoder, :mod:`app.kafka.zstd_decode`), it times:
 
 * ``ceiling``: zstd decompression + ``orjson.loads`` of every message (what the
   pipeline benchmark's ceiling does per message, minus the broker);
@@ -62,6 +63,7 @@ from kernelstream.agents.logic.sequencing import SeqLimits
 from kernelstream.agents.logic.snapshot_codec import pack
 from kernelstream.agents.logic.windowing import Windower, WindowSpec, percentiles
 from kernelstream.agents.window_agent import WindowIngest, window_spec
+from kernelstream.app.kafka.zstd_decode import zstd_decode
 from kernelstream.app.settings import Settings
 from kernelstream.bench.pipeline_input import FleetSpec, encoded, fleet_batches, recent_t0
 from kernelstream.schemas.binary import encode_launch_batch
@@ -94,7 +96,7 @@ def _worker_pass(messages: list[bytes], per_checkpoint: int, runs: bool = True) 
     at, take, since_checkpoint = 0, MAX_POLL_RECORDS, 0
     while at < len(messages):
         # decoded a poll at a time, of the size the window agent takes from its consumer
-        poll = [codec.zstd_decode(raw) for raw in messages[at : at + take]]
+        poll = [zstd_decode(raw) for raw in messages[at : at + take]]
         at += len(poll)
         decoded: list[LaunchColumns] = []
         for cols in decode_launch_columns_many(poll):
@@ -152,11 +154,11 @@ def aggregates_pass(windows: list[list[np.ndarray]]) -> float:
 
 
 def _zstd_pass(messages: list[bytes]) -> int:
-    return sum(len(codec.zstd_decode(raw)) for raw in messages)
+    return sum(len(zstd_decode(raw)) for raw in messages)
 
 
 def _ceiling_pass(messages: list[bytes]) -> int:
-    return sum(len(orjson.loads(codec.zstd_decode(raw))["t_end"]) for raw in messages)
+    return sum(len(orjson.loads(zstd_decode(raw))["t_end"]) for raw in messages)
 
 
 class _Kept:
@@ -181,9 +183,8 @@ def _record(offset: int, key: bytes, value: bytes) -> ConsumerRecord[bytes, byte
 
 def agent_pass(messages: list[bytes], keys: list[bytes]) -> dict[str, Any]:
     """The window agent's per-poll code over ``messages`` (zstd-compressed; ``keys``: their
-    message keys), decompressed before the clock starts (aiokafka's fetch does that, and
-    each message alone here costs a decompression context that a record batch of many
-    shares), then a poll of the agent's size at a time through
+    message keys), decompressed before the clock starts (aiokafka's fetch does that),
+    then a poll of the agent's size at a time through
     :meth:`agents.window_agent.WindowIngest.ingest` with the inline detector. Returns the
     seconds in all and by step, the windows and findings published and the dead letters
     (none for the fleet's batches)."""
@@ -192,7 +193,7 @@ def agent_pass(messages: list[bytes], keys: list[bytes]) -> dict[str, Any]:
     ctx = WorkerContext(settings, sinks)
     ingest = WindowIngest(None, ctx, Windower(window_spec(settings)), InlineDetector(ctx))
     records = [
-        _record(i, key, codec.zstd_decode(raw))
+        _record(i, key, zstd_decode(raw))
         for i, (key, raw) in enumerate(zip(keys, messages, strict=True))
     ]
 
