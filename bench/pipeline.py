@@ -57,6 +57,7 @@ from kernelstream.bench.pipeline_procs import (
     bench_settings,
     every_stage_done,
     every_stage_figures,
+    pinned_cpus,
     running,
 )
 from kernelstream.bench.results import dated_stem
@@ -500,11 +501,13 @@ def _slope(points: list[tuple[float, int]]) -> float:
 def _run_on(engine: str, opts: dict[str, Any]) -> dict[str, Any]:
     """One whole run on a fresh broker of ``engine``."""
     with (
+        pinned_cpus(bool(opts.get("pin_worker"))) as pinned,
         tempfile.TemporaryDirectory(prefix="ks-bench-") as tmp,
         _broker(engine, Path(tmp)) as broker,
     ):
         result = asyncio.run(_bench(opts, Path(tmp), broker))
     result["options"] = opts
+    result["cpus"] = pinned
     result["broker"] = engine if engine == "tansu" else f"kafka {kafka_version()}"
     return result
 
@@ -758,6 +761,11 @@ def _table(r: dict[str, Any]) -> str:
         f"kernelstream bench pipeline  {r['date']}  broker {r.get('broker', 'tansu')}  "
         f"load avg start {r['load_avg_start']}"
     ]
+    if r.get("cpus"):
+        lines.append(
+            f"worker processes pinned to CPU {r['cpus']['worker']}, the broker and the fleet "
+            f"to CPU {r['cpus']['others']}"
+        )
     if "input" in r:
         lines += _throughput_lines(r)
     m = r.get("memory_e")
@@ -974,6 +982,12 @@ def _loads_option(value: str | None) -> str | None:
 )
 @click.option("--latency-only", is_flag=True, help="Only the latency phases (d).")
 @click.option(
+    "--pin-worker",
+    is_flag=True,
+    help="Run the worker processes on the machine's last CPU alone and the broker and the "
+    "fleet on the others, as a worker deployed with a core of its own runs.",
+)
+@click.option(
     "--latency-config",
     "latency_configs",
     multiple=True,
@@ -1007,6 +1021,7 @@ def command(
     capacity_rounds: int,
     baseline_source: Path | None,
     latency_only: bool,
+    pin_worker: bool,
     latency_configs: tuple[str, ...],
     results_dir: Path,
     engine: str,
@@ -1028,6 +1043,7 @@ def command(
         "capacity_rounds": capacity_rounds,
         "baseline_source": baseline_source,
         "latency_only": latency_only,
+        "pin_worker": pin_worker,
         "latency_configs": list(latency_configs),
     }
     engines = ["tansu", "kafka"] if engine == "both" else [engine]

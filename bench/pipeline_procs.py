@@ -25,8 +25,45 @@ __all__ = [
     "every_stage_done",
     "every_stage_figures",
     "peer_stats",
+    "pinned_cpus",
     "settings_env",
 ]
+
+
+# CPUs the benchmark's worker processes run on (None: wherever the scheduler puts them),
+# and those of everything else it starts; set by :func:`pinned_cpus`.
+_WORKER_CPUS: set[int] | None = None
+
+
+@contextmanager
+def pinned_cpus(on: bool) -> Iterator[dict[str, list[int]] | None]:
+    """With ``on``, the benchmark's worker processes run on the machine's last CPU alone
+    and this process, with whatever it starts meanwhile (the broker, the fleet), on the
+    others, as a worker deployed with a core of its own would: on a small machine the
+    broker's and the fleet's threads otherwise take turns on the worker's core. Yields
+    the split (None when off); the affinity is restored after.
+    """
+    global _WORKER_CPUS
+    if not on:
+        yield None
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise RuntimeError("pinning the worker needs at least 2 CPUs")
+    worker, rest = {cpus[-1]}, set(cpus[:-1])
+    os.sched_setaffinity(0, rest)  # this thread; children and later threads inherit it
+    _WORKER_CPUS = worker
+    try:
+        yield {"worker": sorted(worker), "others": sorted(rest)}
+    finally:
+        _WORKER_CPUS = None
+        os.sched_setaffinity(0, set(cpus))
+
+
+def _child_setup() -> None:  # runs in the child between fork and exec
+    die_with_parent()
+    if _WORKER_CPUS is not None:
+        os.sched_setaffinity(0, _WORKER_CPUS)
 
 
 def bench_settings(bootstrap: str, data_dir: Path, **overrides: Any) -> Settings:
@@ -99,7 +136,7 @@ class WorkerProc:
                 cwd=self.source,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+                preexec_fn=_child_setup if sys.platform.startswith("linux") else None,
             )
         return self
 
