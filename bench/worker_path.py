@@ -65,6 +65,7 @@ from kernelstream.agents.logic.windowing import Windower, WindowSpec, percentile
 from kernelstream.agents.window_agent import WindowIngest, window_spec
 from kernelstream.app.kafka.zstd_decode import zstd_decode
 from kernelstream.app.settings import Settings
+from kernelstream.bench.columnar_bound import Row, check_rows, columnar_pass
 from kernelstream.bench.pipeline_input import FleetSpec, encoded, fleet_batches, recent_t0
 from kernelstream.schemas.binary import encode_launch_batch
 from kernelstream.schemas.columnar import LaunchColumns, decode_launch_columns_many
@@ -218,6 +219,18 @@ def agent_pass(messages: list[bytes], keys: list[bytes]) -> dict[str, Any]:
     }
 
 
+def _poll_sizes(values: list[bytes]) -> list[int]:
+    """The sizes of the window agent's polls over ``values`` (:func:`poll_records`)."""
+    sizes, at, take = [], 0, MAX_POLL_RECORDS
+    while at < len(values):
+        poll = values[at : at + take]
+        sizes.append(len(poll))
+        at += len(poll)
+        launches = sum(int.from_bytes(v[8:12], "little") for v in poll)  # the head's count
+        take = poll_records(launches, len(poll))
+    return sizes
+
+
 def measure(
     seconds: float = 4.0,
     batch: int = 2000,
@@ -227,12 +240,16 @@ def measure(
     rate_per_kernel: float = 20_000.0,
     wire: str = "json",
     agent: bool = False,
+    columnar: bool = False,
 ) -> dict[str, Any]:
     """Best-of-``rounds`` ns per launch of the worker path and of the ceiling path.
 
     ``wire="binary"`` feeds the worker path the binary layout (:mod:`schemas.binary`);
     the ceiling stays zstd + ``orjson.loads`` of the same batches as JSON. ``agent``: also
     the window agent's own per-poll code (:func:`agent_pass`), the fastest of the rounds.
+    ``columnar`` (binary only): also the columnar window stage of
+    :mod:`bench.columnar_bound` over the same messages in the agent's poll sizes, its
+    windows compared with the worker's.
     """
     fleet = FleetSpec(
         nodes=nodes,
@@ -255,9 +272,16 @@ def measure(
     parts = nonempty_windows(batches) if wire == "binary" else []
     worker, by_batch, ceiling, zstd, aggregates = [], [], [], [], []
     agent_runs: list[dict[str, Any]] = []
+    values = [zstd_decode(raw) for raw in messages] if columnar and parts else []
+    sizes = _poll_sizes(values)
+    columnar_s: list[float] = []
+    rows: list[Row] = []
     for _ in range(rounds):
         if agent:
             agent_runs.append(agent_pass(messages, keys))
+        if values:
+            took, rows = columnar_pass(values, window_spec(Settings()), sizes)
+            columnar_s.append(took)
         t0 = time.perf_counter()
         windows = _worker_pass(messages, per_checkpoint, runs=False)
         t1 = time.perf_counter()
@@ -295,6 +319,18 @@ def measure(
             "us_per_message": best["seconds"] / len(messages) * 1e6,
             "rounds_s": [r["seconds"] for r in agent_runs],
         }
+    if columnar_s:
+        equal, reference = check_rows(rows, values, window_spec(Settings()))
+        best_s = min(columnar_s)
+        bound["columnar"] = {
+            "ns_per_launch": best_s / launches * 1e9,
+            "us_per_message": best_s / len(messages) * 1e6,
+            "rounds_s": columnar_s,
+            "windows": len(rows),
+            "windows_equal": equal,
+            "worker_windows": reference,
+            "vs_binary_ceiling": min(zstd) / (min(zstd) + best_s / launches * 1e9),
+        }
     return {
         **bound,
         "launches": launches,
@@ -330,6 +366,13 @@ def measure(
     help="Also the window agent's own per-poll code (edge checks, windowing, publishing "
     "with findings; no broker), by step.",
 )
+@click.option(
+    "--columnar",
+    is_flag=True,
+    help="With --wire binary: also a window stage that windows each poll as columns "
+    "(bench/columnar_bound.py; steady state, no records), its windows checked against "
+    "the worker's.",
+)
 def command(
     seconds: float,
     batch: int,
@@ -339,6 +382,7 @@ def command(
     wire: str,
     profile: bool,
     agent: bool,
+    columnar: bool,
 ) -> None:
     """Worker CPU per launch (decode, window, checkpoint) vs zstd + orjson alone."""
     r = measure(
@@ -349,6 +393,7 @@ def command(
         rate_per_kernel=rate_per_kernel,
         wire=wire,
         agent=agent,
+        columnar=columnar,
     )
     click.echo(
         f"{r['launches']:,} launches in {r['messages']:,} messages "
@@ -373,6 +418,8 @@ def command(
         )
     if agent:
         click.echo(agent_lines(r["agent"], r["messages"]))
+    if "columnar" in r:
+        click.echo(columnar_lines(r))
     if profile:
         prof = cProfile.Profile()
         prof.runcall(_worker_pass, r["_messages"], r["_per_checkpoint"])
@@ -397,3 +444,25 @@ def agent_lines(a: dict[str, Any], messages: int) -> str:
         f"{a['stage_s']['emit'] / windows * 1e6:.0f}); the rest of the total: the agent's "
         "bookkeeping between the steps"
     )
+
+
+def columnar_lines(r: dict[str, Any]) -> str:
+    """What the columnar window stage measured, beside the window agent's decode, window
+    and close steps when ``--agent`` ran too."""
+    c = r["columnar"]
+    text = (
+        f"columnar      {c['ns_per_launch']:6.1f} ns/launch, {c['us_per_message']:.1f} us per "
+        f"message (decode, checks, windows, aggregates of {c['windows']:,} windows, no "
+        f"records); windows equal to the worker's: {c['windows_equal']:,} of "
+        f"{c['worker_windows']:,}\n"
+        f"  zstd / (zstd + columnar) = {c['vs_binary_ceiling']:.2f}"
+    )
+    if "agent" in r:
+        a = r["agent"]
+        steps = sum(a["stage_s"][k] for k in ("decode", "window", "close"))
+        per_msg = steps / r["messages"] * 1e6
+        text += (
+            f"; the window agent's decode + window + close {per_msg:.1f} us per message: "
+            f"{per_msg / c['us_per_message']:.2f}x the columnar stage's"
+        )
+    return text

@@ -60,3 +60,18 @@ def test_the_agent_pass_publishes_every_window_with_its_finding() -> None:
     assert a["findings"] >= a["windows"]
     steps = sum(a["stage_s"][k] for k in ("decode", "window", "close", "emit"))
     assert 0 < steps <= a["seconds"]
+
+
+def test_the_columnar_stage_closes_the_workers_windows() -> None:
+    """--columnar: the columnar window stage over the same messages in the agent's polls
+    closes exactly the worker's windows, each equal to it; printed beside the agent's steps."""
+    from kernelstream.bench.worker_path import columnar_lines
+
+    r = measure(seconds=1.5, batch=500, rounds=1, wire="binary", agent=True, columnar=True)
+    c = r["columnar"]
+    assert c["windows"] >= 64
+    assert c["windows_equal"] == c["worker_windows"] == c["windows"]
+    assert 0 < c["vs_binary_ceiling"] < 1
+    text = columnar_lines(r)
+    assert f"windows equal to the worker's: {c['windows']:,} of {c['windows']:,}" in text
+    assert "x the columnar stage's" in text
