@@ -33,7 +33,10 @@ each window's durations gathered from the batches that carry them, summed, and
 partitioned at the ranks p95 interpolates between, as the worker does), with the parts
 grouped before the clock starts. A worker that did nothing but those aggregates would reach
 zstd / (zstd + aggregates) of the binary ceiling; everything else it does (decoding,
-validation, the window bookkeeping, emitting) comes on top.
+validation, the window bookkeeping, emitting) comes on top. ``--columnar`` also times a
+window stage that windows each poll as columns (:mod:`bench.columnar_bound`: steady
+state only, no records) over the same messages in the agent's polls, its windows checked
+equal to the worker's.
 """
 
 from __future__ import annotations
