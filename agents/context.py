@@ -468,6 +468,9 @@ class WorkerContext:
                 errors[i] = exc
         out: list[LaunchColumns | None] = [None] * len(events)
         decoded = decode_launch_columns_many([value for _, value, _ in framed])
+        # event_time_problem's bounds, the same expressions: a batch in completion order
+        # with its ends within them has nothing for it to say
+        newest, oldest = now + limits.max_future_s, now - limits.max_age_s
         for (i, _, key), cols in zip(framed, decoded, strict=True):
             if isinstance(cols, SchemaError):
                 errors[i] = cols
@@ -477,7 +480,10 @@ class WorkerContext:
             # checks passed under this message key, only the event times are left.
             config = cols.meta.config
             if cols.key is not None and passed.get((id(config), key)) is config:
-                lo, hi = cols.t_range()
+                lo, hi = cols.known_t_range or cols.t_range()
+                if cols.known_in_order and oldest <= lo and hi <= newest:
+                    out[i] = cols
+                    continue
                 problem = event_time_problem(lo, hi, now, limits, cols.max_backstep())
             else:
                 problem = launch_batch_problem(

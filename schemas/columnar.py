@@ -38,6 +38,7 @@ import simdjson
 from kernelstream.schemas.binary import (
     HEAD_SIZE,
     LAYOUT_VERSION,
+    MAGIC,
     BinaryBatch,
     is_binary,
     read_head,
@@ -721,6 +722,9 @@ def decode_launch_columns_many(values: list[bytes]) -> list[LaunchColumns | Sche
     columns. On small batches each NumPy call costs about a microsecond whatever its
     length, so a handful of calls per poll replaces a handful per message.
     """
+    steady = _steady_binary(values)
+    if steady is not None:
+        return steady
     out: list[LaunchColumns | SchemaError | None] = [None] * len(values)
     frames: list[tuple[int, BinaryBatch]] = []
     known: list[tuple[int, _Known]] = []
@@ -771,6 +775,94 @@ def decode_launch_columns_many(values: list[bytes]) -> list[LaunchColumns | Sche
         except SchemaError as exc:
             out[i] = exc
     return typing.cast("list[LaunchColumns | SchemaError]", out)  # every entry is set
+
+
+# The binary layout's head (schemas.binary: "<4sB3xIQI8x") as a NumPy record, to read the
+# heads of a poll's messages at once.
+_HEAD_RECORD = np.dtype(
+    {
+        "names": ["magic", "version", "n", "seq_start", "m"],
+        "formats": ["S4", "u1", "<u4", "<u8", "<u4"],
+        "offsets": [0, 4, 8, 12, 20],
+        "itemsize": HEAD_SIZE,
+    }
+)
+_HEAD_BYTES = np.arange(HEAD_SIZE)
+_MAGIC = np.bytes_(MAGIC)
+# Messages up to this size on average are read from one joined buffer; larger ones
+# message by message, where three views of a message cost less than copying it.
+_JOIN_MAX_MEAN_BYTES = 8192
+
+
+def _steady_binary(values: list[bytes]) -> list[LaunchColumns | SchemaError] | None:
+    """:func:`decode_launch_columns_many` of a poll whose every message is a binary batch
+    with header bytes decoded before, of the layout's exact length, whose columns plainly
+    pass (end times finite and in completion order, durations in range, ``ok`` 0 or 1):
+    the steady state of small batches. None for any other poll (the general path).
+
+    The messages are joined into one buffer, their heads read as one array and their
+    columns checked at once; each batch's columns are views of that buffer, and the
+    columns, the per-batch fields and the flags are what the general path gives. On
+    182-launch batches a message costs about a third of the general path's ~15 us.
+    """
+    count = len(values)
+    if count < 2:
+        return None
+    lens = np.fromiter(map(len, values), np.int64, count)
+    total = int(lens.sum())
+    if (
+        total > _JOIN_MAX_MEAN_BYTES * count
+        or int(lens.min()) < HEAD_SIZE
+        or int(lens.max()) > MAX_MESSAGE_BYTES
+        or bool((lens & 7).any())
+    ):
+        return None
+    buf = b"".join(values)
+    raw = np.frombuffer(buf, np.uint8)
+    starts = np.cumsum(lens) - lens
+    heads = raw[starts[:, None] + _HEAD_BYTES].view(_HEAD_RECORD).ravel()
+    n = heads["n"].astype(np.int64)
+    m = heads["m"].astype(np.int64)
+    pos = starts + HEAD_SIZE + m + (-m % 8)
+    if not (
+        bool((heads["magic"] == _MAGIC).all())
+        and bool((heads["version"] == LAYOUT_VERSION).all())
+        and int(n.min()) >= 1
+        and int(n.max()) <= MAX_LAUNCHES
+        and bool((pos - starts + 17 * n + (-n % 8) == lens).all())
+    ):
+        return None
+    get = _BIN_META.get
+    hits = [get(v[HEAD_SIZE : HEAD_SIZE + k]) for v, k in zip(values, m.tolist(), strict=True)]
+    if None in hits:
+        return None
+    f8, flags = raw.view("<f8"), raw.view(np.bool_)
+    ns, cols = n.tolist(), (pos >> 3).tolist()
+    ts = [f8[a : a + k] for a, k in zip(cols, ns, strict=True)]
+    ds = [f8[a + k : a + 2 * k] for a, k in zip(cols, ns, strict=True)]
+    oks = [flags[8 * a + 16 * k : 8 * a + 17 * k] for a, k in zip(cols, ns, strict=True)]
+    t = np.concatenate(ts)
+    first = np.cumsum(n) - n
+    in_order = t[1:] >= t[:-1]  # NaN compares false
+    in_order[first[1:] - 1] = True  # from one batch to the next: no rule
+    lo, hi = t[first], t[first + n - 1]
+    ok = np.concatenate(oks).view(np.uint8)
+    if not (
+        bool(in_order.all())
+        and bool(np.isfinite(lo).all())
+        and bool(np.isfinite(hi).all())
+        and int(np.concatenate(ds).view("<u8").max()) <= MAX_DURATION_BITS
+        and int(ok.max()) <= 1
+    ):
+        return None
+    all_ok = (np.minimum.reduceat(ok, first) == 1).tolist()
+    seq = heads["seq_start"].tolist()
+    return [
+        _plain_columns(_with_seq_start(hit, s), tb, db, okb, ((a, b), True, r), hit[2])
+        for hit, s, tb, db, okb, a, b, r in zip(
+            hits, seq, ts, ds, oks, lo.tolist(), hi.tolist(), all_ok, strict=True
+        )
+    ]
 
 
 def _plain_columns(

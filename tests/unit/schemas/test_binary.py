@@ -339,3 +339,57 @@ def test_arrays_frame_as_the_parts_do(n: int) -> None:
         assert encode_arrays(header, 11, t, d.astype(np.float32).astype(np.float64), ok) == (
             encode_parts(header, 11, [t, d.astype(np.float32), ok])
         )
+
+
+def test_a_steady_poll_of_small_batches_decodes_as_each_message_alone() -> None:
+    """The poll of plain binary batches whose headers were seen before (the steady state
+    of small batches) is read from one joined buffer: the same columns, fields and
+    facts as each message alone, and columns that are read-only views, as alone."""
+    from kernelstream.schemas.columnar import _steady_binary
+
+    rng = np.random.default_rng(5)
+    headers = [_header(), _header(kernel="other")]
+    poll = []
+    for i in range(64):
+        n = int(rng.integers(1, 400))
+        poll.append(
+            _binary(
+                1.8e9 + np.cumsum(rng.random(n)),
+                rng.random(n) * 50,
+                (rng.random(n) > 0.02).astype(np.uint8),
+                headers[i % 2],
+                seq=int(rng.integers(0, 2**40)),
+            )
+        )
+    decode_launch_columns_many(poll[:2])  # the two headers are known from now on
+    assert _steady_binary(poll) is not None
+    got = decode_launch_columns_many(poll)
+    for raw, one in zip(poll, got, strict=True):
+        _same(one, _alone(raw))
+        assert isinstance(one, LaunchColumns) and not one.t_end.flags.writeable
+    assert {one.known_all_ok for one in got if isinstance(one, LaunchColumns)} == {True, False}
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["nan", "unordered", "ok 2", "negative", "unknown header", "short", "long", "version"],
+)
+def test_one_message_off_the_steady_state_sends_the_poll_the_general_way(change: str) -> None:
+    from kernelstream.schemas.columnar import _steady_binary
+
+    good = _binary([1.5, 2.5, 3.5], [3.0, 4.0, 5.0], [1, 0, 1])
+    decode_launch_columns_many([good, good])
+    bad = {
+        "nan": _binary([1.5, float("nan"), 3.5], [3.0, 4.0, 5.0], [1, 0, 1]),
+        "unordered": _binary([2.5, 1.5, 3.5], [3.0, 4.0, 5.0], [1, 0, 1]),
+        "ok 2": _binary([1.5, 2.5, 3.5], [3.0, 4.0, 5.0], [1, 2, 1]),
+        "negative": _binary([1.5, 2.5, 3.5], [3.0, -4.0, 5.0], [1, 0, 1]),
+        "unknown header": _binary([1.5, 2.5, 3.5], [3.0, 4.0, 5.0], [1, 0, 1], _header(node="x")),
+        "short": good[:-8],
+        "long": good + b"\0" * 8,
+        "version": good[:4] + b"\x02" + good[5:],
+    }[change]
+    poll = [good, bad, good]
+    assert _steady_binary(poll) is None
+    for raw, one in zip(poll, decode_launch_columns_many(poll), strict=True):
+        _same(one, _alone(raw))
