@@ -274,6 +274,12 @@ class ChildProcesses:
                 p.kill()
                 p.wait()
 
+    def terminate(self, names: list[str]) -> None:
+        """Ask these children to stop (SIGTERM) without waiting: :meth:`stop` waits later."""
+        for name, p in self.procs:
+            if name in names and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
     def failed(self) -> list[str]:
         return [n for n, p in self.procs if p.poll() not in (None, 0, -signal.SIGTERM)]
 
@@ -370,6 +376,10 @@ async def _monitor(
         # Interrupted: a short stop and a short drain, so the user gets the prompt back
         # within seconds; the windows still open are the ones the summary leaves out.
         await asyncio.to_thread(children.stop, nodes, 1.0 if interrupted else 15.0)
+        if interrupted:
+            # The worker too, now: with the nodes gone no window closes in the short drain,
+            # and its shutdown (handing its state over) overlaps the recording.
+            children.terminate(["worker"])
         await asyncio.sleep(0.5 if interrupted else opts_drain_s(settings))
     finally:
         stop.set()
@@ -392,8 +402,15 @@ async def _record(settings: Settings, bootstrap: str, directory: Path) -> None:
         settings.topic_reconfig,
         settings.topic_deadletter,
     ]
-    async with KafkaSource(bootstrap, settings.kafka_client_kwargs()) as source:
-        counts = await record_topics(source, names, directory)
+
+    async def one(topic: str) -> dict[str, int]:
+        async with KafkaSource(bootstrap, settings.kafka_client_kwargs()) as source:
+            return await record_topics(source, [topic], directory)
+
+    # A source reads one partition at a time, a few round trips each: the topics at once.
+    counts: dict[str, int] = {}
+    for part in await asyncio.gather(*(one(name) for name in names)):
+        counts.update(part)
     print(
         f"recorded {sum(counts.values())} messages in {directory}: "
         f"kernelstream replay --recording {directory} --report REPORT_DIR",
