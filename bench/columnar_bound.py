@@ -29,21 +29,12 @@ import numpy as np
 import numpy.typing as npt
 
 from kernelstream.agents.logic.windowing import Windower, WindowSpec, order_stats
-from kernelstream.schemas.binary import HEAD_SIZE, LAYOUT_VERSION, MAGIC
+from kernelstream.schemas.binary import HEAD_RECORD, HEAD_SIZE, LAYOUT_VERSION, MAGIC
 from kernelstream.schemas.columnar import decode_launch_columns
 from kernelstream.schemas.records import MAX_DURATION_BITS, WindowAggregate
 
 __all__ = ["ColumnarWindows", "NotSteadyError", "Row", "check_rows", "columnar_pass"]
 
-# The binary layout's head (schemas.binary._HEAD: "<4sB3xIQI8x") as a NumPy record.
-_HEAD = np.dtype(
-    {
-        "names": ["magic", "version", "n", "seq_start", "m"],
-        "formats": ["S4", "u1", "<u4", "<u8", "<u4"],
-        "offsets": [0, 4, 8, 12, 20],
-        "itemsize": HEAD_SIZE,
-    }
-)
 _HEAD_BYTES = np.arange(HEAD_SIZE)
 _NONE_OPEN = 2**62
 
@@ -110,7 +101,7 @@ class ColumnarWindows:
         raw = np.frombuffer(buf, np.uint8)
         f8, flags = raw.view("<f8"), raw.view(np.bool_)
         starts = np.cumsum(lens) - lens
-        heads = raw[starts[:, None] + _HEAD_BYTES].view(_HEAD).ravel()
+        heads = raw[starts[:, None] + _HEAD_BYTES].view(HEAD_RECORD).ravel()
         if not bool(((heads["magic"] == MAGIC) & (heads["version"] == LAYOUT_VERSION)).all()):
             raise NotSteadyError("a message that is not a binary launch batch of this layout")
         n = heads["n"].astype(np.int64)

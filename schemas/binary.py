@@ -46,6 +46,7 @@ import orjson
 from kernelstream.schemas.errors import SchemaError
 
 __all__ = [
+    "HEAD_RECORD",
     "MAGIC",
     "BinaryBatch",
     "encode_arrays",
@@ -62,6 +63,15 @@ _HEAD = struct.Struct("<4sB3xIQI8x")  # 32 bytes
 HEAD_SIZE = _HEAD.size
 # (magic, version, n, seq_start, m) of a message at least HEAD_SIZE bytes long
 read_head = _HEAD.unpack_from
+# The same head as a NumPy record: the heads of many messages read at once.
+HEAD_RECORD = np.dtype(
+    {
+        "names": ["magic", "version", "n", "seq_start", "m"],
+        "formats": ["S4", "u1", "<u4", "<u8", "<u4"],
+        "offsets": [0, 4, 8, 12, 20],
+        "itemsize": HEAD_SIZE,
+    }
+)
 
 
 def is_binary(data: bytes) -> bool:

@@ -36,6 +36,7 @@ import orjson
 import simdjson
 
 from kernelstream.schemas.binary import (
+    HEAD_RECORD,
     HEAD_SIZE,
     LAYOUT_VERSION,
     MAGIC,
@@ -777,16 +778,6 @@ def decode_launch_columns_many(values: list[bytes]) -> list[LaunchColumns | Sche
     return typing.cast("list[LaunchColumns | SchemaError]", out)  # every entry is set
 
 
-# The binary layout's head (schemas.binary: "<4sB3xIQI8x") as a NumPy record, to read the
-# heads of a poll's messages at once.
-_HEAD_RECORD = np.dtype(
-    {
-        "names": ["magic", "version", "n", "seq_start", "m"],
-        "formats": ["S4", "u1", "<u4", "<u8", "<u4"],
-        "offsets": [0, 4, 8, 12, 20],
-        "itemsize": HEAD_SIZE,
-    }
-)
 _HEAD_BYTES = np.arange(HEAD_SIZE)
 _MAGIC = np.bytes_(MAGIC)
 # Messages up to this size on average are read from one joined buffer; larger ones
@@ -820,7 +811,7 @@ def _steady_binary(values: list[bytes]) -> list[LaunchColumns | SchemaError] | N
     buf = b"".join(values)
     raw = np.frombuffer(buf, np.uint8)
     starts = np.cumsum(lens) - lens
-    heads = raw[starts[:, None] + _HEAD_BYTES].view(_HEAD_RECORD).ravel()
+    heads = raw[starts[:, None] + _HEAD_BYTES].view(HEAD_RECORD).ravel()
     n = heads["n"].astype(np.int64)
     m = heads["m"].astype(np.int64)
     pos = starts + HEAD_SIZE + m + (-m % 8)

@@ -393,3 +393,19 @@ def test_one_message_off_the_steady_state_sends_the_poll_the_general_way(change:
     assert _steady_binary(poll) is None
     for raw, one in zip(poll, decode_launch_columns_many(poll), strict=True):
         _same(one, _alone(raw))
+
+
+def test_the_head_record_reads_what_the_head_struct_reads() -> None:
+    from kernelstream.schemas.binary import HEAD_RECORD, HEAD_SIZE, read_head
+
+    raw = _binary([1.5, 2.5, 3.5], [3.0, 4.0, 5.0], [1, 0, 1], seq=2**40 + 3)
+    head = np.frombuffer(raw[:HEAD_SIZE], HEAD_RECORD)[0]
+    magic, version, n, seq, m = read_head(raw)
+    assert HEAD_RECORD.itemsize == HEAD_SIZE
+    assert (head["magic"], head["version"], head["n"], head["seq_start"], head["m"]) == (
+        magic,
+        version,
+        n,
+        seq,
+        m,
+    )
