@@ -480,7 +480,7 @@ class WorkerContext:
             # checks passed under this message key, only the event times are left.
             config = cols.meta.config
             if cols.key is not None and passed.get((id(config), key)) is config:
-                lo, hi = cols.known_t_range or cols.t_range()
+                lo, hi = cols.t_range()
                 if cols.known_in_order and oldest <= lo and hi <= newest:
                     out[i] = cols
                     continue

@@ -4,10 +4,11 @@
 own path on the same messages. It is a measured bound for a design, not the worker: the
 worker decodes every message into its own objects (:class:`schemas.columnar.LaunchColumns`,
 a validated header copy), keeps each stream's windows in Python objects and closes them
-one by one; here a poll of binary launch batches is joined into one buffer, its headers
-read as one array, its edge checks (end times finite and in completion order, durations
-and flags in range, event times near the clock) and its sequence check (each batch
-continues its stream exactly) made over the whole poll, and the windows that the poll's
+one by one; here a poll of binary launch batches is read as the worker reads a poll of
+small batches (:func:`schemas.columnar.steady_poll`: one joined buffer, the heads as one
+array, the column checks once) but never turned into per-batch objects, the event-time
+and sequence checks (each batch continues its stream exactly) are made over the whole
+poll, and the windows that the poll's
 watermarks close are aggregated together (count, mean, standard deviation, idle gaps by
 segment; p50, p95, minimum and maximum by the worker's own :func:`order_stats`).
 
@@ -29,13 +30,13 @@ import numpy as np
 import numpy.typing as npt
 
 from kernelstream.agents.logic.windowing import Windower, WindowSpec, order_stats
-from kernelstream.schemas.binary import HEAD_RECORD, HEAD_SIZE, LAYOUT_VERSION, MAGIC
-from kernelstream.schemas.columnar import decode_launch_columns
-from kernelstream.schemas.records import MAX_DURATION_BITS, WindowAggregate
+from kernelstream.schemas.codec import MAX_MESSAGE_BYTES
+from kernelstream.schemas.columnar import decode_launch_columns, steady_poll
+from kernelstream.schemas.errors import SchemaError
+from kernelstream.schemas.records import WindowAggregate
 
 __all__ = ["ColumnarWindows", "NotSteadyError", "Row", "check_rows", "columnar_pass"]
 
-_HEAD_BYTES = np.arange(HEAD_SIZE)
 _NONE_OPEN = 2**62
 
 
@@ -65,7 +66,7 @@ class ColumnarWindows:
         self.spec = spec
         self.max_age_s, self.max_future_s = max_age_s, max_future_s
         self.rows: list[Row] = []
-        self._slot_of: dict[bytes, int] = {}  # header bytes -> stream slot
+        self._slot_of: dict[tuple[str, str], int] = {}  # (stream, config) -> slot
         self._keys: list[str] = []  # slot -> stream key
         self._next_seq = np.zeros(0, np.int64)  # slot -> next sequence number (-1: none yet)
         self._max_t = np.zeros(0)  # slot -> largest end time
@@ -73,14 +74,14 @@ class ColumnarWindows:
         # slot -> window -> (end-time chunks, duration chunks)
         self._open: dict[int, dict[int, tuple[list[Any], list[Any]]]] = {}
 
-    def _slot(self, data: bytes, m: int) -> int:
-        head = data[HEAD_SIZE : HEAD_SIZE + m]
-        slot = self._slot_of.get(head)
+    def _slot(self, hit: tuple[Any, Any, str]) -> int:
+        """The slot of a (stream, configuration): its header's entry in the decoder."""
+        key = (hit[2], hit[0].config_id)
+        slot = self._slot_of.get(key)
         if slot is not None:
             return slot
-        cols = decode_launch_columns(data)  # a new header: the worker's own decoder decides
-        slot = self._slot_of[head] = len(self._keys)
-        self._keys.append(cols.stream_key)
+        slot = self._slot_of[key] = len(self._keys)
+        self._keys.append(hit[2])
         if slot >= self._max_t.size:
             grow = max(64, self._max_t.size)
             self._next_seq = np.concatenate([self._next_seq, np.full(grow, -1, np.int64)])
@@ -91,48 +92,38 @@ class ColumnarWindows:
     def poll(self, values: list[bytes], now: float) -> None:
         """Window one poll's messages (decompressed values, in partition order)."""
         size, lateness = self.spec.size_s, self.spec.allowed_lateness_s
-        count = len(values)
-        if not count:
+        if not values:
             return
-        lens = np.fromiter(map(len, values), np.int64, count)
-        if bool((lens % 8).any() or (lens < HEAD_SIZE).any()):
-            raise NotSteadyError("a message that is not a whole binary batch")
-        buf = b"".join(values)
-        raw = np.frombuffer(buf, np.uint8)
-        f8, flags = raw.view("<f8"), raw.view(np.bool_)
-        starts = np.cumsum(lens) - lens
-        heads = raw[starts[:, None] + _HEAD_BYTES].view(HEAD_RECORD).ravel()
-        if not bool(((heads["magic"] == MAGIC) & (heads["version"] == LAYOUT_VERSION)).all()):
-            raise NotSteadyError("a message that is not a binary launch batch of this layout")
-        n = heads["n"].astype(np.int64)
-        seq = heads["seq_start"].astype(np.int64)
-        m = heads["m"].astype(np.int64)
-        if not bool((n >= 1).all()) or not bool(
-            (lens == HEAD_SIZE + m + (-m % 8) + 17 * n + (-n % 8)).all()
-        ):
-            raise NotSteadyError("a message whose length is not its layout's")
-        slot_list = [self._slot(v, k) for v, k in zip(values, m.tolist(), strict=True)]
+        # read as the worker reads a poll of small batches (schemas.columnar.steady_poll);
+        # a header not seen yet is decoded by the worker's decoder first, which decides
+        got = steady_poll(values, MAX_MESSAGE_BYTES)  # large batches too, joined all the same
+        if got is None:
+            for value in values:
+                try:
+                    decode_launch_columns(value)
+                except SchemaError as ex:
+                    raise NotSteadyError(f"a batch the worker refuses: {ex}") from ex
+            got = steady_poll(values, MAX_MESSAGE_BYTES)
+        if got is None:
+            raise NotSteadyError(
+                "a poll the worker reads message by message (not all small binary batches "
+                "with known headers and plainly valid columns)"
+            )
+        slot_list = [self._slot(hit) for hit in got.hits]
         slots = np.array(slot_list, np.int64)
-        col = ((starts + HEAD_SIZE + m + (-m % 8)) >> 3).tolist()
-        ns = n.tolist()
-        t = np.concatenate([f8[a : a + k] for a, k in zip(col, ns, strict=True)])
-        d = np.concatenate([f8[a + k : a + 2 * k] for a, k in zip(col, ns, strict=True)])
-        ok = np.concatenate(
-            [flags[8 * a + 16 * k : 8 * a + 17 * k] for a, k in zip(col, ns, strict=True)]
+        t, d, ok, first, lo, hi = (
+            got.t,
+            got.d,
+            got.ok_bytes.view(np.bool_),
+            got.first,
+            got.lo,
+            got.hi,
         )
-        first = np.cumsum(n) - n
-        # edge checks over the poll: completion order within each batch, finite ends,
-        # durations and flags in range, event times near the clock
-        step = t[1:] >= t[:-1]
-        step[first[1:] - 1] = True  # across two batches: no rule
-        lo, hi = t[first], t[first + n - 1]
-        if not (
-            bool(step.all())
-            and bool(np.isfinite(lo).all() and np.isfinite(hi).all())
-            and int(d.view("<u8").max()) <= MAX_DURATION_BITS
-            and int(ok.view(np.uint8).max()) <= 1
-            and bool((hi <= now + self.max_future_s).all() and (lo >= now - self.max_age_s).all())
-        ):
+        n = np.fromiter(map(len, got.t_end), np.int64, len(values))
+        seq = np.array(got.seq_start, np.int64)
+        ns = n.tolist()
+        # event times near the clock (the worker's edge check after decoding)
+        if not bool((hi <= now + self.max_future_s).all() and (lo >= now - self.max_age_s).all()):
             raise NotSteadyError("a batch the edge checks send to the general path")
         self._sequence(slots, seq, n)
         w_lo = np.floor(lo / size).astype(np.int64)

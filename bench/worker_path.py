@@ -70,7 +70,7 @@ from kernelstream.app.kafka.zstd_decode import zstd_decode
 from kernelstream.app.settings import Settings
 from kernelstream.bench.columnar_bound import Row, check_rows, columnar_pass
 from kernelstream.bench.pipeline_input import FleetSpec, encoded, fleet_batches, recent_t0
-from kernelstream.schemas.binary import encode_launch_batch
+from kernelstream.schemas.binary import encode_launch_batch, read_head
 from kernelstream.schemas.columnar import LaunchColumns, decode_launch_columns_many
 from kernelstream.schemas.errors import SchemaError
 
@@ -229,7 +229,7 @@ def _poll_sizes(values: list[bytes]) -> list[int]:
         poll = values[at : at + take]
         sizes.append(len(poll))
         at += len(poll)
-        launches = sum(int.from_bytes(v[8:12], "little") for v in poll)  # the head's count
+        launches = sum(read_head(v)[2] for v in poll)
         take = poll_records(launches, len(poll))
     return sizes
 

@@ -28,7 +28,7 @@ import threading
 import typing
 from dataclasses import dataclass, fields
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -63,7 +63,14 @@ from kernelstream.schemas.records import (
     LaunchBatch,
 )
 
-__all__ = ["WIRE_COLUMNS", "LaunchColumns", "decode_launch_columns", "decode_launch_columns_many"]
+__all__ = [
+    "WIRE_COLUMNS",
+    "LaunchColumns",
+    "SteadyPoll",
+    "decode_launch_columns",
+    "decode_launch_columns_many",
+    "steady_poll",
+]
 
 _PLACEHOLDER = {"t_end": [0.0], "duration_us": [0.0], "ok": [1]}
 
@@ -785,24 +792,46 @@ _MAGIC = np.bytes_(MAGIC)
 _JOIN_MAX_MEAN_BYTES = 8192
 
 
-def _steady_binary(values: list[bytes]) -> list[LaunchColumns | SchemaError] | None:
-    """:func:`decode_launch_columns_many` of a poll whose every message is a binary batch
-    with header bytes decoded before, of the layout's exact length, whose columns plainly
-    pass (end times finite and in completion order, durations in range, ``ok`` 0 or 1):
-    the steady state of small batches. None for any other poll (the general path).
+class SteadyPoll(NamedTuple):
+    """A poll of binary batches read at once (:func:`steady_poll`)."""
+
+    # per batch: its header's entry (validated per-batch fields, their fields-set with
+    # seq_start, stream key), seq_start, and its columns as views of the joined buffer
+    hits: list[tuple[LaunchBatch, set[str], str]]
+    seq_start: list[int]
+    t_end: list[npt.NDArray[np.float64]]
+    duration_us: list[npt.NDArray[np.float64]]
+    ok: list[npt.NDArray[np.bool_]]
+    # the poll's columns joined (t, d, ok as bytes 0 or 1), where each batch starts in
+    # them, and each batch's earliest and latest end time
+    t: npt.NDArray[np.float64]
+    d: npt.NDArray[np.float64]
+    ok_bytes: npt.NDArray[np.uint8]
+    first: npt.NDArray[np.int64]
+    lo: npt.NDArray[np.float64]
+    hi: npt.NDArray[np.float64]
+
+
+def steady_poll(
+    values: list[bytes], max_mean_bytes: int = _JOIN_MAX_MEAN_BYTES
+) -> SteadyPoll | None:
+    """A poll whose every message is a binary batch with header bytes decoded before, of
+    the layout's exact length, whose columns plainly pass (end times finite and in
+    completion order, durations in range, ``ok`` 0 or 1), and whose messages are small
+    (``max_mean_bytes`` on average at most; larger ones cost less as views of each
+    message than copied): the steady state of small batches. None for any other poll
+    (the general path, message by message, decides).
 
     The messages are joined into one buffer, their heads read as one array and their
-    columns checked at once; each batch's columns are views of that buffer, and the
-    columns, the per-batch fields and the flags are what the general path gives. On
-    182-launch batches a message costs about a third of the general path's ~15 us.
+    columns checked at once; each batch's columns are views of that buffer.
     """
     count = len(values)
-    if count < 2:
+    if not count:
         return None
     lens = np.fromiter(map(len, values), np.int64, count)
     total = int(lens.sum())
     if (
-        total > _JOIN_MAX_MEAN_BYTES * count
+        total > max_mean_bytes * count
         or int(lens.min()) < HEAD_SIZE
         or int(lens.max()) > MAX_MESSAGE_BYTES
         or bool((lens & 7).any())
@@ -832,7 +861,7 @@ def _steady_binary(values: list[bytes]) -> list[LaunchColumns | SchemaError] | N
     ts = [f8[a : a + k] for a, k in zip(cols, ns, strict=True)]
     ds = [f8[a + k : a + 2 * k] for a, k in zip(cols, ns, strict=True)]
     oks = [flags[8 * a + 16 * k : 8 * a + 17 * k] for a, k in zip(cols, ns, strict=True)]
-    t = np.concatenate(ts)
+    t, d = np.concatenate(ts), np.concatenate(ds)
     first = np.cumsum(n) - n
     in_order = t[1:] >= t[:-1]  # NaN compares false
     in_order[first[1:] - 1] = True  # from one batch to the next: no rule
@@ -842,16 +871,34 @@ def _steady_binary(values: list[bytes]) -> list[LaunchColumns | SchemaError] | N
         bool(in_order.all())
         and bool(np.isfinite(lo).all())
         and bool(np.isfinite(hi).all())
-        and int(np.concatenate(ds).view("<u8").max()) <= MAX_DURATION_BITS
+        and int(d.view("<u8").max()) <= MAX_DURATION_BITS
         and int(ok.max()) <= 1
     ):
         return None
-    all_ok = (np.minimum.reduceat(ok, first) == 1).tolist()
-    seq = heads["seq_start"].tolist()
+    entries = typing.cast("list[tuple[LaunchBatch, set[str], str]]", hits)  # none is None
+    return SteadyPoll(entries, heads["seq_start"].tolist(), ts, ds, oks, t, d, ok, first, lo, hi)
+
+
+def _steady_binary(values: list[bytes]) -> list[LaunchColumns | SchemaError] | None:
+    """:func:`decode_launch_columns_many` of a :func:`steady_poll` (None for any other):
+    the columns, the per-batch fields and the flags the general path gives. On 182-launch
+    batches a message costs about two thirds of the general path's."""
+    poll = steady_poll(values) if len(values) > 1 else None  # one message: the general way
+    if poll is None:
+        return None
+    all_ok = (np.minimum.reduceat(poll.ok_bytes, poll.first) == 1).tolist()
     return [
         _plain_columns(_with_seq_start(hit, s), tb, db, okb, ((a, b), True, r), hit[2])
         for hit, s, tb, db, okb, a, b, r in zip(
-            hits, seq, ts, ds, oks, lo.tolist(), hi.tolist(), all_ok, strict=True
+            poll.hits,
+            poll.seq_start,
+            poll.t_end,
+            poll.duration_us,
+            poll.ok,
+            poll.lo.tolist(),
+            poll.hi.tolist(),
+            all_ok,
+            strict=True,
         )
     ]
 
