@@ -909,6 +909,15 @@ def _throughput_lines(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def _pin_option(value: bool) -> bool:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    if value and cpus < 2:
+        raise click.BadParameter(
+            f"needs at least 2 CPUs this process may run on; it may run on {cpus}"
+        )
+    return value
+
+
 def _loads_option(value: str | None) -> str | None:
     try:
         parse_loads(value)
@@ -984,6 +993,7 @@ def _loads_option(value: str | None) -> str | None:
 @click.option(
     "--pin-worker",
     is_flag=True,
+    callback=lambda _ctx, _p, v: _pin_option(v),
     help="Run the worker processes on the machine's last CPU alone and the broker and the "
     "fleet on the others, as a worker deployed with a core of its own runs.",
 )

@@ -53,3 +53,15 @@ def test_off_changes_nothing() -> None:
         assert split is None
         if before is not None:
             assert os.sched_getaffinity(0) == before
+
+
+def test_one_cpu_is_a_one_line_error_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from kernelstream.bench.pipeline import command
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0}, raising=False)
+    got = CliRunner().invoke(command, ["--json", "x.json", "--latency-only", "--pin-worker"])
+    assert got.exit_code == 2
+    assert "Traceback" not in got.output
+    assert "--pin-worker" in got.output and "needs at least 2 CPUs" in got.output
