@@ -23,6 +23,7 @@ import os
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,18 +134,37 @@ async def _scenario(
         missing = sorted(w - seqs[stream])
         assert not missing, (
             f"{stream}: {len(missing)} launches produced during or after the outage never "
-            f"arrived (seq {missing[0]}..{missing[-1]})"
+            f"arrived (seq {missing[0]}..{missing[-1]}; from seq {min(w)}; "
+            f"reports {[(r.node, r.outbox, r.refused) for r in reports]}; "
+            f"{_where(reader.raw[base.topic_launches], stream, missing[0])})"
         )
     for (stream, seq), values in copies.items():
         assert len(values) == 1, f"{stream} seq {seq}: differing copies on the wire"
     print(
         f"outage {OUTAGE_S:.0f} s: {sum(len(w) for w in want.values())} launches produced "
-        f"since it began, all on the restarted broker; "
+        f"since it began, all on the restarted broker "
+        f"({ {s: (min(w), max(w)) for s, w in want.items()} }); "
         f"{sum(n - 1 for n in wire.values())} exact re-sends on the wire; max tick lag "
         f"{max(r.max_tick_lag_s for r in reports) * 1000:.0f} ms "
         f"(worst ticks {[r.worst_tick for r in reports]}); outboxes "
         f"{[r.outbox for r in reports]}"
     )
+
+
+def _where(messages: list[Any], stream: str, seq: int) -> str:
+    """Where a lost batch would have been: the stream's batches around ``seq`` on the
+    wire, and any offsets the reader did not see in their partitions."""
+    mine = sorted(
+        (b.seq_start, m.partition, m.offset)
+        for m in messages
+        if (b := decode(m.value, LaunchBatch)).stream_key == stream
+    )
+    near = [x for x in mine if abs(x[0] - seq) < 60]
+    holes = {}
+    for part in {p for _, p, _ in near}:
+        offsets = sorted(m.offset for m in messages if m.partition == part)
+        holes[part] = sorted(set(range(offsets[0], offsets[-1] + 1)) - set(offsets))[:10]
+    return f"batches near it (seq, partition, offset): {near}; unseen offsets: {holes}"
 
 
 class Gate:
