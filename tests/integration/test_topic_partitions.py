@@ -122,16 +122,20 @@ def test_handover_topic_with_fewer_partitions(
     s, bootstrap = settings, str(settings.bootstrap)
     total = s.partitions + WIDER
     asyncio.run(_create(bootstrap, {s.topic_launches: total, state_topic(s): s.partitions}))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kernelstream.app.cli", "worker"],
-        env=settings_env(s),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    # The worker's output goes to a file: a pipe nobody reads while the worker runs fills
+    # up (64 KiB of log lines) and blocks it mid-write, where SIGTERM cannot stop it.
+    log_path = tmp_path / "worker.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kernelstream.app.cli", "worker"],
+            env=settings_env(s),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         if engine == "tansu":
-            out, _ = proc.communicate(timeout=120)
-            text = out.decode(errors="replace")
+            proc.wait(timeout=120)
+            text = log_path.read_text(errors="replace")
             assert proc.returncode == 1, text
             error = [line for line in text.splitlines() if line.startswith("Error:")]
             assert len(error) == 1 and state_topic(s) in error[0], text
