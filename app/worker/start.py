@@ -22,6 +22,9 @@ import ctypes
 import gc
 import importlib
 import logging
+import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +40,14 @@ from kernelstream.app.kafka.group_member import (
 )
 from kernelstream.app.settings import Settings
 
-__all__ = ["retain_heap", "run_worker", "start_window_consumer", "window_consumer"]
+__all__ = [
+    "THREADS_EXIT_S",
+    "exit_without_stuck_threads",
+    "retain_heap",
+    "run_worker",
+    "start_window_consumer",
+    "window_consumer",
+]
 
 log = logging.getLogger("kernelstream.worker")
 
@@ -208,6 +218,45 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str) -> None:
     # out of the collector's sight, a full collection scans only what came after.
     gc.freeze()
     retain_heap(settings.worker_heap_retain_mib)
-    Worker(
-        app, loop=loop, loglevel=loglevel, quiet=True, override_logging=False
-    ).execute_from_commandline()
+    code: int = 0
+    try:
+        Worker(
+            app, loop=loop, loglevel=loglevel, quiet=True, override_logging=False
+        ).execute_from_commandline()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        raise
+    finally:
+        exit_without_stuck_threads(code, THREADS_EXIT_S)
+
+
+# How long the worker's own threads get to end once its event loop has stopped (they end
+# in milliseconds when nothing is stuck).
+THREADS_EXIT_S = 5.0
+
+
+def exit_without_stuck_threads(code: int, wait_s: float) -> None:
+    """Once the worker has stopped: wait up to ``wait_s`` for its other non-daemon
+    threads to end, and where one does not, say which and end the process with ``code``.
+
+    Python does not exit while such a thread runs, and Faust's consumer runs in one
+    (a thread of its own with its own event loop): where its stop hung (a group join
+    waiting on the worker's event loop, which had already stopped), the worker's
+    process never exited after SIGTERM and waited for a SIGKILL. Everything the worker
+    keeps is written by then (the window agent hands over and closes its checkpoint
+    store first), so exiting without the thread loses nothing.
+    """
+    deadline = time.monotonic() + wait_s
+    others = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    for t in others:
+        if not t.daemon:
+            t.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t.name for t in others if not t.daemon and t.is_alive()]
+    if stuck:
+        log.error(
+            "the worker stopped but its threads %s did not within %.0f s; exiting without them",
+            ", ".join(stuck),
+            wait_s,
+        )
+        logging.shutdown()
+        os._exit(code)

@@ -146,7 +146,12 @@ def test_handover_topic_with_fewer_partitions(
     finally:
         if proc.poll() is None:
             proc.terminate()
-            proc.wait(30)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()  # never left behind: a worker stuck in its stop never exits
+                proc.wait()
+                raise
 
 
 def test_a_topic_with_fewer_partitions_is_reported(
