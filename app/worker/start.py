@@ -218,7 +218,7 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str) -> None:
     # out of the collector's sight, a full collection scans only what came after.
     gc.freeze()
     retain_heap(settings.worker_heap_retain_mib)
-    code: int = 0
+    code, why = 0, None
     try:
         Worker(
             app, loop=loop, loglevel=loglevel, quiet=True, override_logging=False
@@ -226,8 +226,11 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str) -> None:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
         raise
+    except BaseException as exc:  # the command says it once the process can exit
+        code, why = 1, exc
+        raise
     finally:
-        exit_without_stuck_threads(code, THREADS_EXIT_S)
+        exit_without_stuck_threads(code, THREADS_EXIT_S, why)
 
 
 # How long the worker's own threads get to end once its event loop has stopped (they end
@@ -235,7 +238,7 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str) -> None:
 THREADS_EXIT_S = 5.0
 
 
-def exit_without_stuck_threads(code: int, wait_s: float) -> None:
+def exit_without_stuck_threads(code: int, wait_s: float, why: BaseException | None = None) -> None:
     """Once the worker has stopped: wait up to ``wait_s`` for its other non-daemon
     threads to end, and where one does not, say which and end the process with ``code``.
 
@@ -244,7 +247,8 @@ def exit_without_stuck_threads(code: int, wait_s: float) -> None:
     waiting on the worker's event loop, which had already stopped), the worker's
     process never exited after SIGTERM and waited for a SIGKILL. Everything the worker
     keeps is written by then (the window agent hands over and closes its checkpoint
-    store first), so exiting without the thread loses nothing.
+    store first), so exiting without the thread loses nothing. ``why``: the exception
+    the worker stopped with, said here since the command cannot say it any more.
     """
     deadline = time.monotonic() + wait_s
     others = [t for t in threading.enumerate() if t is not threading.main_thread()]
@@ -254,7 +258,8 @@ def exit_without_stuck_threads(code: int, wait_s: float) -> None:
     stuck = [t.name for t in others if not t.daemon and t.is_alive()]
     if stuck:
         log.error(
-            "the worker stopped but its threads %s did not within %.0f s; exiting without them",
+            "the worker stopped%s but its threads %s did not within %.0f s; exiting without them",
+            f" ({why})" if why is not None else "",
             ", ".join(stuck),
             wait_s,
         )

@@ -50,14 +50,15 @@ threading.Thread(
     target=(lambda: threading.Event().wait()) if hold < 0 else (lambda: time.sleep(hold)),
     name="faust-consumer-thread",
 ).start()
-exit_without_stuck_threads(3, 1.0)
+why = RuntimeError("takeover failed") if len(sys.argv) > 2 else None
+exit_without_stuck_threads(3, 1.0, why)
 print("returned")
 """
 
 
-def _run(hold_s: float) -> subprocess.CompletedProcess[str]:
+def _run(hold_s: float, *why: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(hold_s)],
+        [sys.executable, "-c", _SCRIPT, str(hold_s), *why],
         capture_output=True,
         text=True,
         timeout=60,
@@ -76,3 +77,10 @@ def test_threads_that_end_are_waited_for_and_nothing_is_said() -> None:
     done = _run(0.2)
     assert done.returncode == 0 and done.stdout.strip() == "returned", done
     assert "did not" not in done.stderr
+
+
+def test_a_crash_with_a_stuck_thread_still_says_why() -> None:
+    done = _run(-1, "crash")
+    assert done.returncode == 3, done
+    [line] = [ln for ln in done.stderr.splitlines() if "did not" in ln]
+    assert "stopped (takeover failed)" in line, line
