@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,6 +194,12 @@ def worker(settings: Settings, tmp_path: Path) -> Iterator[subprocess.Popen[byte
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+            # Not a failure of the test that used it, but never silent: a stop takes about
+            # 1.5 s, and a stuck one is bounded at about 11 s (docs/reliability).
+            warnings.warn(
+                f"the worker did not exit within 15 s of SIGTERM and was killed; see {path}",
+                stacklevel=1,
+            )
         log.close()
         # Captured, so shown with the test's report when it fails: what the worker said.
         lines = path.read_text(errors="replace").splitlines()
