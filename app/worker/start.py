@@ -243,9 +243,9 @@ def exit_without_stuck_threads(code: int, wait_s: float, why: BaseException | No
     threads to end, and where one does not, say which and end the process with ``code``.
 
     Python does not exit while such a thread runs, and Faust's consumer runs in one
-    (a thread of its own with its own event loop): where its stop hung (a group join
-    waiting on the worker's event loop, which had already stopped), the worker's
-    process never exited after SIGTERM and waited for a SIGKILL. Everything the worker
+    (a thread of its own with its own event loop): where its stop hung (in a group join
+    that was in progress when the worker stopped), the worker's process never exited
+    after SIGTERM and waited for a SIGKILL. Everything the worker
     keeps is written by then (the window agent hands over and closes its checkpoint
     store first), so exiting without the thread loses nothing. ``why``: the exception
     the worker stopped with, said here since the command cannot say it any more.
