@@ -70,9 +70,9 @@ async def stop_within(stopping: Awaitable[None], seconds: float) -> bool:
 
     aiokafka's ``stop()`` first lets a group join in progress finish (JoinGroup,
     SyncGroup, the new assignment and its callbacks) and watches nothing else meanwhile:
-    a worker asked to stop while its Faust consumer was still joining waited out Faust's
-    30 s child timeout (seen on Apache Kafka under load: SIGTERM to exit 30-40 s where a
-    stop takes about 0.1 s). What giving up skips is leaving the group, which the
+    a worker asked to stop during such a join could wait on it for good (seen on Apache
+    Kafka under load: Faust's 30 s child timeout passed, and the process never exited,
+    where a stop takes about 0.1 s). What giving up skips is leaving the group, which the
     coordinator then notices at the session timeout: Faust has committed its offsets
     before this point, and the window agent has handed its partitions over already.
     """

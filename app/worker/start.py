@@ -251,11 +251,11 @@ def exit_without_stuck_threads(code: int, wait_s: float, why: BaseException | No
     the worker stopped with, said here since the command cannot say it any more.
     """
     deadline = time.monotonic() + wait_s
-    others = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    main = threading.main_thread()
+    others = [t for t in threading.enumerate() if t is not main and not t.daemon]
     for t in others:
-        if not t.daemon:
-            t.join(max(0.0, deadline - time.monotonic()))
-    stuck = [t.name for t in others if not t.daemon and t.is_alive()]
+        t.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t.name for t in others if t.is_alive()]
     if stuck:
         log.error(
             "the worker stopped%s but its threads %s did not within %.0f s; exiting without them",

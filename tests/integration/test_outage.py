@@ -23,7 +23,6 @@ import os
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -115,6 +114,8 @@ async def _scenario(
     seqs: dict[str, set[int]] = defaultdict(set)
     copies: dict[tuple[str, int], set[bytes]] = defaultdict(set)
     wire: dict[tuple[str, int], int] = defaultdict(int)
+    placed: dict[tuple[str, int], tuple[int, int]] = {}  # (partition, offset) of each batch
+    offsets: dict[int, set[int]] = defaultdict(set)  # every offset read, by partition
     async with TopicReader(bootstrap, base.topic_launches) as reader:
         seen = 0
 
@@ -124,6 +125,8 @@ async def _scenario(
                 b = decode(msg.value, LaunchBatch)
                 copies[(b.stream_key, b.seq_start)].add(msg.value)
                 wire[(b.stream_key, b.seq_start)] += 1
+                placed[(b.stream_key, b.seq_start)] = (msg.partition, msg.offset)
+                offsets[msg.partition].add(msg.offset)
                 seqs[b.stream_key].update(range(b.seq_start, b.seq_start + len(b.t_end)))
             seen = len(reader.raw[base.topic_launches])
             return all(w <= seqs[s] for s, w in want.items())
@@ -136,7 +139,7 @@ async def _scenario(
             f"{stream}: {len(missing)} launches produced during or after the outage never "
             f"arrived (seq {missing[0]}..{missing[-1]}; from seq {min(w)}; "
             f"reports {[(r.node, r.outbox, r.refused) for r in reports]}; "
-            f"{_where(reader.raw[base.topic_launches], stream, missing[0])})"
+            f"{_where(placed, offsets, stream, missing[0])})"
         )
     for (stream, seq), values in copies.items():
         assert len(values) == 1, f"{stream} seq {seq}: differing copies on the wire"
@@ -151,19 +154,21 @@ async def _scenario(
     )
 
 
-def _where(messages: list[Any], stream: str, seq: int) -> str:
+def _where(
+    placed: dict[tuple[str, int], tuple[int, int]],
+    offsets: dict[int, set[int]],
+    stream: str,
+    seq: int,
+) -> str:
     """Where a lost batch would have been: the stream's batches around ``seq`` on the
     wire, and any offsets the reader did not see in their partitions."""
-    mine = sorted(
-        (b.seq_start, m.partition, m.offset)
-        for m in messages
-        if (b := decode(m.value, LaunchBatch)).stream_key == stream
+    near = sorted(
+        (s, *at) for (key, s), at in placed.items() if key == stream and abs(s - seq) < 60
     )
-    near = [x for x in mine if abs(x[0] - seq) < 60]
-    holes = {}
-    for part in {p for _, p, _ in near}:
-        offsets = sorted(m.offset for m in messages if m.partition == part)
-        holes[part] = sorted(set(range(offsets[0], offsets[-1] + 1)) - set(offsets))[:10]
+    holes = {
+        part: sorted(set(range(min(offsets[part]), max(offsets[part]) + 1)) - offsets[part])[:10]
+        for part in {p for _, p, _ in near}
+    }
     return f"batches near it (seq, partition, offset): {near}; unseen offsets: {holes}"
 
 
