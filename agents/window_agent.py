@@ -85,7 +85,7 @@ from kernelstream.agents.logic.snapshot_codec import pack, unpack
 from kernelstream.agents.logic.windowing import Windower, WindowSpec
 from kernelstream.agents.window_checkpoints import CheckpointStore
 from kernelstream.agents.window_consumer import EarlyConsumer
-from kernelstream.schemas import LaunchBatch, WindowAggregate, encode
+from kernelstream.schemas import LaunchBatch, WindowAggregate, encode, native
 from kernelstream.schemas.columnar import LaunchColumns
 
 __all__ = ["WindowAgentStats", "WindowIngest", "register", "state_topic", "window_spec"]
@@ -290,6 +290,7 @@ class WindowIngest(Service):
 
     async def on_start(self) -> None:
         s = self.settings
+        log.info("window agent: %s", native.describe())
         self._store = CheckpointStore(Path(s.data_dir) / "window-state")
         await self.ctx.topics["window_state"].maybe_declare()
         if self._early is not None:

@@ -43,8 +43,10 @@ from __future__ import annotations
 
 import asyncio
 import cProfile
+import hashlib
 import io
 import pstats
+import statistics
 import time
 from typing import Any
 
@@ -70,6 +72,7 @@ from kernelstream.app.kafka.zstd_decode import zstd_decode
 from kernelstream.app.settings import Settings
 from kernelstream.bench.columnar_bound import Row, check_rows, columnar_pass
 from kernelstream.bench.pipeline_input import FleetSpec, encoded, fleet_batches, recent_t0
+from kernelstream.schemas import native
 from kernelstream.schemas.binary import encode_launch_batch, read_head
 from kernelstream.schemas.columnar import LaunchColumns, decode_launch_columns_many
 from kernelstream.schemas.errors import SchemaError
@@ -171,11 +174,13 @@ class _Kept:
 
     def __init__(self) -> None:
         self.records = 0
+        self.digest = hashlib.blake2b(digest_size=16)
 
     async def send(
         self, key: bytes | None = None, value: bytes = b"", partition: Any = None
     ) -> None:
         self.records += 1
+        self.digest.update(value)
 
 
 def _record(offset: int, key: bytes, value: bytes) -> ConsumerRecord[bytes, bytes]:
@@ -217,6 +222,7 @@ def agent_pass(messages: list[bytes], keys: list[bytes]) -> dict[str, Any]:
         "seconds": seconds,
         "stage_s": dict(ingest.stats.stage_s),
         "windows": sinks["windows"].records,
+        "windows_digest": sinks["windows"].digest.hexdigest(),
         "findings": sinks["findings"].records,
         "dead_letters": sinks["deadletter"].records,
     }
@@ -279,9 +285,17 @@ def measure(
     sizes = _poll_sizes(values)
     columnar_s: list[float] = []
     rows: list[Row] = []
+    core = native.core
+    numpy_runs: list[dict[str, Any]] = []
     for _ in range(rounds):
         if agent:
             agent_runs.append(agent_pass(messages, keys))
+            if core is not None:  # the same code with the NumPy passes, in the same round
+                native.core = None
+                try:
+                    numpy_runs.append(agent_pass(messages, keys))
+                finally:
+                    native.core = core
         if values:
             took, rows = columnar_pass(values, window_spec(Settings()), sizes)
             columnar_s.append(took)
@@ -321,6 +335,17 @@ def measure(
             "ns_per_launch": best["seconds"] / launches * 1e9,
             "us_per_message": best["seconds"] / len(messages) * 1e6,
             "rounds_s": [r["seconds"] for r in agent_runs],
+        }
+    if numpy_runs:
+        best = min(numpy_runs, key=lambda r: r["seconds"])
+        bound["agent_numpy"] = {
+            **best,
+            "us_per_message": best["seconds"] / len(messages) * 1e6,
+            "rounds_s": [r["seconds"] for r in numpy_runs],
+            "same_windows": all(
+                r["windows_digest"] == agent_runs[0]["windows_digest"]
+                for r in [*agent_runs, *numpy_runs]
+            ),
         }
     if columnar_s:
         equal, reference = check_rows(rows, values, window_spec(Settings()))
@@ -421,6 +446,10 @@ def command(
         )
     if agent:
         click.echo(agent_lines(r["agent"], r["messages"]))
+        if "agent_numpy" in r:
+            click.echo(numpy_lines(r["agent"], r["agent_numpy"], r["messages"]))
+        else:
+            click.echo(f"  ({native.describe()})")
     if "columnar" in r:
         click.echo(columnar_lines(r))
     if profile:
@@ -446,6 +475,23 @@ def agent_lines(a: dict[str, Any], messages: int) -> str:
         f"{a['stage_s']['close'] / windows * 1e6:.0f}, emit "
         f"{a['stage_s']['emit'] / windows * 1e6:.0f}); the rest of the total: the agent's "
         "bookkeeping between the steps"
+    )
+
+
+def numpy_lines(a: dict[str, Any], n: dict[str, Any], messages: int) -> str:
+    """The window agent with its compiled passes (``a``) beside the same agent with the
+    NumPy passes (``n``, ``KERNELSTREAM_NATIVE=0``), in the same rounds."""
+    steps = ("decode", "close")
+    per_msg = ", ".join(
+        f"{k} {n['stage_s'][k] / messages * 1e6:.1f} -> {a['stage_s'][k] / messages * 1e6:.1f}"
+        for k in steps
+    )
+    ratios = sorted(x / y for x, y in zip(n["rounds_s"], a["rounds_s"], strict=True))
+    return (
+        f"  NumPy passes instead (KERNELSTREAM_NATIVE=0): {n['us_per_message']:.1f} us per "
+        f"message; NumPy / compiled, round by round: median {statistics.median(ratios):.2f}x "
+        f"({ratios[0]:.2f}-{ratios[-1]:.2f}); us per message, NumPy -> compiled: {per_msg}; "
+        f"windows published byte for byte the same: {'yes' if n['same_windows'] else 'NO'}"
     )
 
 

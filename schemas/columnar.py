@@ -35,6 +35,7 @@ import numpy.typing as npt
 import orjson
 import simdjson
 
+from kernelstream.schemas import native
 from kernelstream.schemas.binary import (
     HEAD_RECORD,
     HEAD_SIZE,
@@ -988,6 +989,20 @@ def _plain_binary_many(batches: list[_Cols | None]) -> list[_Plain | bool | None
         if c is not None and 1 <= c[0].size <= MAX_LAUNCHES:
             pick.append(i)
             sel.append(c)
+    core = native.core
+    if core is not None and sel:
+        # batch by batch in one call, no concatenation (schemas.native); a column of
+        # another type (JSON's 64-bit flags) leaves the poll to NumPy
+        try:
+            plains = core.plain_many(
+                [c[0] for c in sel], [c[1] for c in sel], [c[2] for c in sel], MAX_DURATION_BITS
+            )
+        except (TypeError, ValueError):
+            pass
+        else:
+            for i, plain in zip(pick, plains, strict=True):
+                res[i] = plain
+            return res
     if len(pick) < 2:
         return res
     t = np.concatenate([c[0] for c in sel])

@@ -38,6 +38,7 @@ import numpy.typing as npt
 from kernelstream.agents.logic.errors import LogicSettingsError, SnapshotError
 from kernelstream.agents.logic.ratios import finite_ratio
 from kernelstream.agents.logic.sequencing import SEQ_BOUND
+from kernelstream.schemas import native
 from kernelstream.schemas.columnar import LaunchColumns
 from kernelstream.schemas.records import DeviceSample, LaunchBatch, WindowAggregate
 
@@ -787,8 +788,60 @@ class InOrderRun:
 
 
 def _aggregate_acc(acc: _Acc, window: int, config_id: str, size_s: float) -> WindowAggregate:
-    t = _cat(acc.t_end, np.float64)
-    d = _cat(acc.duration_us, np.float64)
+    count, stats = duration_stats(acc.t_end, acc.duration_us, size_s)
+    return _build(
+        acc.meta,
+        config_id,
+        window,
+        size_s,
+        count,
+        acc.failures,
+        acc.late_accepted,
+        stats,
+        acc.seq_min,
+        acc.seq_max,
+        acc.device.fields() if acc.device else None,
+    )
+
+
+def duration_stats(
+    t_chunks: list[Any], d_chunks: list[Any], size_s: float
+) -> tuple[int, dict[str, float]]:
+    """The launches of a window and their duration statistics (mean, standard deviation,
+    p50, p95, minimum, maximum, busy fraction, mean idle gap between launches), from its
+    end-time and duration chunks in arrival order.
+
+    The compiled pass (:mod:`schemas.native`, one call, no temporaries) where the install
+    has it and it can promise NumPy's exact result; else :func:`duration_stats_numpy`.
+    Both give the same numbers, bit for bit.
+    """
+    core = native.core
+    if core is not None:
+        try:
+            got = core.window_stats(t_chunks, d_chunks, [50.0, 95.0])
+        except (TypeError, ValueError):  # a chunk not a contiguous float64 array
+            got = None
+        if got is not None:
+            count, total, mean, std, idle, (p50, p95), d_min, d_max = got
+            return count, {
+                "duration_mean_us": mean,
+                "duration_p50_us": p50,
+                "duration_p95_us": p95,
+                "duration_min_us": d_min,
+                "duration_max_us": d_max,
+                "duration_std_us": std,
+                "busy_fraction": total * 1e-6 / size_s,
+                "idle_gap_mean_us": idle,
+            }
+    return duration_stats_numpy(t_chunks, d_chunks, size_s)
+
+
+def duration_stats_numpy(
+    t_chunks: list[Any], d_chunks: list[Any], size_s: float
+) -> tuple[int, dict[str, float]]:
+    """:func:`duration_stats` in NumPy: the reference the compiled pass is tested against."""
+    t = _cat(t_chunks, np.float64)
+    d = _cat(d_chunks, np.float64)
     stats: dict[str, float] = dict.fromkeys(_DURATION_STATS, 0.0)
     stats["busy_fraction"] = stats["idle_gap_mean_us"] = 0.0
     if d.size:
@@ -822,26 +875,14 @@ def _aggregate_acc(acc: _Acc, window: int, config_id: str, size_s: float) -> Win
             stats["idle_gap_mean_us"] = float(_add(gaps)) / gaps.size * 1e6
         # Last, as it reorders d when d is this function's own concatenation of the
         # window's chunks (a single chunk is a view of a message or a snapshot's array).
-        (p50, p95), d_min, d_max = order_stats(d, (50.0, 95.0), overwrite=len(acc.duration_us) > 1)
+        (p50, p95), d_min, d_max = order_stats(d, (50.0, 95.0), overwrite=len(d_chunks) > 1)
         stats.update(
             duration_p50_us=p50,
             duration_p95_us=p95,
             duration_min_us=d_min,
             duration_max_us=d_max,
         )
-    return _build(
-        acc.meta,
-        config_id,
-        window,
-        size_s,
-        int(d.size),
-        acc.failures,
-        acc.late_accepted,
-        stats,
-        acc.seq_min,
-        acc.seq_max,
-        acc.device.fields() if acc.device else None,
-    )
+    return int(d.size), stats
 
 
 _DURATION_STATS = (

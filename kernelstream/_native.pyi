@@ -1,0 +1,15 @@
+# Types of the compiled module built from native/ (see kernelstream.schemas.native).
+import numpy as np
+import numpy.typing as npt
+
+def window_stats(
+    t_chunks: list[npt.NDArray[np.float64]],
+    d_chunks: list[npt.NDArray[np.float64]],
+    qs: list[float],
+) -> tuple[int, float, float, float, float, list[float], float, float] | None: ...
+def plain_many(
+    t: list[npt.NDArray[np.float64]],
+    d: list[npt.NDArray[np.float64]],
+    ok: list[npt.NDArray[np.uint8]],
+    max_duration_bits: int,
+) -> list[tuple[tuple[float, float], bool, bool] | None]: ...

@@ -1,0 +1,468 @@
+//! kernelstream's compiled window stage (`kernelstream._native`).
+//!
+//! Two passes of the window agent that NumPy makes as many separate calls, each over a
+//! fresh temporary array:
+//!
+//! * [`plain_many`]: the value checks of a poll's binary launch batches (end times finite
+//!   and in completion order, durations and `ok` flags in range), batch by batch, with no
+//!   concatenation (`schemas.columnar._plain_binary_many`);
+//! * [`window_stats`]: the duration statistics of a closing window: count, mean, standard
+//!   deviation, idle gaps between launches, percentiles, minimum and maximum
+//!   (`agents.logic.windowing._aggregate_acc`).
+//!
+//! Both give exactly what the NumPy code gives, bit for bit: sums are NumPy's pairwise
+//! summation ([`pairwise`]) over values computed with the same operations in the same
+//! order, and a percentile is the same interpolation between the same two ranked values.
+//! Where that cannot be promised (a negative or NaN duration, a NaN end time), they
+//! return `None` and the caller takes the NumPy path. The Python code stays the reference;
+//! the tests compare the two on the same inputs.
+
+use std::cell::RefCell;
+
+use numpy::{PyArray1, PyArrayMethods};
+use pyo3::prelude::*;
+
+/// NumPy's pairwise sum of `a`: what `np.add.reduce` returns for a contiguous float64
+/// array (NumPy's `pairwise_sum`: below 8 values a plain loop from 0.0; up to 128, eight
+/// accumulators, combined as ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)), and the
+/// rest added in order; above, the two halves, the first a multiple of 8 long).
+pub fn pairwise(a: &[f64]) -> f64 {
+    pairwise_of(Plain(a))
+}
+
+/// Values to sum as NumPy would sum the temporary array holding them: computed where
+/// they are summed, eight at a time (the unit NumPy's sum and the vector registers share).
+trait Values: Copy {
+    fn len(&self) -> usize;
+    fn split(self, at: usize) -> (Self, Self);
+    fn at(&self, i: usize) -> f64;
+    fn eight(&self, i: usize) -> [f64; 8];
+}
+
+fn eight(a: &[f64], i: usize) -> &[f64; 8] {
+    a[i..i + 8].try_into().expect("eight values")
+}
+
+/// The values themselves.
+#[derive(Clone, Copy)]
+struct Plain<'a>(&'a [f64]);
+
+impl Values for Plain<'_> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn split(self, at: usize) -> (Self, Self) {
+        let (a, b) = self.0.split_at(at);
+        (Plain(a), Plain(b))
+    }
+    fn at(&self, i: usize) -> f64 {
+        self.0[i]
+    }
+    fn eight(&self, i: usize) -> [f64; 8] {
+        *eight(self.0, i)
+    }
+}
+
+/// (d - mean) ** 2: NumPy's `dev = d - mean; dev *= dev`.
+#[derive(Clone, Copy)]
+struct Deviations<'a>(&'a [f64], f64);
+
+impl Values for Deviations<'_> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn split(self, at: usize) -> (Self, Self) {
+        let (a, b) = self.0.split_at(at);
+        (Deviations(a, self.1), Deviations(b, self.1))
+    }
+    fn at(&self, i: usize) -> f64 {
+        let v = self.0[i] - self.1;
+        v * v
+    }
+    fn eight(&self, i: usize) -> [f64; 8] {
+        let d = eight(self.0, i);
+        std::array::from_fn(|j| {
+            let v = d[j] - self.1;
+            v * v
+        })
+    }
+}
+
+fn pairwise_of<V: Values>(v: V) -> f64 {
+    let n = v.len();
+    if n < 8 {
+        let mut res = 0.0;
+        for i in 0..n {
+            res += v.at(i);
+        }
+        res
+    } else if n <= 128 {
+        let mut r = v.eight(0);
+        let end = n - n % 8;
+        let mut i = 8;
+        while i < end {
+            let b = v.eight(i);
+            for j in 0..8 {
+                r[j] += b[j];
+            }
+            i += 8;
+        }
+        let mut res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        while i < n {
+            res += v.at(i);
+            i += 1;
+        }
+        res
+    } else {
+        let mut n2 = n / 2;
+        n2 -= n2 % 8;
+        let (a, b) = v.split(n2);
+        pairwise_of(a) + pairwise_of(b)
+    }
+}
+
+/// Duration statistics of one window (see [`stats`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stats {
+    pub count: usize,
+    pub total: f64,
+    pub mean: f64,
+    pub std: f64,
+    pub idle_gap_mean_us: f64,
+    pub percentiles: Vec<f64>,
+    pub min: f64,
+    pub max: f64,
+}
+
+#[derive(Default)]
+struct Scratch {
+    t: Vec<f64>,
+    d: Vec<f64>,
+    gaps: Vec<f64>,
+    order: Vec<usize>,
+}
+
+thread_local! {
+    // Reused from window to window: a fresh buffer of a large window is memory to fault in
+    // (on a virtual machine, more than the statistics cost).
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Largest scratch kept between windows (values per column): a rare huge window does not
+/// pin its memory for good.
+const SCRATCH_KEEP: usize = 1 << 20;
+
+/// The statistics `_aggregate_acc` computes of a window whose launches' end times and
+/// durations are the concatenations of `t_chunks` and `d_chunks` (in arrival order), at
+/// percentiles `qs`; `None` if there are no launches, or if a duration is negative or NaN
+/// or an end time NaN (NumPy's rules for those are left to NumPy).
+pub fn stats(t_chunks: &[&[f64]], d_chunks: &[&[f64]], qs: &[f64]) -> Option<Stats> {
+    SCRATCH.with(|cell| {
+        let mut s = cell.borrow_mut();
+        let out = stats_in(&mut s, t_chunks, d_chunks, qs);
+        if s.d.capacity() > SCRATCH_KEEP {
+            *s = Scratch::default();
+        }
+        out
+    })
+}
+
+fn stats_in(
+    s: &mut Scratch,
+    t_chunks: &[&[f64]],
+    d_chunks: &[&[f64]],
+    qs: &[f64],
+) -> Option<Stats> {
+    let Scratch { t, d, gaps, order } = s;
+    t.clear();
+    d.clear();
+    for c in t_chunks {
+        t.extend_from_slice(c);
+    }
+    // Non-negative and not NaN: then the bits order the values as the values do. Each
+    // check a reduction without an early exit, so that it runs on vectors.
+    for c in d_chunks {
+        d.extend_from_slice(c);
+    }
+    // (a NaN is neither below nor above anything: caught by is_nan)
+    let (lo, hi, sign, nan) =
+        d.iter()
+            .fold((f64::INFINITY, 0.0f64, 0u64, false), |(a, b, s, m), &x| {
+                (
+                    if x < a { x } else { a },
+                    if x > b { x } else { b },
+                    s | x.to_bits(),
+                    m | x.is_nan(),
+                )
+            });
+    let n = d.len();
+    if n == 0 || t.len() != n || sign >> 63 != 0 || nan {
+        return None;
+    }
+    // NaN compares false: an end time NaN fails this (or is the only one) and is caught
+    let in_order = t[1..]
+        .iter()
+        .zip(&t[..n - 1])
+        .fold(true, |all, (b, a)| all & (b >= a));
+    if (!in_order || n == 1) && t.iter().any(|x| x.is_nan()) {
+        return None;
+    }
+    let (tv, dv): (&[f64], &[f64]) = (t, d);
+    let total = pairwise(dv);
+    let mean = total / n as f64;
+    // NumPy's `dev = d - mean; dev *= dev`, summed
+    let std = (pairwise_of(Deviations(dv, mean)) / n as f64).sqrt();
+    let mut idle_gap_mean_us = 0.0;
+    if n > 1 {
+        // into a buffer, then summed: a map over three columns vectorizes as a loop of
+        // its own, not inside the sum's blocks of eight
+        gaps.clear();
+        if in_order {
+            gaps.extend(
+                dv[1..]
+                    .iter()
+                    .zip(&tv[1..])
+                    .zip(&tv[..n - 1])
+                    .map(|((&d, &t), &b)| gap(d, t, b)),
+            );
+        } else {
+            // np.argsort(t, kind="stable"): ties keep their arrival order
+            order.clear();
+            order.extend(0..n);
+            order.sort_by(|&a, &b| tv[a].partial_cmp(&tv[b]).expect("no NaN end time"));
+            gaps.extend(order.windows(2).map(|w| gap(dv[w[1]], tv[w[1]], tv[w[0]])));
+        }
+        idle_gap_mean_us = pairwise(gaps) / (n - 1) as f64 * 1e6;
+    }
+    let percentiles = ranked(d, qs, lo, hi);
+    Some(Stats {
+        count: n,
+        total,
+        mean,
+        std,
+        idle_gap_mean_us,
+        percentiles,
+        min: lo,
+        max: hi,
+    })
+}
+
+/// max(0, (t - d * 1e-6) - t_before), as `_aggregate_acc` computes it: `d * -1e-6`, plus
+/// `t`, minus `t_before`, then `np.maximum(gap, 0.0)` (which keeps a NaN).
+#[inline]
+fn gap(d: f64, t: f64, t_before: f64) -> f64 {
+    let g = (d * -1e-6 + t) - t_before;
+    // NaN compares false and is kept, as np.maximum keeps it; branch-free, so vectorized
+    if g < 0.0 {
+        0.0
+    } else {
+        g
+    }
+}
+
+/// The percentiles `qs` of `values` (non-negative, no NaN, between `lo` and `hi`;
+/// reordered): NumPy's default method, linear interpolation between the two closest
+/// ranks.
+fn ranked(values: &mut [f64], qs: &[f64], lo: f64, hi: f64) -> Vec<f64> {
+    let n = values.len();
+    let pos: Vec<f64> = qs.iter().map(|q| (n - 1) as f64 * q / 100.0).collect();
+    let mut ranks: Vec<usize> = pos
+        .iter()
+        .flat_map(|p| {
+            let k = p.floor() as usize;
+            [k, (k + 1).min(n - 1)]
+        })
+        .collect();
+    ranks.sort_unstable();
+    ranks.dedup();
+    if ranks.is_empty() {
+        return Vec::new();
+    }
+    let at = select_ranks(values, &ranks, lo, hi);
+    let value_at = |r: usize| at[ranks.binary_search(&r).expect("a rank selected")];
+    pos.iter()
+        .map(|&p| {
+            let k = p.floor() as usize;
+            let (a, b) = (value_at(k), value_at((k + 1).min(n - 1)));
+            a + (b - a) * (p - k as f64)
+        })
+        .collect()
+}
+
+/// Buckets of the radix pass (a power of two): the counts stay in the first-level cache.
+const BUCKETS: usize = 2048;
+
+/// The values at `ranks` (ascending) of `values` (non-negative, no NaN, between `lo` and
+/// `hi`), by their bits, which order them as their values do: one pass counts the values
+/// in `BUCKETS` equal ranges of bits between `lo` and `hi`, a second gathers those of the
+/// buckets the ranks fall in, and each rank is selected among those (usually a few
+/// hundred values where a selection over all of them would move every value twice).
+fn select_ranks(values: &mut [f64], ranks: &[usize], lo: f64, hi: f64) -> Vec<f64> {
+    let (lo, hi) = (lo.to_bits(), hi.to_bits());
+    if lo == hi {
+        return vec![f64::from_bits(lo); ranks.len()];
+    }
+    let span = hi - lo;
+    let shift = (64 - span.leading_zeros()).saturating_sub(BUCKETS.trailing_zeros());
+    let bucket = |x: f64| ((x.to_bits() - lo) >> shift) as usize;
+    let mut counts = vec![0u32; BUCKETS];
+    for &x in values.iter() {
+        counts[bucket(x)] += 1;
+    }
+    // for each rank: its bucket and its rank within the bucket
+    let mut wanted: Vec<(usize, usize)> = Vec::with_capacity(ranks.len());
+    let (mut below, mut b) = (0usize, 0usize);
+    for &r in ranks {
+        while below + counts[b] as usize <= r {
+            below += counts[b] as usize;
+            b += 1;
+        }
+        wanted.push((b, r - below));
+    }
+    let mut buckets: Vec<usize> = wanted.iter().map(|w| w.0).collect();
+    buckets.dedup();
+    if buckets.len() > u8::MAX as usize {
+        // more ranks than slots: one selection per rank over all the values
+        return ranks
+            .iter()
+            .map(|&r| *values.select_nth_unstable_by_key(r, |x| x.to_bits()).1)
+            .collect();
+    }
+    // slot + 1 of each wanted bucket, 0 for the others
+    let mut slot = vec![0u8; BUCKETS];
+    let mut kept: Vec<Vec<f64>> = Vec::with_capacity(buckets.len());
+    for (i, &b) in buckets.iter().enumerate() {
+        slot[b] = (i + 1) as u8;
+        kept.push(Vec::with_capacity(counts[b] as usize));
+    }
+    for &x in values.iter() {
+        let s = slot[bucket(x)];
+        if s != 0 {
+            kept[(s - 1) as usize].push(x);
+        }
+    }
+    wanted
+        .iter()
+        .map(|&(b, k)| {
+            let part = &mut kept[buckets.binary_search(&b).expect("a wanted bucket")];
+            *part.select_nth_unstable_by_key(k, |x| x.to_bits()).1
+        })
+        .collect()
+}
+
+/// The checks `_plain_binary` makes of one batch's columns: `None` where they do not
+/// plainly pass, else ((earliest, latest end time), end times in completion order,
+/// every launch ran). Every check is a reduction without an early exit (vectorized).
+pub fn plain(
+    t: &[f64],
+    d: &[f64],
+    ok: &[u8],
+    max_duration_bits: u64,
+) -> Option<((f64, f64), bool, bool)> {
+    let n = t.len();
+    if n == 0 || d.len() != n || ok.len() != n {
+        return None;
+    }
+    // NaN compares false
+    let in_order = t[1..]
+        .iter()
+        .zip(&t[..n - 1])
+        .fold(true, |all, (b, a)| all & (b >= a));
+    let (lo, hi) = if in_order {
+        (t[0], t[n - 1])
+    } else {
+        let nan = t.iter().fold(false, |any, x| any | x.is_nan());
+        if nan {
+            return None; // NumPy's min and max give NaN: not finite
+        }
+        t.iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+                (a.min(x), b.max(x))
+            })
+    };
+    if !(lo.is_finite() && hi.is_finite()) {
+        return None;
+    }
+    // bits <= max_duration_bits: for a limit that is a positive finite number, the same as
+    // no sign bit, no NaN, and a value at most the limit's
+    let limit = f64::from_bits(max_duration_bits);
+    if !(limit.is_finite() && limit > 0.0) {
+        return None;
+    }
+    let (sign, nan, most) = d.iter().fold((0u64, false, 0.0f64), |(s, n, m), &x| {
+        (s | x.to_bits(), n | x.is_nan(), m.max(x))
+    });
+    if sign >> 63 != 0 || nan || most > limit {
+        return None;
+    }
+    let (ok_lo, ok_hi) = ok
+        .iter()
+        .fold((u8::MAX, 0u8), |(a, b), &x| (a.min(x), b.max(x)));
+    if ok_hi > 1 {
+        return None;
+    }
+    Some(((lo, hi), in_order, ok_lo == 1))
+}
+
+// -- Python ---------------------------------------------------------------------------
+
+/// A 1-d contiguous array's values, without rust-numpy's borrow tracking (which costs
+/// more than checking a small batch). Sound here: the caller holds the GIL and no Python
+/// code runs while the slice is read (nothing else is called back).
+fn view<'a, T: numpy::Element>(a: &'a Bound<'_, PyArray1<T>>) -> PyResult<&'a [T]> {
+    // SAFETY: see above; as_slice checks that the array is contiguous.
+    unsafe { a.as_slice() }.map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
+}
+
+/// (count, total, mean, std, idle_gap_mean_us, percentiles, min, max) of a window, or None
+/// (see [`stats`]).
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn window_stats(
+    t_chunks: Vec<Bound<'_, PyArray1<f64>>>,
+    d_chunks: Vec<Bound<'_, PyArray1<f64>>>,
+    qs: Vec<f64>,
+) -> PyResult<Option<(usize, f64, f64, f64, f64, Vec<f64>, f64, f64)>> {
+    let t: Vec<&[f64]> = t_chunks.iter().map(view).collect::<PyResult<_>>()?;
+    let d: Vec<&[f64]> = d_chunks.iter().map(view).collect::<PyResult<_>>()?;
+    Ok(stats(&t, &d, &qs).map(|s| {
+        (
+            s.count,
+            s.total,
+            s.mean,
+            s.std,
+            s.idle_gap_mean_us,
+            s.percentiles,
+            s.min,
+            s.max,
+        )
+    }))
+}
+
+/// [`plain`] of each batch's (t_end, duration_us, ok) columns.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn plain_many(
+    t: Vec<Bound<'_, PyArray1<f64>>>,
+    d: Vec<Bound<'_, PyArray1<f64>>>,
+    ok: Vec<Bound<'_, PyArray1<u8>>>,
+    max_duration_bits: u64,
+) -> PyResult<Vec<Option<((f64, f64), bool, bool)>>> {
+    if t.len() != d.len() || t.len() != ok.len() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "one t, d and ok per batch",
+        ));
+    }
+    let mut out = Vec::with_capacity(t.len());
+    for ((t, d), ok) in t.iter().zip(&d).zip(&ok) {
+        out.push(plain(view(t)?, view(d)?, view(ok)?, max_duration_bits));
+    }
+    Ok(out)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(window_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(plain_many, m)?)?;
+    Ok(())
+}

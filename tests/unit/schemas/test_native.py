@@ -1,0 +1,156 @@
+"""The compiled window passes (``kernelstream._native``) against their NumPy reference.
+
+Every case compares the two on the same input, bit for bit: a worker with the compiled
+passes publishes exactly the windows one without them publishes. Skipped with the reason
+where the install has no compiled module (no Rust toolchain when it was built); CI builds it.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import numpy as np
+import pytest
+
+from kernelstream.agents.logic.windowing import duration_stats, duration_stats_numpy
+from kernelstream.schemas import native
+from kernelstream.schemas.columnar import _plain_binary
+from kernelstream.schemas.records import MAX_DURATION_BITS, MAX_DURATION_US
+
+pytestmark = pytest.mark.skipif(
+    native.core is None, reason=native.describe()
+)
+
+
+def _bits(x: float) -> int:
+    return struct.unpack("<Q", struct.pack("<d", x))[0]
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal, floats by their bits (0.0 and -0.0 differ, NaN equals NaN)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return _bits(a) == _bits(b)
+    if isinstance(a, tuple | list) and isinstance(b, tuple | list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _chunks(values: np.ndarray, cuts: list[int]) -> list[np.ndarray]:
+    return [values[a:b] for a, b in zip([0, *cuts], [*cuts, values.size], strict=True)]
+
+
+def _compare(t: np.ndarray, d: np.ndarray, cuts: list[int], size_s: float = 1.0) -> None:
+    native_count, native_stats = duration_stats(_chunks(t, cuts), _chunks(d, cuts), size_s)
+    numpy_count, numpy_stats = duration_stats_numpy(
+        _chunks(t.copy(), cuts), _chunks(d.copy(), cuts), size_s
+    )
+    assert native_count == numpy_count
+    assert list(native_stats) == list(numpy_stats)
+    for key, value in numpy_stats.items():
+        assert _same(float(native_stats[key]), float(value)), (key, native_stats[key], value)
+
+
+# every boundary of the pairwise sums (8, 128, each halving) and sizes of real windows
+_SMALL = (1, 2, 3, 7, 8, 9, 15, 16, 17, 127, 128, 129, 255, 256, 257)
+_SIZES = (*_SMALL, 1000, 1333, 4095, 4096, 4097, 8192, 16_001, 26_700, 100_003)
+
+
+@pytest.mark.parametrize("n", _SIZES)
+def test_window_stats_equal_numpy_bit_for_bit(n: int) -> None:
+    """Pairwise sums change their split at 8 and 128 values and at every halving, the
+    percentiles' ranks with the size: every boundary, in completion order, in chunks."""
+    rng = np.random.default_rng(n)
+    d = rng.lognormal(3.0, 1.2, n)
+    t = 1.7e9 + np.cumsum(rng.exponential(2e-5, n))
+    cuts = sorted(set(rng.integers(1, n, size=min(5, n - 1)).tolist())) if n > 1 else []
+    _compare(t, d, cuts)
+
+
+def test_window_stats_out_of_completion_order_and_ties() -> None:
+    """End times out of order (a late batch) are sorted stably, ties keep arrival order."""
+    rng = np.random.default_rng(7)
+    t = np.round(1.7e9 + rng.uniform(0.0, 1.0, 5000), 3)  # many equal end times
+    d = rng.lognormal(2.0, 2.0, 5000)
+    _compare(t, d, [100, 2500, 4999])
+
+
+@pytest.mark.parametrize(
+    "d",
+    [
+        [0.0] * 50,  # launches timed at 0 us
+        [MAX_DURATION_US] * 9 + [0.0],  # the schema's largest duration
+        [5e-324, 1.0, 5e-324, 3.0],  # subnormal
+        [2.0] * 129,  # all equal: every rank the same value
+    ],
+)
+def test_window_stats_at_the_edges_of_the_schema(d: list[float]) -> None:
+    n = len(d)
+    _compare(1.7e9 + np.arange(n) * 1e-3, np.array(d), [n // 2] if n > 1 else [])
+
+
+def test_window_stats_leave_what_they_cannot_promise_to_numpy() -> None:
+    """A negative or NaN duration, a NaN end time, a chunk of another dtype: None or an
+    error the caller turns into the NumPy path; the result is NumPy's either way."""
+    core = native.core
+    assert core is not None
+    t = 1.7e9 + np.arange(4.0)
+    assert core.window_stats([t], [np.array([1.0, -0.0, 2.0, 3.0])], [50.0]) is None
+    assert core.window_stats([t], [np.array([1.0, np.nan, 2.0, 3.0])], [50.0]) is None
+    assert core.window_stats([np.array([1.0, np.nan, 2.0, 3.0])], [t], [50.0]) is None
+    assert core.window_stats([], [], [50.0]) is None
+    with pytest.raises(TypeError):
+        core.window_stats([t], [np.arange(4, dtype=np.float32)], [50.0])
+    with pytest.raises(ValueError):
+        core.window_stats([t], [np.arange(8.0)[::2]], [50.0])  # not contiguous
+    _compare(t, np.array([1.0, -0.0, 2.0, 3.0]), [2])
+    _compare(t, np.array([1.0, np.nan, 2.0, 3.0]), [])
+    f32 = np.arange(4, dtype=np.float32)
+    assert duration_stats([t], [f32], 1.0) == duration_stats_numpy([t], [f32.copy()], 1.0)
+    assert duration_stats([], [], 1.0) == duration_stats_numpy([], [], 1.0)
+
+
+def _plain_cases() -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    t = 1.7e9 + np.arange(6) * 1e-3
+    d = np.full(6, 10.0)
+    ok = np.ones(6, np.uint8)
+    over = np.frombuffer(struct.pack("<Q", MAX_DURATION_BITS + 1), np.float64)[0]
+    cases = [(t, d, ok), (t[:1], d[:1], ok[:1])]
+    for i, bad in [(2, np.nan), (0, np.inf), (5, -np.inf), (3, t[0] - 1.0), (0, np.nan)]:
+        tt = t.copy()
+        tt[i] = bad
+        cases.append((tt, d, ok))
+    for value in (-0.0, -1.0, np.nan, over, MAX_DURATION_US, 0.0):
+        dd = d.copy()
+        dd[4] = value
+        cases.append((t, dd, ok))
+    for flag in (0, 2, 255):
+        oo = ok.copy()
+        oo[1] = flag
+        cases.append((t, d, oo))
+    cases.append((np.array([np.nan]), d[:1], ok[:1]))
+    cases.append((t[::-1].copy(), d, ok))  # out of order, finite: the range by min and max
+    return cases
+
+
+@pytest.mark.parametrize("case", range(len(_plain_cases())))
+def test_plain_many_equals_the_numpy_checks(case: int) -> None:
+    t, d, ok = _plain_cases()[case]
+    core = native.core
+    assert core is not None
+    want = _plain_binary({"t_end": t, "duration_us": d, "ok": ok}, t.size)
+    got = core.plain_many([t], [d], [ok], MAX_DURATION_BITS)[0]
+    assert _same(got, want), (got, want)
+
+
+def test_plain_many_takes_a_poll() -> None:
+    cases = _plain_cases()
+    core = native.core
+    assert core is not None
+    got = core.plain_many(
+        [c[0] for c in cases], [c[1] for c in cases], [c[2] for c in cases], MAX_DURATION_BITS
+    )
+    want = [_plain_binary({"t_end": t, "duration_us": d, "ok": o}, t.size) for t, d, o in cases]
+    assert all(_same(g, w) for g, w in zip(got, want, strict=True))
+    first = got[0]
+    assert first is not None and math.isfinite(first[0][0])
