@@ -18,9 +18,7 @@ from kernelstream.schemas import native
 from kernelstream.schemas.columnar import _plain_binary
 from kernelstream.schemas.records import MAX_DURATION_BITS, MAX_DURATION_US
 
-pytestmark = pytest.mark.skipif(
-    native.core is None, reason=native.describe()
-)
+pytestmark = pytest.mark.skipif(native.core is None, reason=native.describe())
 
 
 def _bits(x: float) -> int:
