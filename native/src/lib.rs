@@ -8,13 +8,15 @@
 //!   concatenation (`schemas.columnar._plain_binary_many`);
 //! * [`window_stats`]: the duration statistics of a closing window: count, mean, standard
 //!   deviation, idle gaps between launches, percentiles, minimum and maximum
-//!   (`agents.logic.windowing._aggregate_acc`).
+//!   (`agents.logic.windowing.duration_stats_numpy`), p50 and p95 by a counting pass over
+//!   the durations' bits ([`select_ranks`]).
 //!
 //! Both give exactly what the NumPy code gives, bit for bit: sums are NumPy's pairwise
 //! summation ([`pairwise`]) over values computed with the same operations in the same
 //! order, and a percentile is the same interpolation between the same two ranked values.
 //! Where that cannot be promised (a negative or NaN duration, a NaN end time), they
-//! return `None` and the caller takes the NumPy path. The Python code stays the reference;
+//! return `None`, and where a column is not a contiguous, aligned, native-order array
+//! they raise; the caller then takes the NumPy path. The Python code stays the reference;
 //! the tests compare the two on the same inputs.
 
 use std::cell::RefCell;
@@ -410,7 +412,8 @@ pub fn plain(
 /// more than checking a small batch). Sound here: the caller holds the GIL and no Python
 /// code runs while the slice is read (nothing else is called back).
 fn view<'a, T: numpy::Element>(a: &'a Bound<'_, PyArray1<T>>) -> PyResult<&'a [T]> {
-    // SAFETY: see above; as_slice checks that the array is contiguous.
+    // SAFETY: see above; as_slice checks that the array is contiguous and aligned (a
+    // ValueError otherwise), the extraction that its dtype is T in native byte order.
     unsafe { a.as_slice() }.map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
 }
 

@@ -103,6 +103,16 @@ def test_window_stats_leave_what_they_cannot_promise_to_numpy() -> None:
         core.window_stats([t], [np.arange(8.0)[::2]], [50.0])  # not contiguous
     _compare(t, np.array([1.0, -0.0, 2.0, 3.0]), [2])
     _compare(t, np.array([1.0, np.nan, 2.0, 3.0]), [])
+    # misaligned (a view one byte into a buffer) and big-endian columns: NumPy decides
+    shifted = np.frombuffer(bytes(33), np.float64, count=4, offset=1)
+    assert not shifted.flags.aligned
+    with pytest.raises(ValueError):
+        core.window_stats([t], [shifted], [50.0])
+    assert duration_stats([t], [shifted], 1.0) == duration_stats_numpy([t], [shifted], 1.0)
+    swapped = np.array([1.0, 2.0, 3.0, 4.0], dtype=">f8")
+    with pytest.raises(TypeError):
+        core.window_stats([t], [swapped], [50.0])
+    assert duration_stats([t], [swapped], 1.0) == duration_stats_numpy([t], [swapped], 1.0)
     f32 = np.arange(4, dtype=np.float32)
     assert duration_stats([t], [f32], 1.0) == duration_stats_numpy([t], [f32.copy()], 1.0)
     assert duration_stats([], [], 1.0) == duration_stats_numpy([], [], 1.0)
@@ -152,3 +162,30 @@ def test_plain_many_takes_a_poll() -> None:
     assert all(_same(g, w) for g, w in zip(got, want, strict=True))
     first = got[0]
     assert first is not None and math.isfinite(first[0][0])
+
+
+def test_a_poll_decodes_the_same_with_and_without_the_compiled_checks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """:func:`decode_launch_columns_many` over binary batches that pass, fail each check,
+    and a JSON one (its 64-bit flags leave the poll's checks to NumPy): the same columns and
+    the same verdicts either way."""
+    from kernelstream.schemas import encode
+    from kernelstream.schemas.columnar import decode_launch_columns_many
+    from tests.unit.schemas.test_binary import _BASE, _binary
+
+    values = [_binary(t, d, ok) for t, d, ok in _plain_cases()]
+    values.append(encode(_BASE))
+
+    def decoded() -> list[object]:
+        out = []
+        for c in decode_launch_columns_many(values):
+            if isinstance(c, Exception):
+                out.append(("error", str(c)))
+            else:
+                out.append((c.meta, c.t_end.tobytes(), c.duration_us.tobytes(), c.ok.tolist()))
+        return out
+
+    compiled = decoded()
+    monkeypatch.setattr(native, "core", None)
+    assert decoded() == compiled
