@@ -178,7 +178,7 @@ def test_a_poll_decodes_the_same_with_and_without_the_compiled_checks(
     values.append(encode(_BASE))
 
     def decoded() -> list[object]:
-        out = []
+        out: list[object] = []
         for c in decode_launch_columns_many(values):
             if isinstance(c, Exception):
                 out.append(("error", str(c)))
