@@ -355,6 +355,8 @@ fn select_ranks(values: &mut [f64], ranks: &[usize], lo: f64, hi: f64) -> Vec<f6
 /// The checks `_plain_binary` makes of one batch's columns: `None` where they do not
 /// plainly pass, else ((earliest, latest end time), end times in completion order,
 /// every launch ran). Every check is a reduction without an early exit (vectorized).
+// `!(a >= b)` on purpose: true for NaN, as NumPy's `~(t[1:] >= t[:-1])` is
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 pub fn plain(
     t: &[f64],
     d: &[f64],
@@ -365,45 +367,47 @@ pub fn plain(
     if n == 0 || d.len() != n || ok.len() != n {
         return None;
     }
-    // NaN compares false
-    let in_order = t[1..]
-        .iter()
-        .zip(&t[..n - 1])
-        .fold(true, |all, (b, a)| all & (b >= a));
-    let (lo, hi) = if in_order {
+    // each a plain loop that ORs or folds, never stopping early: the compiler vectorizes it
+    let mut back = false; // a step back in end times (NaN compares false)
+    for (b, a) in t[1..].iter().zip(&t[..n - 1]) {
+        back |= !(b >= a);
+    }
+    let (lo, hi) = if !back {
         (t[0], t[n - 1])
     } else {
-        let nan = t.iter().fold(false, |any, x| any | x.is_nan());
-        if nan {
+        if t.iter().any(|x| x.is_nan()) {
             return None; // NumPy's min and max give NaN: not finite
         }
         t.iter()
             .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
-                (a.min(x), b.max(x))
+                (if x < a { x } else { a }, if x > b { x } else { b })
             })
     };
     if !(lo.is_finite() && hi.is_finite()) {
         return None;
     }
     // bits <= max_duration_bits: for a limit that is a positive finite number, the same as
-    // no sign bit, no NaN, and a value at most the limit's
+    // no sign bit, and at most the limit (which a NaN is not)
     let limit = f64::from_bits(max_duration_bits);
     if !(limit.is_finite() && limit > 0.0) {
         return None;
     }
-    let (sign, nan, most) = d.iter().fold((0u64, false, 0.0f64), |(s, n, m), &x| {
-        (s | x.to_bits(), n | x.is_nan(), m.max(x))
-    });
-    if sign >> 63 != 0 || nan || most > limit {
+    let mut bad = 0u64;
+    for &x in d {
+        bad |= (!(x <= limit)) as u64 | (x.to_bits() >> 63);
+    }
+    if bad != 0 {
         return None;
     }
-    let (ok_lo, ok_hi) = ok
-        .iter()
-        .fold((u8::MAX, 0u8), |(a, b), &x| (a.min(x), b.max(x)));
+    let (mut ok_lo, mut ok_hi) = (u8::MAX, 0u8);
+    for &x in ok {
+        ok_lo = ok_lo.min(x);
+        ok_hi = ok_hi.max(x);
+    }
     if ok_hi > 1 {
         return None;
     }
-    Some(((lo, hi), in_order, ok_lo == 1))
+    Some(((lo, hi), !back, ok_lo == 1))
 }
 
 // -- Python ---------------------------------------------------------------------------
