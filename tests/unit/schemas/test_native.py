@@ -39,6 +39,11 @@ def _chunks(values: np.ndarray, cuts: list[int]) -> list[np.ndarray]:
 
 
 def _compare(t: np.ndarray, d: np.ndarray, cuts: list[int], size_s: float = 1.0) -> None:
+    core = native.core
+    assert core is not None
+    if d.size and not (np.signbit(d).any() or np.isnan(d).any() or np.isnan(t).any()):
+        # the compiled pass answers (the comparison below is not NumPy against itself)
+        assert core.window_stats(_chunks(t, cuts), _chunks(d, cuts), [50.0]) is not None
     native_count, native_stats = duration_stats(_chunks(t, cuts), _chunks(d, cuts), size_s)
     numpy_count, numpy_stats = duration_stats_numpy(
         _chunks(t.copy(), cuts), _chunks(d.copy(), cuts), size_s
@@ -189,3 +194,30 @@ def test_a_poll_decodes_the_same_with_and_without_the_compiled_checks(
     compiled = decoded()
     monkeypatch.setattr(native, "core", None)
     assert decoded() == compiled
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_window_stats_equal_numpy_on_random_windows(seed: int) -> None:
+    """Random windows: sizes, chunkings, and durations from narrow to spanning the schema's
+    whole range (subnormal to the largest), with many repeated values and outliers, where
+    the counting pass's ranges hold very different numbers of values."""
+    rng = np.random.default_rng(1000 + seed)
+    n = int(rng.integers(1, 40_000))
+    kind = seed % 5
+    if kind == 0:
+        d = rng.lognormal(float(rng.uniform(-2, 8)), float(rng.uniform(0.01, 3)), n)
+    elif kind == 1:  # a few distinct values, repeated
+        d = rng.choice(rng.uniform(0, 100, 3), n)
+    elif kind == 2:  # mostly one value and a far outlier
+        d = np.full(n, 7.25)
+        d[rng.integers(0, n)] = MAX_DURATION_US
+    elif kind == 3:  # exponents across the whole range
+        d = np.exp2(rng.uniform(-1074, np.log2(MAX_DURATION_US), n))
+    else:  # integers of microseconds, many ties, zeros
+        d = rng.integers(0, 50, n).astype(np.float64)
+    d = np.minimum(d, MAX_DURATION_US)
+    t = 1.7e9 + np.cumsum(rng.exponential(1e-5, n))
+    if seed % 7 == 0:  # out of completion order
+        t = t[rng.permutation(n)]
+    cuts = sorted(set(rng.integers(1, n, size=int(rng.integers(0, 20))).tolist())) if n > 1 else []
+    _compare(t, d, cuts)
