@@ -819,7 +819,7 @@ def duration_stats(
     if core is not None:
         try:
             got = core.window_stats(t_chunks, d_chunks, [50.0, 95.0])
-        except (TypeError, ValueError):  # a chunk not a contiguous float64 array
+        except (TypeError, ValueError):  # a chunk not contiguous, aligned, native float64
             got = None
         if got is not None:
             count, total, mean, std, idle, (p50, p95), d_min, d_max = got
