@@ -21,6 +21,8 @@
 
 use std::cell::RefCell;
 
+mod steady;
+
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 
@@ -176,16 +178,23 @@ fn stats_in(
     qs: &[f64],
 ) -> Option<Stats> {
     let Scratch { t, d, gaps, order } = s;
-    t.clear();
-    d.clear();
-    for c in t_chunks {
-        t.extend_from_slice(c);
-    }
+    // one chunk each (a window the compiled state kept whole): read in place; else joined
+    let (t, d): (&[f64], &[f64]) = match (t_chunks, d_chunks) {
+        ([tc], [dc]) => (tc, dc),
+        _ => {
+            t.clear();
+            d.clear();
+            for c in t_chunks {
+                t.extend_from_slice(c);
+            }
+            for c in d_chunks {
+                d.extend_from_slice(c);
+            }
+            (t, d)
+        }
+    };
     // Non-negative and not NaN: then the bits order the values as the values do. Each
     // check a reduction without an early exit, so that it runs on vectors.
-    for c in d_chunks {
-        d.extend_from_slice(c);
-    }
     // (a NaN is neither below nor above anything: caught by is_nan)
     let (lo, hi, sign, nan) =
         d.iter()
@@ -209,7 +218,7 @@ fn stats_in(
     if (!in_order || n == 1) && t.iter().any(|x| x.is_nan()) {
         return None;
     }
-    let (tv, dv): (&[f64], &[f64]) = (t, d);
+    let (tv, dv) = (t, d);
     let total = pairwise(dv);
     let mean = total / n as f64;
     // NumPy's `dev = d - mean; dev *= dev`, summed
@@ -265,7 +274,7 @@ fn gap(d: f64, t: f64, t_before: f64) -> f64 {
 /// The percentiles `qs` of `values` (non-negative, no NaN, between `lo` and `hi`;
 /// reordered): NumPy's default method, linear interpolation between the two closest
 /// ranks.
-fn ranked(values: &mut [f64], qs: &[f64], lo: f64, hi: f64) -> Vec<f64> {
+fn ranked(values: &[f64], qs: &[f64], lo: f64, hi: f64) -> Vec<f64> {
     let n = values.len();
     let pos: Vec<f64> = qs.iter().map(|q| (n - 1) as f64 * q / 100.0).collect();
     let mut ranks: Vec<usize> = pos
@@ -299,7 +308,7 @@ const BUCKETS: usize = 2048;
 /// in `BUCKETS` equal ranges of bits between `lo` and `hi`, a second gathers those of the
 /// buckets the ranks fall in, and each rank is selected among those (usually a few
 /// hundred values where a selection over all of them would move every value twice).
-fn select_ranks(values: &mut [f64], ranks: &[usize], lo: f64, hi: f64) -> Vec<f64> {
+fn select_ranks(values: &[f64], ranks: &[usize], lo: f64, hi: f64) -> Vec<f64> {
     let (lo, hi) = (lo.to_bits(), hi.to_bits());
     if lo == hi {
         return vec![f64::from_bits(lo); ranks.len()];
@@ -324,10 +333,11 @@ fn select_ranks(values: &mut [f64], ranks: &[usize], lo: f64, hi: f64) -> Vec<f6
     let mut buckets: Vec<usize> = wanted.iter().map(|w| w.0).collect();
     buckets.dedup();
     if buckets.len() > u8::MAX as usize {
-        // more ranks than slots: one selection per rank over all the values
+        // more ranks than slots: one selection per rank over a copy of all the values
+        let mut all = values.to_vec();
         return ranks
             .iter()
-            .map(|&r| *values.select_nth_unstable_by_key(r, |x| x.to_bits()).1)
+            .map(|&r| *all.select_nth_unstable_by_key(r, |x| x.to_bits()).1)
             .collect();
     }
     // slot + 1 of each wanted bucket, 0 for the others
@@ -471,5 +481,6 @@ fn plain_many(
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(window_stats, m)?)?;
     m.add_function(wrap_pyfunction!(plain_many, m)?)?;
+    m.add_class::<steady::SteadyWindows>()?;
     Ok(())
 }
