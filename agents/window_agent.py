@@ -73,6 +73,7 @@ from mode import Service
 
 from kernelstream.agents.context import RecordEvent, WorkerContext, partition_lag
 from kernelstream.agents.detector_agent import InlineDetector
+from kernelstream.agents.logic.compiled_windows import CompiledWindows, Taken
 from kernelstream.agents.logic.errors import SnapshotError
 from kernelstream.agents.logic.ingest import (
     MAX_POLL_RECORDS,
@@ -86,6 +87,7 @@ from kernelstream.agents.logic.windowing import Windower, WindowSpec
 from kernelstream.agents.window_checkpoints import CheckpointStore
 from kernelstream.agents.window_consumer import EarlyConsumer
 from kernelstream.schemas import LaunchBatch, WindowAggregate, encode, native
+from kernelstream.schemas.binary import MAGIC as BINARY_MAGIC
 from kernelstream.schemas.columnar import LaunchColumns
 
 __all__ = ["WindowAgentStats", "WindowIngest", "register", "state_topic", "window_spec"]
@@ -221,6 +223,8 @@ class WindowAgentStats:
     # Consumer polls that returned messages, and the messages they returned.
     polls: int = 0
     polled_messages: int = 0
+    # Batches the compiled engine windowed (agents.logic.compiled_windows), of ``batches``.
+    compiled_batches: int = 0
     # Where the agent's loop spends its time, seconds by stage, from the first batch on
     # (perf_counter twice per stage per batch: ~0.1 ns per launch). fetch = aiokafka
     # getmany with data (decompression included); decode = orjson + validation into
@@ -254,6 +258,8 @@ class WindowIngest(Service):
     ) -> None:
         super().__init__(**kw)
         self.app, self.ctx, self.windower = app, ctx, windower
+        # The steady streams' state in compiled code, where the install has it.
+        self.compiled = CompiledWindows.of(windower)
         self.detector = detector
         self._early = early
         self._make_consumer = make_consumer
@@ -290,7 +296,11 @@ class WindowIngest(Service):
 
     async def on_start(self) -> None:
         s = self.settings
-        log.info("window agent: %s", native.describe())
+        log.info(
+            "window agent: %s; steady streams windowed %s",
+            native.describe(),
+            "by the compiled engine" if self.compiled is not None else "in Python",
+        )
         self._store = CheckpointStore(Path(s.data_dir) / "window-state")
         await self.ctx.topics["window_state"].maybe_declare()
         if self._early is not None:
@@ -490,20 +500,100 @@ class WindowIngest(Service):
             "window", event, f"the worker failed on this message: {ex!r}", "internal_error"
         )
 
-    async def ingest(self, events: list[Any], keys: set[str]) -> list[LaunchColumns | None]:
-        """One partition's messages of a poll, in order: decoded and checked at the edge
-        (the whole poll at once), then windowed in order
-        (:func:`agents.logic.ingest.window_partition`, replay's path too) and what each
-        step closed published before the next is windowed. ``keys``: the partition's
-        stream keys, to which those of the batches counted are added. Returns the decoded
-        columns (None: dead-lettered).
+    async def ingest(self, events: list[Any], keys: set[str]) -> None:
+        """One partition's messages of a poll, in order. ``keys``: the partition's stream
+        keys, to which those of the batches counted are added.
+
+        Where the install has the compiled engine (:mod:`agents.logic.compiled_windows`),
+        it windows the steady messages (the next binary batch of a stream it holds) and
+        aggregates the windows they close, a run of them at a time; a message it does
+        not take goes the Python way (:meth:`_ingest_general`), its stream given back to
+        the Windower first, or, where the decoder passes a plain binary batch of a stream
+        it does not hold yet, is taken over with its stream and tried again.
+        """
+        compiled = self.compiled
+        if compiled is None:
+            await self._ingest_general(events, keys)
+            return
+        values = [e.value for e in events]
+        mkeys = [e.key for e in events]
+        limits, max_bytes = self.ctx.launch_limits, self.settings.max_message_bytes
+        stage = self.stats.stage_s
+        i, n, retried = 0, len(events), -1
+        while i < n:
+            now = time.time()
+            got = compiled.poll(
+                values[i:] if i else values,
+                mkeys[i:] if i else mkeys,
+                now,
+                now - limits.max_age_s,
+                now + limits.max_future_s,
+                max_bytes,
+                stage,
+            )
+            if got.taken:
+                i += got.taken
+                await self._counted_compiled(got, now)
+            if got.stop is None:
+                break
+            if got.stop != "general" and i != retried:
+                # a header or a stream the engine was not given: the decoder judges it
+                [cols] = await self._decode([events[i]])
+                if cols is None:  # dead-lettered
+                    i += 1
+                    continue
+                if compiled.take(cols, values[i], mkeys[i]):
+                    keys.add(cols.stream_key)
+                    retried = i
+                    continue
+                await self._ingest_general([events[i]], keys, [cols])
+                i += 1
+                continue
+            # this message and those after it that are not binary batches: the Python way
+            j = i + 1
+            while j < n and not _binary(values[j]):
+                j += 1
+            await self._ingest_general(events[i:j], keys)
+            i = j
+
+    async def _counted_compiled(self, got: Taken, now: float) -> None:
+        """:meth:`_counted` of the messages the compiled engine windowed."""
+        stats, ctx = self.stats, self.ctx
+        stats.batches += got.taken
+        stats.compiled_batches += got.taken
+        stats.launches += got.launches
+        ctx.counters["launches.in"] += got.launches
+        if stats.first_batch_at is None:
+            stats.first_batch_at = now
+            stats.cpu_at_first_batch = time.process_time()
+        stats.last_batch_at = now
+        if got.closed:
+            t0 = time.perf_counter()
+            await self.publish(got.closed)
+            stats.stage_s["emit"] += time.perf_counter() - t0
+            stats.last_batch_at = time.time()
+
+    async def _ingest_general(
+        self,
+        events: list[Any],
+        keys: set[str],
+        decoded: list[LaunchColumns | None] | None = None,
+    ) -> None:
+        """Messages the Python way, in order: decoded and checked at the edge (all at
+        once, unless ``decoded`` already), their streams given back by the compiled
+        engine, then windowed in order (:func:`agents.logic.ingest.window_partition`,
+        replay's path too) and what each step closed published before the next is
+        windowed.
 
         Consecutive batches that continue their streams exactly are windowed a run at a
         time, their streams' windows closed after them (``kernelstream bench
         worker-path``: the decode-and-window path 1.2x as fast at 182-launch batches, the
         same at 2,000); any other batch goes the general way, after the sequence rules.
         """
-        decoded = await self._decode(events)
+        if decoded is None:
+            decoded = await self._decode(events)
+        if self.compiled is not None:
+            self.compiled.release({c.stream_key for c in decoded if c is not None})
         steps = window_partition(
             self.windower,
             [(e, c) for e, c in zip(events, decoded, strict=True) if c is not None],
@@ -519,7 +609,6 @@ class WindowIngest(Service):
                 await self._refused(step)
             else:
                 await self._internal_error(step.item, step.error)
-        return decoded
 
     async def _counted(self, step: Counted, keys: set[str]) -> None:
         """Progress, then the launches that came too late and the windows closed."""
@@ -578,7 +667,10 @@ class WindowIngest(Service):
         """
         async with self._lock:
             read_through = self._note_read_through()
-            closed = self.windower.flush_idle(time.time(), read_through)
+            now = time.time()
+            if self.compiled is not None:
+                self.compiled.release_idle(now, read_through)
+            closed = self.windower.flush_idle(now, read_through)
             if closed:
                 await self.publish(closed)
                 self._dirty.update(self._next)
@@ -621,11 +713,16 @@ class WindowIngest(Service):
     # -- checkpoints and handover ---------------------------------------------------
 
     def _state_record(self, tp: Any) -> bytes:
+        keys = self._keys_of.get(tp, ())
         return pack(
             {
                 "partition": tp.partition,
                 "offset": self._next[tp],
-                "keys": self.windower.export_keys(self._keys_of.get(tp, ()), arrays=True),
+                "keys": (
+                    self.windower.export_keys(keys, arrays=True)
+                    if self.compiled is None
+                    else self.compiled.export_keys(keys)
+                ),
                 "at": time.time(),
             }
         )
@@ -682,6 +779,8 @@ class WindowIngest(Service):
             owned = [tp for tp in revoked if tp in self._next]
             if not owned:
                 return
+            if self.compiled is not None:
+                self.compiled.release(k for tp in owned for k in self._keys_of.get(tp, ()))
             records = {tp: self._state_record(tp) for tp in owned}
             await self.app.producer.flush()
             chunk = self.settings.window_state_chunk_bytes
@@ -732,6 +831,8 @@ class WindowIngest(Service):
                     state = self._choose_state(tp, committed, handed.get(tp.partition))
                     if state is None:
                         continue
+                    if self.compiled is not None:  # the state read supersedes its own
+                        self.compiled.release(state["keys"])
                     self.windower.import_keys(state["keys"], now)
                 except SnapshotError as ex:
                     # A state record whose windows do not restore (another version's, a
@@ -821,6 +922,11 @@ class _Listener(ConsumerRebalanceListener):
             await self.ingest.crash(ex)
             return
         self.ingest._taken_over.set()
+
+
+def _binary(value: Any) -> bool:
+    """Whether a message value starts as a binary launch batch does."""
+    return type(value) is bytes and value[:4] == BINARY_MAGIC
 
 
 def _clock(_: Any) -> float:

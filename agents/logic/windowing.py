@@ -205,6 +205,9 @@ class Windower:
         self.spec = spec or WindowSpec()
         self.metrics = WindowerMetrics()
         self._keys: dict[str, _KeyState] = {}
+        # Open windows of the streams another holder windows (the compiled engine,
+        # :mod:`agents.logic.compiled_windows`), counted by :meth:`open_windows`.
+        self.held_elsewhere: Callable[[], int] | None = None
 
     # -- ingest ---------------------------------------------------------------
 
@@ -612,7 +615,8 @@ class Windower:
 
     def open_windows(self) -> int:
         """Number of (key, window, config) accumulators currently open."""
-        return sum(len(st.open) for st in self._keys.values())
+        elsewhere = self.held_elsewhere() if self.held_elsewhere is not None else 0
+        return sum(len(st.open) for st in self._keys.values()) + elsewhere
 
     # -- state ----------------------------------------------------------------
 

@@ -21,6 +21,7 @@
 
 use std::cell::RefCell;
 
+mod engine;
 mod steady;
 
 use numpy::{PyArray1, PyArrayMethods};
@@ -482,5 +483,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(window_stats, m)?)?;
     m.add_function(wrap_pyfunction!(plain_many, m)?)?;
     m.add_class::<steady::SteadyWindows>()?;
+    m.add_class::<engine::WindowEngine>()?;
     Ok(())
 }

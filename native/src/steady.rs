@@ -25,9 +25,9 @@ use pyo3::types::PyBytes;
 
 use crate::{plain, stats};
 
-const MAGIC: &[u8; 4] = b"KSLB";
-const LAYOUT_VERSION: u8 = 1;
-const HEAD_SIZE: usize = 32;
+pub(crate) const MAGIC: &[u8; 4] = b"KSLB";
+pub(crate) const LAYOUT_VERSION: u8 = 1;
+pub(crate) const HEAD_SIZE: usize = 32;
 
 #[derive(Default)]
 struct Acc {
@@ -78,7 +78,7 @@ pub struct SteadyWindows {
 /// Little-endian float64s: the bytes themselves where they are aligned on a little-endian
 /// machine (a message's columns start at a multiple of 8 of a Python bytes object's data,
 /// which is 8-aligned), else a copy.
-fn f64s(bytes: &[u8]) -> Cow<'_, [f64]> {
+pub(crate) fn f64s(bytes: &[u8]) -> Cow<'_, [f64]> {
     if cfg!(target_endian = "little") {
         // SAFETY: every bit pattern is a valid f64; align_to puts in `mid` only what is
         // aligned, and a prefix or suffix means the bytes were not: then the copy below.
@@ -171,7 +171,7 @@ impl SteadyWindows {
 }
 
 /// (n, seq_start, m) of a message's head, if it is this layout's.
-fn head(value: &[u8]) -> Option<(usize, u64, usize)> {
+pub(crate) fn head(value: &[u8]) -> Option<(usize, u64, usize)> {
     if value.len() < HEAD_SIZE || &value[..4] != MAGIC || value[4] != LAYOUT_VERSION {
         return None;
     }

@@ -1,0 +1,261 @@
+"""The window stage's steady state in compiled code (``kernelstream._native.WindowEngine``).
+
+Nearly every launch message a worker reads is the next binary batch of a stream whose
+per-batch fields it decoded before, continuing its stream exactly (:class:`InOrderRun`'s
+batches). The engine (``native/src/engine.rs``) reads, checks and windows such messages,
+and aggregates the windows they close, with nothing per message in Python; this module
+hands it the streams and turns its closed windows into the same records the
+:class:`~agents.logic.windowing.Windower` builds.
+
+A stream's state is held by the engine or by the Windower, never both:
+
+* a message the engine has not been told about (new header bytes or message key) or of a
+  stream the Windower holds goes the general way first (the worker's decoder judges it);
+  where it is a plain binary batch (no device samples, no host telemetry) its header is
+  registered and its stream taken over (:meth:`CompiledWindows.take`), with the state
+  the Windower had of it, and the engine tries the message again;
+* anything else (a duplicate, a gap, a launch out of order or too late, a batch the edge
+  refuses) is given back first (:meth:`CompiledWindows.release`): the Windower's
+  general path decides, with the stream's whole state;
+* idle flushes and partition handovers release the streams they concern; a checkpoint
+  copies the state of the streams held (:meth:`CompiledWindows.export_keys`).
+
+The windows, the state and every count are those of the Windower's in-order path, and
+the statistics those of :func:`~agents.logic.windowing.duration_stats`, bit for bit
+(``tests/unit/agents/test_compiled_windows.py`` runs the same messages both ways).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from typing import Any, NamedTuple
+
+import numpy as np
+import orjson
+
+from kernelstream.agents.logic.windowing import (
+    Windower,
+    _Acc,
+    _build,
+    _cat,
+    _KeyState,
+    _meta,
+    duration_stats,
+)
+from kernelstream.schemas import WindowAggregate, native
+from kernelstream.schemas.columnar import LaunchColumns
+from kernelstream.schemas.records import MAX_DURATION_BITS
+
+__all__ = ["CompiledWindows", "Taken"]
+
+
+class Taken(NamedTuple):
+    """What :meth:`CompiledWindows.poll` did with a partition's messages from the first:
+    ``taken`` messages windowed (``launches`` launches), the windows they closed, and
+    why it stopped before the next (None: it took them all). ``stop``: ``unregistered``
+    or ``not_held`` (the caller decodes that message, :meth:`CompiledWindows.take` may
+    take its stream over, and the engine tries it again) or ``general``."""
+
+    taken: int
+    launches: int
+    closed: list[WindowAggregate]
+    stop: str | None
+
+
+class CompiledWindows:
+    """The streams the compiled engine windows, beside the Windower that holds the rest."""
+
+    def __init__(self, windower: Windower, core: Any) -> None:
+        spec = windower.spec
+        self.windower = windower
+        self.engine = core.WindowEngine(
+            spec.size_s, spec.out_of_orderness_s, spec.allowed_lateness_s, MAX_DURATION_BITS
+        )
+        # per-batch fields (the window record's) by index, the engine's handle of them
+        self._metas: list[dict[str, Any]] = []
+        self._meta_index: dict[bytes, int] = {}
+        windower.held_elsewhere = self.open_windows
+
+    @classmethod
+    def of(cls, windower: Windower) -> CompiledWindows | None:
+        """The engine beside ``windower``, or None: the install has no compiled module
+        (or ``KERNELSTREAM_NATIVE=0``), or ``windower`` is a subclass whose in-order
+        path the engine would not mirror."""
+        core = native.core
+        if core is None or type(windower) is not Windower:
+            return None
+        return cls(windower, core)
+
+    # -- the steady path ----------------------------------------------------------
+
+    def poll(
+        self,
+        values: list[bytes | None],
+        keys: list[bytes | None],
+        now: float,
+        oldest: float,
+        newest: float,
+        max_bytes: int,
+        stage_s: MutableMapping[str, float] | None = None,
+    ) -> Taken:
+        """Window a partition's messages from the first, up to the first the engine does
+        not take (see :class:`Taken`); ``oldest`` and ``newest`` are the edge's event-time
+        bounds, ``max_bytes`` its message size limit. ``stage_s``: seconds the engine
+        took (reading, checking and windowing the messages and the closed windows'
+        statistics, ``"window"``) and building the window records (``"close"``) are
+        added to it."""
+        t0 = time.perf_counter()
+        taken, launches, rows, stop = self.engine.poll(values, keys, now, oldest, newest, max_bytes)
+        t1 = time.perf_counter()
+        self.windower.metrics.launches_in += launches
+        closed = self._records(rows) if rows else []
+        if stage_s is not None:
+            stage_s["window"] = stage_s.get("window", 0.0) + t1 - t0
+            stage_s["close"] = stage_s.get("close", 0.0) + time.perf_counter() - t1
+        return Taken(taken, launches, closed, stop)
+
+    def _records(self, rows: list[Any]) -> list[WindowAggregate]:
+        """The window records of the engine's closed windows (``_aggregate_acc``'s)."""
+        size = self.windower.spec.size_s
+        out = []
+        for _, window, config_id, meta, failures, late, seq_min, seq_max, got, cols in rows:
+            if got is None:  # no launch that ran: NumPy decides, as duration_stats does
+                count, stats = duration_stats([cols[0]], [cols[1]], size)
+            else:
+                count, total, mean, std, idle, p50, p95, d_min, d_max = got
+                stats = {
+                    "duration_mean_us": mean,
+                    "duration_p50_us": p50,
+                    "duration_p95_us": p95,
+                    "duration_min_us": d_min,
+                    "duration_max_us": d_max,
+                    "duration_std_us": std,
+                    "busy_fraction": total * 1e-6 / size,
+                    "idle_gap_mean_us": idle,
+                }
+            out.append(
+                _build(
+                    self._metas[meta],
+                    config_id,
+                    window,
+                    size,
+                    count,
+                    failures,
+                    late,
+                    stats,
+                    seq_min,
+                    seq_max,
+                )
+            )
+        self.windower.metrics.windows_emitted += len(out)
+        return out
+
+    # -- handing streams over -----------------------------------------------------
+
+    def take(self, cols: LaunchColumns, value: bytes, key: bytes | None) -> bool:
+        """After the worker's decoder passed ``cols`` from the message (``value``,
+        ``key``): register its header bytes under that key and take its stream over from
+        the Windower, where the engine windows such batches. False (nothing changed)
+        for a batch with device samples or host telemetry, one not in the binary layout,
+        and a stream with a window holding device samples."""
+        if cols.meta.samples or cols.host_gap_us is not None or cols.copies is not None:
+            return False
+        header = self.engine.header_of(value)
+        if header is None:
+            return False
+        stream = cols.stream_key
+        if not self.engine.holds(stream):
+            st = self.windower._keys.get(stream)
+            if st is not None and any(acc.device is not None for acc in st.open.values()):
+                return False
+            self._adopt(stream, st)
+        meta = self._index(_meta(cols.meta))
+        self.engine.register(header, key, stream, cols.meta.config_id, meta)
+        return True
+
+    def _adopt(self, stream: str, st: _KeyState | None) -> None:
+        if st is None:
+            self.engine.adopt(stream, -math.inf, -math.inf, None, -1, [])
+            return
+        windows = [
+            (
+                window,
+                config_id,
+                self._index(acc.meta),
+                _cat(acc.t_end, np.float64),
+                _cat(acc.duration_us, np.float64),
+                acc.failures,
+                acc.late_accepted,
+                acc.seq_min,
+                acc.seq_max,
+            )
+            for (window, config_id), acc in st.open.items()
+        ]
+        self.engine.adopt(stream, st.max_t, st.last_seen, st.closed_below, st.seq_hi, windows)
+        del self.windower._keys[stream]
+
+    def release(self, streams: Iterable[str]) -> None:
+        """Give the state of ``streams`` the engine holds back to the Windower."""
+        for stream in streams:
+            got = self.engine.release(stream)
+            if got is not None:
+                self.windower._keys[stream] = self._key_state(got)
+
+    def release_all(self) -> None:
+        self.release(self.engine.held())
+
+    def release_idle(self, now: float, read_through: Callable[[str], float] | None) -> None:
+        """Give back the streams :meth:`Windower.flush_idle` would flush (the same rule):
+        it flushes them."""
+        idle = self.windower.spec.idle_timeout_s
+        self.release(
+            key
+            for key, last_seen in self.engine.last_seen()
+            if (now if read_through is None else min(now, read_through(key))) - last_seen >= idle
+        )
+
+    def export_keys(self, keys: Iterable[str]) -> dict[str, Any]:
+        """:meth:`Windower.export_keys` (``arrays=True``) of ``keys``, those the engine
+        holds copied from it (it goes on holding them)."""
+        keys = list(keys)
+        held = {}
+        for key in keys:
+            got = self.engine.export(key)
+            if got is not None:
+                held[key] = self._key_state(got)
+        out = self.windower.export_keys([k for k in keys if k not in held], arrays=True)
+        if held:
+            copy = Windower(self.windower.spec)
+            copy._keys = held
+            out.update(copy.export_keys(held, arrays=True))
+        return out
+
+    def open_windows(self) -> int:
+        return int(self.engine.open_windows())
+
+    def _key_state(self, got: tuple[Any, ...]) -> _KeyState:
+        max_t, last_seen, closed_below, seq_hi, windows = got
+        st = _KeyState(max_t=max_t, last_seen=last_seen, closed_below=closed_below, seq_hi=seq_hi)
+        for window, config_id, meta, t, d, failures, late, seq_min, seq_max in windows:
+            st.open[(window, config_id)] = _Acc(
+                meta=self._metas[meta],
+                t_end=[t],
+                duration_us=[d],
+                failures=failures,
+                late_accepted=late,
+                seq_min=seq_min,
+                seq_max=seq_max,
+            )
+        return st
+
+    def _index(self, meta: Mapping[str, Any]) -> int:
+        """The index of per-batch fields equal to ``meta`` (kept if new: one per distinct
+        stream and configuration a worker has windowed here)."""
+        ident = orjson.dumps(meta, option=orjson.OPT_SORT_KEYS)
+        at = self._meta_index.get(ident)
+        if at is None:
+            at = self._meta_index[ident] = len(self._metas)
+            self._metas.append(dict(meta))
+        return at

@@ -1,0 +1,672 @@
+//! The window agent's steady state, compiled: `WindowEngine` windows the streams it holds
+//! (`agents/logic/compiled_windows.py` drives it for the window agent).
+//!
+//! Nearly every launch message a worker reads is the next binary batch of a stream whose
+//! per-batch fields it has seen before: plainly valid columns, event times within the
+//! edge's bounds, sequence numbers right after the stream's last ones, end times in
+//! completion order and at or after every launch counted before, in no window already
+//! emitted. For such a message the Python path makes a dozen objects and calls (a header
+//! lookup, views, a validated copy of the per-batch fields, a slice per window appended
+//! to its accumulator, a record per closed window); here the message is read, checked,
+//! windowed and the windows it closes aggregated without a Python object per message.
+//!
+//! The state of a stream is held here or by the Python `Windower`, never both: the engine
+//! takes a stream over (`adopt`) with the Windower's state of it, and gives it back
+//! (`release`) before anything it does not do itself: a message that is not steady, an
+//! idle flush, a partition handed to another worker. `export` copies a stream's state for
+//! a checkpoint. The state, the windows and every count come out as the Windower's
+//! in-order path makes them (`InOrderRun`, `Windower.add_in_order`, `poll_key`); the
+//! window statistics are `window_stats`'s, bit for bit NumPy's.
+//!
+//! `poll` consumes a poll's messages in order up to the first it does not take, and says
+//! why it stopped: `unregistered` (a header and message key it was not told about),
+//! `not_held` (a stream the Windower holds), or `general` (anything else). The caller
+//! takes that message its own way and calls `poll` again from the next.
+
+// The window rules are written as the Python expressions they mirror (`not a < b`), which
+// a NaN fails the same way.
+#![allow(clippy::neg_cmp_op_on_partial_ord)]
+
+use std::collections::BTreeMap;
+
+use numpy::{PyArray1, PyReadonlyArray1};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use rustc_hash::FxHashMap as HashMap;
+
+use crate::steady::{f64s, head, HEAD_SIZE};
+use crate::{plain, stats};
+
+/// Sequence numbers at or above this are not trusted (`agents.logic.sequencing.SEQ_BOUND`).
+const SEQ_BOUND: u64 = 1 << 50;
+
+/// Column buffers of closed windows kept for new windows at most: a window's buffers,
+/// taken fresh from the allocator, fault their pages in as they are first written (a
+/// 26,700-launch window is 427 kB of them), which cost more than windowing the launches.
+const SPARE_BUFFERS: usize = 32;
+
+/// Registered (header bytes, message key) pairs kept at most; past it they are forgotten
+/// and registered again as their messages come (the Python decoder's cache does the same).
+const MAX_REGISTERED: usize = 4096;
+
+/// Launches of one (stream, window, configuration): `_Acc` of `agents.logic.windowing`.
+struct Acc {
+    meta: usize,
+    t: Vec<f64>,
+    d: Vec<f64>,
+    failures: i64,
+    late_accepted: i64,
+    seq_min: i64,
+    seq_max: i64,
+}
+
+impl Acc {
+    fn add_seq_range(&mut self, lo: i64, hi: i64) {
+        self.seq_min = if self.seq_min < 0 {
+            lo
+        } else {
+            self.seq_min.min(lo)
+        };
+        self.seq_max = self.seq_max.max(hi);
+    }
+}
+
+/// A stream's state: `_KeyState` of `agents.logic.windowing`, while `held`.
+struct Stream {
+    key: String,
+    held: bool,
+    max_t: f64,
+    last_seen: f64,
+    closed_below: Option<i64>,
+    seq_hi: i64,
+    // (window, configuration index) -> its launches
+    open: BTreeMap<(i64, u32), Acc>,
+    // launches of its largest closed window: a new window's buffers start that large
+    last_count: usize,
+}
+
+/// One steady message, checked, before it changes any state.
+struct Planned<'a> {
+    slot: usize,
+    config: u32,
+    meta: usize,
+    t: std::borrow::Cow<'a, [f64]>,
+    d: std::borrow::Cow<'a, [f64]>,
+    ok: &'a [u8],
+    all_ok: bool,
+    seq: i64,
+    hi: f64,
+    // (window, first row, end row) of each window the batch falls in
+    cuts: Vec<(i64, usize, usize)>,
+}
+
+/// Statistics of a closed window: (count, total, mean, std, idle gap, p50, p95, min, max).
+type Stats = (usize, f64, f64, f64, f64, f64, f64, f64, f64);
+
+/// A closed window: (stream key, window, config id, meta index, failures, late accepted,
+/// seq min, seq max, its statistics, or None and its end times and durations where
+/// `window_stats` leaves them to NumPy: a window without a launch that ran).
+type Row<'py> = (
+    String,
+    i64,
+    String,
+    usize,
+    i64,
+    i64,
+    i64,
+    i64,
+    Option<Stats>,
+    Option<(Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<f64>>)>,
+);
+
+/// An open window as the Windower's snapshot has it: (window, config id, meta index,
+/// end times, durations, failures, late accepted, seq min, seq max).
+type OpenWindow<'py> = (
+    i64,
+    String,
+    usize,
+    Bound<'py, PyArray1<f64>>,
+    Bound<'py, PyArray1<f64>>,
+    i64,
+    i64,
+    i64,
+    i64,
+);
+
+/// A stream's state: (max t, last seen, closed below, seq hi, open windows).
+type State<'py> = (f64, f64, Option<i64>, i64, Vec<OpenWindow<'py>>);
+
+/// What `adopt` takes: an open window with its columns as arrays.
+type OpenWindowIn<'py> = (
+    i64,
+    String,
+    usize,
+    PyReadonlyArray1<'py, f64>,
+    PyReadonlyArray1<'py, f64>,
+    i64,
+    i64,
+    i64,
+    i64,
+);
+
+type Registered = (Option<Vec<u8>>, (usize, u32, usize));
+
+#[pyclass(module = "kernelstream._native")]
+pub struct WindowEngine {
+    size: f64,
+    out_of_orderness: f64,
+    lateness: f64,
+    max_duration_bits: u64,
+    // header bytes -> (message key, (stream slot, configuration index, meta index)) of
+    // each key it came under (nearly always one)
+    registered: HashMap<Vec<u8>, Vec<Registered>>,
+    slot_of_stream: HashMap<String, usize>,
+    streams: Vec<Stream>,
+    configs: Vec<String>,
+    config_of: HashMap<String, u32>,
+    windows_emitted: u64,
+    spare: Vec<Vec<f64>>,
+}
+
+#[pymethods]
+impl WindowEngine {
+    #[new]
+    fn new(
+        size_s: f64,
+        out_of_orderness_s: f64,
+        allowed_lateness_s: f64,
+        max_duration_bits: u64,
+    ) -> Self {
+        WindowEngine {
+            size: size_s,
+            out_of_orderness: out_of_orderness_s,
+            lateness: allowed_lateness_s,
+            max_duration_bits,
+            registered: HashMap::default(),
+            slot_of_stream: HashMap::default(),
+            streams: Vec::new(),
+            configs: Vec::new(),
+            config_of: HashMap::default(),
+            windows_emitted: 0,
+            spare: Vec::new(),
+        }
+    }
+
+    /// Header bytes of a binary batch (None: not a binary batch of this layout).
+    #[staticmethod]
+    fn header_of<'py>(py: Python<'py>, value: &[u8]) -> Option<Bound<'py, PyBytes>> {
+        let m = head(value)?.2;
+        value
+            .get(HEAD_SIZE..HEAD_SIZE + m)
+            .map(|h| PyBytes::new(py, h))
+    }
+
+    /// Messages with these header bytes under this message key are batches of
+    /// `stream_key` with configuration `config_id` and per-batch fields `meta` (an index
+    /// of the caller's): the caller's decoder passed one.
+    fn register(
+        &mut self,
+        header: &[u8],
+        key: Option<&[u8]>,
+        stream_key: String,
+        config_id: String,
+        meta: usize,
+    ) {
+        if self.registered.len() >= MAX_REGISTERED {
+            self.registered.clear();
+        }
+        let slot = self.slot(stream_key);
+        let config = self.config(config_id);
+        let under = self.registered.entry(header.to_vec()).or_default();
+        under.retain(|(k, _)| k.as_deref() != key);
+        under.push((key.map(<[u8]>::to_vec), (slot, config, meta)));
+    }
+
+    /// Whether the engine holds `stream_key`'s state.
+    fn holds(&self, stream_key: &str) -> bool {
+        self.slot_of_stream
+            .get(stream_key)
+            .is_some_and(|&s| self.streams[s].held)
+    }
+
+    /// The stream keys the engine holds.
+    fn held(&self) -> Vec<String> {
+        self.streams
+            .iter()
+            .filter(|s| s.held)
+            .map(|s| s.key.clone())
+            .collect()
+    }
+
+    /// (stream key, last seen) of each stream held with an open window: the candidates
+    /// of an idle flush.
+    fn last_seen(&self) -> Vec<(String, f64)> {
+        self.streams
+            .iter()
+            .filter(|s| s.held && !s.open.is_empty())
+            .map(|s| (s.key.clone(), s.last_seen))
+            .collect()
+    }
+
+    /// Open windows of the streams held.
+    fn open_windows(&self) -> usize {
+        self.streams
+            .iter()
+            .filter(|s| s.held)
+            .map(|s| s.open.len())
+            .sum()
+    }
+
+    /// Windows closed so far.
+    #[getter]
+    fn windows_emitted(&self) -> u64 {
+        self.windows_emitted
+    }
+
+    /// Take over `stream_key` with the Windower's state of it (a new stream: max t and
+    /// last seen -inf, closed below None, seq hi -1, no window).
+    #[allow(clippy::too_many_arguments)]
+    fn adopt(
+        &mut self,
+        stream_key: String,
+        max_t: f64,
+        last_seen: f64,
+        closed_below: Option<i64>,
+        seq_hi: i64,
+        windows: Vec<OpenWindowIn<'_>>,
+    ) -> PyResult<()> {
+        let mut open = BTreeMap::new();
+        let mut last_count = 0;
+        for (w, config_id, meta, t, d, failures, late_accepted, seq_min, seq_max) in windows {
+            let (t, d) = (t.as_array().to_vec(), d.as_array().to_vec());
+            if t.len() != d.len() {
+                return Err(pyo3::exceptions::PyValueError::new_err(
+                    "a window's end times and durations differ in length",
+                ));
+            }
+            last_count = last_count.max(t.len());
+            let config = self.config(config_id);
+            open.insert(
+                (w, config),
+                Acc {
+                    meta,
+                    t,
+                    d,
+                    failures,
+                    late_accepted,
+                    seq_min,
+                    seq_max,
+                },
+            );
+        }
+        let slot = self.slot(stream_key);
+        let s = &mut self.streams[slot];
+        s.held = true;
+        s.max_t = max_t;
+        s.last_seen = last_seen;
+        s.closed_below = closed_below;
+        s.seq_hi = seq_hi;
+        s.open = open;
+        s.last_count = last_count;
+        Ok(())
+    }
+
+    /// `stream_key`'s state, as `adopt` takes it, given back (the engine no longer holds
+    /// it); None where it does not hold it.
+    fn release<'py>(&mut self, py: Python<'py>, stream_key: &str) -> Option<State<'py>> {
+        let slot = *self.slot_of_stream.get(stream_key)?;
+        let s = &mut self.streams[slot];
+        if !s.held {
+            return None;
+        }
+        s.held = false;
+        let open = std::mem::take(&mut s.open);
+        let state = (s.max_t, s.last_seen, s.closed_below, s.seq_hi);
+        let configs = &self.configs;
+        let windows = open
+            .into_iter()
+            .map(|((w, c), a)| {
+                (
+                    w,
+                    configs[c as usize].clone(),
+                    a.meta,
+                    PyArray1::from_vec(py, a.t),
+                    PyArray1::from_vec(py, a.d),
+                    a.failures,
+                    a.late_accepted,
+                    a.seq_min,
+                    a.seq_max,
+                )
+            })
+            .collect();
+        Some((state.0, state.1, state.2, state.3, windows))
+    }
+
+    /// `stream_key`'s state copied (for a checkpoint); the engine keeps holding it.
+    fn export<'py>(&self, py: Python<'py>, stream_key: &str) -> Option<State<'py>> {
+        let s = &self.streams[*self.slot_of_stream.get(stream_key)?];
+        if !s.held {
+            return None;
+        }
+        let windows = s
+            .open
+            .iter()
+            .map(|(&(w, c), a)| {
+                (
+                    w,
+                    self.configs[c as usize].clone(),
+                    a.meta,
+                    PyArray1::from_slice(py, &a.t),
+                    PyArray1::from_slice(py, &a.d),
+                    a.failures,
+                    a.late_accepted,
+                    a.seq_min,
+                    a.seq_max,
+                )
+            })
+            .collect();
+        Some((s.max_t, s.last_seen, s.closed_below, s.seq_hi, windows))
+    }
+
+    /// Window a partition's messages (values and keys, in offset order) from the first,
+    /// at clock `now` with the edge's event-time bounds `oldest` and `newest` and its
+    /// size limit `max_bytes`, up to the first it does not take. Returns (messages taken,
+    /// their launches, the windows of their streams their watermarks closed, why it
+    /// stopped: None where it took them all).
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn poll<'py>(
+        &mut self,
+        py: Python<'py>,
+        values: Vec<Option<Bound<'_, PyBytes>>>,
+        keys: Vec<Option<Bound<'_, PyBytes>>>,
+        now: f64,
+        oldest: f64,
+        newest: f64,
+        max_bytes: usize,
+    ) -> PyResult<(usize, usize, Vec<Row<'py>>, Option<&'static str>)> {
+        if values.len() != keys.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "one key per message",
+            ));
+        }
+        let mut touched: Vec<usize> = Vec::new();
+        let mut taken = 0;
+        let mut launches = 0;
+        let mut stop = None;
+        for (value, key) in values.iter().zip(&keys) {
+            let Some(value) = value else {
+                stop = Some("general"); // a tombstone
+                break;
+            };
+            let key = key.as_ref().map(|k| k.as_bytes());
+            match self.check(value.as_bytes(), key, oldest, newest, max_bytes) {
+                Ok(p) => {
+                    launches += p.t.len();
+                    let slot = p.slot;
+                    self.add(p, now);
+                    if !touched.contains(&slot) {
+                        touched.push(slot);
+                    }
+                    taken += 1;
+                }
+                Err(why) => {
+                    stop = Some(why);
+                    break;
+                }
+            }
+        }
+        let mut rows = Vec::new();
+        for slot in touched {
+            self.close(py, slot, &mut rows);
+        }
+        self.windows_emitted += rows.len() as u64;
+        Ok((taken, launches, rows, stop))
+    }
+}
+
+/// A buffer for a new window's column: a closed window's, or a new one.
+fn buffer(spare: &mut Vec<Vec<f64>>, capacity: usize) -> Vec<f64> {
+    match spare.pop() {
+        Some(mut b) => {
+            b.reserve(capacity);
+            b
+        }
+        None => Vec::with_capacity(capacity),
+    }
+}
+
+impl WindowEngine {
+    fn slot(&mut self, stream_key: String) -> usize {
+        if let Some(&slot) = self.slot_of_stream.get(&stream_key) {
+            return slot;
+        }
+        self.streams.push(Stream {
+            key: stream_key.clone(),
+            held: false,
+            max_t: f64::NEG_INFINITY,
+            last_seen: f64::NEG_INFINITY,
+            closed_below: None,
+            seq_hi: -1,
+            open: BTreeMap::new(),
+            last_count: 0,
+        });
+        self.slot_of_stream
+            .insert(stream_key, self.streams.len() - 1);
+        self.streams.len() - 1
+    }
+
+    fn config(&mut self, config_id: String) -> u32 {
+        if let Some(&c) = self.config_of.get(&config_id) {
+            return c;
+        }
+        self.configs.push(config_id.clone());
+        let c = (self.configs.len() - 1) as u32;
+        self.config_of.insert(config_id, c);
+        c
+    }
+
+    fn floor(&self, t: f64) -> i64 {
+        (t / self.size).floor() as i64
+    }
+
+    /// The checks of the Python path for a message it would window in order: the edge's
+    /// (`WorkerContext.decode_launches_many` for a header and key that passed before),
+    /// the run's (`InOrderRun.take`) and `Windower.add_in_order`'s window edges.
+    fn check<'a>(
+        &self,
+        value: &'a [u8],
+        key: Option<&[u8]>,
+        oldest: f64,
+        newest: f64,
+        max_bytes: usize,
+    ) -> Result<Planned<'a>, &'static str> {
+        if value.len() > max_bytes {
+            return Err("general");
+        }
+        let (n, seq, m) = head(value).ok_or("general")?;
+        let header = value.get(HEAD_SIZE..HEAD_SIZE + m).ok_or("general")?;
+        let &(slot, config, meta) = self
+            .registered
+            .get(header)
+            .and_then(|under| under.iter().find(|(k, _)| k.as_deref() == key))
+            .map(|(_, entry)| entry)
+            .ok_or("unregistered")?;
+        let stream = &self.streams[slot];
+        if !stream.held {
+            return Err("not_held");
+        }
+        let pos = HEAD_SIZE + m + (8 - m % 8) % 8;
+        if n == 0 || pos + 17 * n + (8 - n % 8) % 8 != value.len() {
+            return Err("general");
+        }
+        let t = f64s(&value[pos..pos + 8 * n]);
+        let d = f64s(&value[pos + 8 * n..pos + 16 * n]);
+        let ok = &value[pos + 16 * n..pos + 17 * n];
+        let ((lo, hi), in_order, all_ok) =
+            plain(&t, &d, ok, self.max_duration_bits).ok_or("general")?;
+        if !(in_order && oldest <= lo && hi <= newest) {
+            return Err("general");
+        }
+        let last_seq = seq.checked_add(n as u64 - 1).ok_or("general")?;
+        if last_seq >= SEQ_BOUND || (stream.seq_hi >= 0 && seq as i64 != stream.seq_hi + 1) {
+            return Err("general");
+        }
+        if !(lo >= stream.max_t) {
+            return Err("general");
+        }
+        let (first, last) = (self.floor(lo), self.floor(hi));
+        if stream.closed_below.is_some_and(|c| first < c) {
+            return Err("general");
+        }
+        if !(hi < (last + 1) as f64 * self.size) {
+            return Err("general");
+        }
+        let cuts = if first == last {
+            vec![(first, 0, n)]
+        } else {
+            self.cuts(&t, first, last).ok_or("general")?
+        };
+        Ok(Planned {
+            slot,
+            config,
+            meta,
+            t,
+            d,
+            ok,
+            all_ok,
+            seq: seq as i64,
+            hi,
+            cuts,
+        })
+    }
+
+    /// `_window_cuts` of `agents.logic.windowing`, the same expressions.
+    fn cuts(&self, t: &[f64], first: i64, last: i64) -> Option<Vec<(i64, usize, usize)>> {
+        let n = t.len();
+        let mut out = Vec::new();
+        let mut lo = 0;
+        for k in first + 1..=last + 1 {
+            let hi = if k > last {
+                n
+            } else {
+                let edge = k as f64 * self.size;
+                let mut hi = t.partition_point(|&x| x < edge);
+                while hi > lo && self.floor(t[hi - 1]) >= k {
+                    hi -= 1;
+                }
+                while hi < n && self.floor(t[hi]) < k {
+                    hi += 1;
+                }
+                hi
+            };
+            if hi > lo {
+                let window = self.floor(t[lo]);
+                if !(t[hi - 1] < (window + 1) as f64 * self.size) {
+                    return None;
+                }
+                out.push((window, lo, hi));
+                lo = hi;
+            }
+        }
+        Some(out)
+    }
+
+    /// `Windower.add_in_order` of one batch.
+    fn add(&mut self, p: Planned<'_>, now: f64) {
+        let spare = &mut self.spare;
+        let stream = &mut self.streams[p.slot];
+        let n = p.t.len() as i64;
+        stream.last_seen = now;
+        stream.seq_hi = stream.seq_hi.max(p.seq + n - 1);
+        stream.max_t = stream.max_t.max(p.hi);
+        for &(w, a, z) in &p.cuts {
+            let cap = stream.last_count;
+            let acc = stream.open.entry((w, p.config)).or_insert_with(|| Acc {
+                meta: p.meta,
+                t: buffer(spare, cap),
+                d: buffer(spare, cap),
+                failures: 0,
+                late_accepted: 0,
+                seq_min: -1,
+                seq_max: -1,
+            });
+            let before = acc.t.len();
+            if p.all_ok {
+                acc.t.extend_from_slice(&p.t[a..z]);
+                acc.d.extend_from_slice(&p.d[a..z]);
+            } else {
+                for k in a..z {
+                    if p.ok[k] == 1 {
+                        acc.t.push(p.t[k]);
+                        acc.d.push(p.d[k]);
+                    }
+                }
+            }
+            acc.failures += ((z - a) - (acc.t.len() - before)) as i64;
+            let first = p.seq + a as i64;
+            acc.add_seq_range(first, first + (z - a) as i64 - 1);
+        }
+    }
+
+    /// `Windower.poll_key`: the stream's windows its watermark completes, sorted by
+    /// (window, config id).
+    fn close<'py>(&mut self, py: Python<'py>, slot: usize, rows: &mut Vec<Row<'py>>) {
+        let (size, lateness) = (self.size, self.lateness);
+        let stream = &mut self.streams[slot];
+        let watermark = stream.max_t - self.out_of_orderness;
+        let mut ready: Vec<(i64, u32)> = stream
+            .open
+            .keys()
+            .take_while(|&&(w, _)| (w + 1) as f64 * size + lateness <= watermark)
+            .copied()
+            .collect();
+        let configs = &self.configs;
+        ready.sort_by(|a, b| {
+            a.0.cmp(&b.0)
+                .then_with(|| configs[a.1 as usize].cmp(&configs[b.1 as usize]))
+        });
+        for (w, c) in ready {
+            let acc = stream.open.remove(&(w, c)).expect("a ready window");
+            stream.last_count = stream.last_count.max(acc.t.len());
+            if stream.closed_below.is_none_or(|cb| w + 1 > cb) {
+                stream.closed_below = Some(w + 1);
+            }
+            let got = stats(&[&acc.t], &[&acc.d], &[50.0, 95.0]).map(|s| {
+                (
+                    s.count,
+                    s.total,
+                    s.mean,
+                    s.std,
+                    s.idle_gap_mean_us,
+                    s.percentiles[0],
+                    s.percentiles[1],
+                    s.min,
+                    s.max,
+                )
+            });
+            let cols = if got.is_none() {
+                Some((PyArray1::from_vec(py, acc.t), PyArray1::from_vec(py, acc.d)))
+            } else {
+                for mut b in [acc.t, acc.d] {
+                    if self.spare.len() < SPARE_BUFFERS {
+                        b.clear();
+                        self.spare.push(b);
+                    }
+                }
+                None
+            };
+            rows.push((
+                stream.key.clone(),
+                w,
+                configs[c as usize].clone(),
+                acc.meta,
+                acc.failures,
+                acc.late_accepted,
+                acc.seq_min,
+                acc.seq_max,
+                got,
+                cols,
+            ));
+        }
+    }
+}

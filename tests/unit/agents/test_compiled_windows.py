@@ -1,0 +1,231 @@
+"""The compiled window engine (agents.logic.compiled_windows, native/src/engine.rs) gives
+the window agent exactly what its Python path gives: the same windows, byte for byte,
+the same late launches, dead letters and counts, and the same state to checkpoint, on
+the same messages, whatever mix of steady and hostile input they are."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kernelstream.agents.context import WorkerContext
+from kernelstream.agents.detector_agent import InlineDetector
+from kernelstream.agents.logic.compiled_windows import CompiledWindows
+from kernelstream.agents.logic.snapshot_codec import pack
+from kernelstream.agents.logic.windowing import Windower, make_example_batch
+from kernelstream.agents.window_agent import WindowIngest, window_spec
+from kernelstream.app.settings import Settings
+from kernelstream.kernels import get_workload
+from kernelstream.schemas import DeadLetter, LaunchBatch, decode, encode, native
+from kernelstream.schemas.binary import encode_launch_batch
+
+pytestmark = pytest.mark.skipif(native.core is None, reason=native.describe())
+
+_KERNEL, _SIZE = "matmul", (2048,)
+
+
+class _Topic:
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    async def send(self, key: Any = None, value: bytes = b"", partition: Any = None) -> None:
+        self.sent.append(value)
+
+
+def _configs() -> list[tuple[dict[str, Any], str]]:
+    space = get_workload(_KERNEL, _SIZE).space
+    configs = [dict(space.default), *[dict(c) for c in space.neighbors(space.default)[:2]]]
+    return [(c, space.config_id(c)) for c in configs]
+
+
+def _batch(
+    node: str, t: list[float], seq: int, config: tuple[dict[str, Any], str], **kw: Any
+) -> LaunchBatch:
+    rng = random.Random(seq * 7919 + len(t))
+    return make_example_batch(
+        t,
+        [rng.uniform(5.0, 500.0) for _ in t],
+        kw.pop("ok", [1] * len(t)),
+        node=node,
+        kernel=_KERNEL,
+        problem_size=list(_SIZE),
+        config=config[0],
+        config_id=config[1],
+        seq_start=seq,
+        **kw,
+    )
+
+
+def _messages(seed: int) -> list[SimpleNamespace]:
+    """Several streams' messages, interleaved, mostly the next binary batch of their
+    stream; mixed in: JSON batches, resent copies, overlaps and gaps, launches out of
+    completion order, too late, on window edges, failures, configuration changes, device
+    samples, a tombstone and bytes that are no batch."""
+    rng = random.Random(seed)
+    configs = _configs()
+    nodes = [f"n{i}" for i in range(5)]
+    base = math.floor(time.time()) - 120.0
+    seq = dict.fromkeys(nodes, 0)
+    clock = dict.fromkeys(nodes, base)
+    config = dict.fromkeys(nodes, configs[0])
+    out: list[tuple[bytes | None, bytes | None]] = []
+    sent: list[tuple[bytes | None, bytes | None]] = []
+    for _ in range(500):
+        node = rng.choice(nodes)
+        n = rng.choice([1, 2, 40, 182, 700])
+        gaps = [rng.expovariate(n / rng.choice([0.05, 0.3, 1.5])) for _ in range(n)]
+        t = (clock[node] + np.cumsum(gaps)).tolist()
+        roll = rng.random()
+        kw: dict[str, Any] = {}
+        if roll < 0.03 and sent:
+            out.append(rng.choice(sent))  # a resent copy
+            continue
+        if roll < 0.04:
+            out.append(rng.choice([(None, node.encode()), (b"KSLB\x01garbage", node.encode())]))
+            continue
+        if roll < 0.07:
+            t = sorted(t, key=lambda _: rng.random())  # out of completion order
+        elif roll < 0.10:
+            t = [x - rng.uniform(0.5, 3.0) for x in t]  # late
+        elif roll < 0.13:
+            t[-1] = float(math.floor(t[-1]))  # a launch on a window edge
+            t = sorted(t)
+        elif roll < 0.16:
+            config[node] = rng.choice(configs)  # the tuner moved it
+        elif roll < 0.18:
+            kw["samples"] = [{"t": t[0], "sm_clock_mhz": 1410.0, "mem_used_bytes": 1e9}]
+        ok = [0 if rng.random() < 0.03 else 1 for _ in range(n)]
+        start = seq[node] + (rng.choice([-5, 7]) if roll > 0.97 else 0)
+        batch = _batch(node, t, max(0, start), config[node], ok=ok, **kw)
+        value = encode(batch) if rng.random() < 0.08 else encode_launch_batch(batch)
+        msg = (value, batch.stream_key.encode())
+        out.append(msg)
+        sent.append(msg)
+        seq[node] = max(seq[node], max(0, start) + n)
+        clock[node] = max(clock[node], max(t))
+    return [
+        SimpleNamespace(topic="ks.launches", partition=0, offset=i, key=k, value=v)
+        for i, (v, k) in enumerate(out)
+    ]
+
+
+def _agent(compiled: bool) -> tuple[WindowIngest, dict[str, _Topic]]:
+    topics = {role: _Topic() for role in ("deadletter", "late", "windows", "findings")}
+    ctx = WorkerContext(Settings(), topics)
+    ingest = WindowIngest(None, ctx, Windower(window_spec(ctx.settings)), InlineDetector(ctx))
+    assert (ingest.compiled is not None) is True
+    if not compiled:
+        ingest.compiled = None
+    return ingest, topics
+
+
+def _state(ingest: WindowIngest, keys: set[str]) -> bytes:
+    """The checkpoint's record of ``keys``, clock readings left out, in one order (the
+    streams' and their windows' order in it means nothing)."""
+    exported = (
+        ingest.compiled.export_keys(keys)
+        if ingest.compiled is not None
+        else ingest.windower.export_keys(keys, arrays=True)
+    )
+    for st in exported.values():
+        st["last_seen"] = None
+        st["windows"].sort(key=lambda w: (w["window"], w["config_id"]))
+    return pack(dict(sorted(exported.items())))
+
+
+def _run(msgs: list[Any], poll: int, compiled: bool, hand_back_at: int = -1) -> dict[str, Any]:
+    ingest, topics = _agent(compiled)
+    keys: set[str] = set()
+    states = []
+
+    async def go() -> None:
+        for at in range(0, len(msgs), poll):
+            events = [
+                SimpleNamespace(message=m, key=m.key, value=m.value) for m in msgs[at : at + poll]
+            ]
+            await ingest.ingest(events, keys)
+            states.append(_state(ingest, keys))
+            if ingest.compiled is not None and at <= hand_back_at < at + poll:
+                ingest.compiled.release_all()  # every stream back to Python, then taken again
+
+    asyncio.run(go())
+    letters = sorted(
+        (d.offset, d.reason_code)
+        for d in (decode(v, DeadLetter) for v in topics["deadletter"].sent)
+    )
+    return {
+        "windows": sorted(topics["windows"].sent),
+        "findings": sorted(topics["findings"].sent),
+        "late": sorted(topics["late"].sent),
+        "dead_letters": letters,
+        "launches": (ingest.stats.launches, ingest.ctx.counters["launches.in"]),
+        "metrics": (ingest.windower.metrics.launches_in, ingest.windower.metrics.windows_emitted),
+        "open": ingest.windower.open_windows(),
+        "states": states,
+        "compiled_batches": ingest.stats.compiled_batches,
+        "batches": ingest.stats.batches,
+    }
+
+
+@pytest.mark.parametrize("poll", [1, 16, 500])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_engine_publishes_what_the_python_path_publishes(seed: int, poll: int) -> None:
+    msgs = _messages(seed)
+    python = _run(msgs, poll, compiled=False)
+    engine = _run(msgs, poll, compiled=True)
+    assert engine.pop("compiled_batches") > engine["batches"] // 2  # the engine did most
+    python.pop("compiled_batches")
+    assert python["windows"] and python["dead_letters"] and python["late"]
+    for field in python:
+        assert engine[field] == python[field], field
+
+
+def test_streams_given_back_and_taken_again_change_nothing() -> None:
+    msgs = _messages(3)
+    python = _run(msgs, 16, compiled=False)
+    engine = _run(msgs, 16, compiled=True, hand_back_at=200)
+    engine.pop("compiled_batches")
+    python.pop("compiled_batches")
+    assert engine == python
+
+
+def test_idle_streams_are_given_back_for_the_idle_flush() -> None:
+    ingest, _ = _agent(compiled=True)
+    assert ingest.compiled is not None
+    now = time.time()
+    batch = _batch("n1", [now - 10.0, now - 9.9], 0, _configs()[0])
+    msg = SimpleNamespace(
+        topic="ks.launches",
+        partition=0,
+        offset=0,
+        key=batch.stream_key.encode(),
+        value=encode_launch_batch(batch),
+    )
+    asyncio.run(ingest.ingest([SimpleNamespace(message=msg, key=msg.key, value=msg.value)], set()))
+    assert ingest.compiled.engine.holds(batch.stream_key) and ingest.windower.open_windows() == 1
+    idle = ingest.windower.spec.idle_timeout_s
+    ingest.compiled.release_idle(time.time() + idle / 2, None)  # not idle yet
+    assert ingest.compiled.engine.holds(batch.stream_key)
+    ingest.compiled.release_idle(
+        time.time() + idle + 1.0, lambda key: time.time() + 0.5
+    )  # not read up to date
+    assert ingest.compiled.engine.holds(batch.stream_key)
+    ingest.compiled.release_idle(time.time() + idle + 1.0, None)
+    assert not ingest.compiled.engine.holds(batch.stream_key)
+    [agg] = ingest.windower.flush_idle(time.time() + idle + 1.0)
+    assert agg.count == 2 and agg.stream_key == batch.stream_key
+
+
+def test_a_subclassed_windower_windows_in_python() -> None:
+    class Mine(Windower):
+        pass
+
+    assert CompiledWindows.of(Mine()) is None
+    assert CompiledWindows.of(Windower()) is not None
