@@ -73,7 +73,7 @@ from mode import Service
 
 from kernelstream.agents.context import RecordEvent, WorkerContext, partition_lag
 from kernelstream.agents.detector_agent import InlineDetector
-from kernelstream.agents.logic.compiled_windows import CompiledWindows, Taken
+from kernelstream.agents.logic.compiled_windows import TAKE_OVER, CompiledWindows, Taken
 from kernelstream.agents.logic.errors import SnapshotError
 from kernelstream.agents.logic.ingest import (
     MAX_POLL_RECORDS,
@@ -223,8 +223,10 @@ class WindowAgentStats:
     # Consumer polls that returned messages, and the messages they returned.
     polls: int = 0
     polled_messages: int = 0
-    # Batches the compiled engine windowed (agents.logic.compiled_windows), of ``batches``.
+    # Batches the compiled engine windowed (agents.logic.compiled_windows), of ``batches``,
+    # and why it handed the others to the Python path, by reason.
     compiled_batches: int = 0
+    compiled_stops: dict[str, int] = field(default_factory=dict)
     # Where the agent's loop spends its time, seconds by stage, from the first batch on
     # (perf_counter twice per stage per batch: ~0.1 ns per launch). fetch = aiokafka
     # getmany with data (decompression included); decode = orjson + validation into
@@ -536,7 +538,9 @@ class WindowIngest(Service):
                 await self._counted_compiled(got, now)
             if got.stop is None:
                 break
-            if got.stop != "general" and i != retried:
+            stops = self.stats.compiled_stops
+            stops[got.stop] = stops.get(got.stop, 0) + 1
+            if got.stop in TAKE_OVER and i != retried:
                 # a header or a stream the engine was not given: the decoder judges it
                 [cols] = await self._decode([events[i]])
                 if cols is None:  # dead-lettered

@@ -252,6 +252,9 @@ async def _system(
         "stage_s": win.get("stage_s"),
         "polls": win.get("polls"),
         "polled_messages": win.get("polled_messages"),
+        "batches": win.get("batches"),
+        "compiled_batches": win.get("compiled_batches"),
+        "compiled_stops": win.get("compiled_stops"),
         **every_stage_figures(win, done),
         "_windows": windows,
     }

@@ -48,7 +48,26 @@ from kernelstream.schemas import WindowAggregate, native
 from kernelstream.schemas.columnar import LaunchColumns
 from kernelstream.schemas.records import MAX_DURATION_BITS
 
-__all__ = ["CompiledWindows", "Taken"]
+__all__ = ["HELD_BACK", "TAKE_OVER", "CompiledWindows", "Taken"]
+
+#: Why the engine stopped at a message the caller may hand it after decoding it.
+TAKE_OVER = frozenset({"unregistered", "not_held"})
+#: Why the engine stopped at a message the Python path decides (its stream given back).
+HELD_BACK = frozenset(
+    {
+        "no_value",
+        "oversized",
+        "not_binary",
+        "layout",
+        "columns",
+        "out_of_order",
+        "event_time",
+        "sequence",
+        "before_counted",
+        "closed_window",
+        "window_edge",
+    }
+)
 
 
 class Taken(NamedTuple):
@@ -56,7 +75,8 @@ class Taken(NamedTuple):
     ``taken`` messages windowed (``launches`` launches), the windows they closed, and
     why it stopped before the next (None: it took them all). ``stop``: ``unregistered``
     or ``not_held`` (the caller decodes that message, :meth:`CompiledWindows.take` may
-    take its stream over, and the engine tries it again) or ``general``."""
+    take its stream over, and the engine tries it again), or what the engine found that
+    the Python path decides (:data:`HELD_BACK`)."""
 
     taken: int
     launches: int

@@ -20,13 +20,16 @@
 //!
 //! `poll` consumes a poll's messages in order up to the first it does not take, and says
 //! why it stopped: `unregistered` (a header and message key it was not told about),
-//! `not_held` (a stream the Windower holds), or `general` (anything else). The caller
+//! `not_held` (a stream the Windower holds), or what it found that the Python path decides
+//! (`no_value`, `oversized`, `not_binary`, `layout`, `columns`, `out_of_order`,
+//! `event_time`, `sequence`, `before_counted`, `closed_window`, `window_edge`). The caller
 //! takes that message its own way and calls `poll` again from the next.
 
 // The window rules are written as the Python expressions they mirror (`not a < b`), which
 // a NaN fails the same way.
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use numpy::{PyArray1, PyReadonlyArray1};
@@ -40,20 +43,51 @@ use crate::{plain, stats};
 /// Sequence numbers at or above this are not trusted (`agents.logic.sequencing.SEQ_BOUND`).
 const SEQ_BOUND: u64 = 1 << 50;
 
-/// Column buffers of closed windows kept for new windows at most: a window's buffers,
-/// taken fresh from the allocator, fault their pages in as they are first written (a
-/// 26,700-launch window is 427 kB of them), which cost more than windowing the launches.
-const SPARE_BUFFERS: usize = 32;
-
 /// Registered (header bytes, message key) pairs kept at most; past it they are forgotten
 /// and registered again as their messages come (the Python decoder's cache does the same).
 const MAX_REGISTERED: usize = 4096;
 
+/// Launches of one window from one batch: read in place from the message, which the
+/// window holds (as the Python path holds views of it), or copied (the launches that ran
+/// of a batch with failures, a window adopted from the Windower).
+enum Chunk {
+    Message {
+        bytes: Py<PyBytes>,
+        t_at: usize,
+        d_at: usize,
+        len: usize,
+    },
+    Owned {
+        t: Vec<f64>,
+        d: Vec<f64>,
+    },
+}
+
+impl Chunk {
+    /// (end times, durations)
+    fn columns<'a>(&'a self, py: Python<'_>) -> (Cow<'a, [f64]>, Cow<'a, [f64]>) {
+        match self {
+            Chunk::Message {
+                bytes,
+                t_at,
+                d_at,
+                len,
+            } => {
+                let b = bytes.as_bytes(py);
+                (
+                    f64s(&b[*t_at..*t_at + 8 * len]),
+                    f64s(&b[*d_at..*d_at + 8 * len]),
+                )
+            }
+            Chunk::Owned { t, d } => (Cow::Borrowed(t), Cow::Borrowed(d)),
+        }
+    }
+}
+
 /// Launches of one (stream, window, configuration): `_Acc` of `agents.logic.windowing`.
 struct Acc {
     meta: usize,
-    t: Vec<f64>,
-    d: Vec<f64>,
+    chunks: Vec<Chunk>,
     failures: i64,
     late_accepted: i64,
     seq_min: i64,
@@ -61,6 +95,17 @@ struct Acc {
 }
 
 impl Acc {
+    /// The window's end times and durations, joined.
+    fn joined(&self, py: Python<'_>) -> (Vec<f64>, Vec<f64>) {
+        let (mut t, mut d) = (Vec::new(), Vec::new());
+        for c in &self.chunks {
+            let (ct, cd) = c.columns(py);
+            t.extend_from_slice(&ct);
+            d.extend_from_slice(&cd);
+        }
+        (t, d)
+    }
+
     fn add_seq_range(&mut self, lo: i64, hi: i64) {
         self.seq_min = if self.seq_min < 0 {
             lo
@@ -81,17 +126,19 @@ struct Stream {
     seq_hi: i64,
     // (window, configuration index) -> its launches
     open: BTreeMap<(i64, u32), Acc>,
-    // launches of its largest closed window: a new window's buffers start that large
-    last_count: usize,
 }
 
 /// One steady message, checked, before it changes any state.
-struct Planned<'a> {
+struct Planned<'a, 'py> {
+    value: &'a Bound<'py, PyBytes>,
+    // where its end times and durations start in it
+    t_at: usize,
+    d_at: usize,
     slot: usize,
     config: u32,
     meta: usize,
-    t: std::borrow::Cow<'a, [f64]>,
-    d: std::borrow::Cow<'a, [f64]>,
+    t: Cow<'a, [f64]>,
+    d: Cow<'a, [f64]>,
     ok: &'a [u8],
     all_ok: bool,
     seq: i64,
@@ -165,7 +212,6 @@ pub struct WindowEngine {
     configs: Vec<String>,
     config_of: HashMap<String, u32>,
     windows_emitted: u64,
-    spare: Vec<Vec<f64>>,
 }
 
 #[pymethods]
@@ -188,7 +234,6 @@ impl WindowEngine {
             configs: Vec::new(),
             config_of: HashMap::default(),
             windows_emitted: 0,
-            spare: Vec::new(),
         }
     }
 
@@ -276,7 +321,6 @@ impl WindowEngine {
         windows: Vec<OpenWindowIn<'_>>,
     ) -> PyResult<()> {
         let mut open = BTreeMap::new();
-        let mut last_count = 0;
         for (w, config_id, meta, t, d, failures, late_accepted, seq_min, seq_max) in windows {
             let (t, d) = (t.as_array().to_vec(), d.as_array().to_vec());
             if t.len() != d.len() {
@@ -284,14 +328,12 @@ impl WindowEngine {
                     "a window's end times and durations differ in length",
                 ));
             }
-            last_count = last_count.max(t.len());
             let config = self.config(config_id);
             open.insert(
                 (w, config),
                 Acc {
                     meta,
-                    t,
-                    d,
+                    chunks: vec![Chunk::Owned { t, d }],
                     failures,
                     late_accepted,
                     seq_min,
@@ -307,7 +349,6 @@ impl WindowEngine {
         s.closed_below = closed_below;
         s.seq_hi = seq_hi;
         s.open = open;
-        s.last_count = last_count;
         Ok(())
     }
 
@@ -326,12 +367,13 @@ impl WindowEngine {
         let windows = open
             .into_iter()
             .map(|((w, c), a)| {
+                let (t, d) = a.joined(py);
                 (
                     w,
                     configs[c as usize].clone(),
                     a.meta,
-                    PyArray1::from_vec(py, a.t),
-                    PyArray1::from_vec(py, a.d),
+                    PyArray1::from_vec(py, t),
+                    PyArray1::from_vec(py, d),
                     a.failures,
                     a.late_accepted,
                     a.seq_min,
@@ -352,12 +394,13 @@ impl WindowEngine {
             .open
             .iter()
             .map(|(&(w, c), a)| {
+                let (t, d) = a.joined(py);
                 (
                     w,
                     self.configs[c as usize].clone(),
                     a.meta,
-                    PyArray1::from_slice(py, &a.t),
-                    PyArray1::from_slice(py, &a.d),
+                    PyArray1::from_vec(py, t),
+                    PyArray1::from_vec(py, d),
                     a.failures,
                     a.late_accepted,
                     a.seq_min,
@@ -395,11 +438,11 @@ impl WindowEngine {
         let mut stop = None;
         for (value, key) in values.iter().zip(&keys) {
             let Some(value) = value else {
-                stop = Some("general"); // a tombstone
+                stop = Some("no_value"); // a tombstone
                 break;
             };
             let key = key.as_ref().map(|k| k.as_bytes());
-            match self.check(value.as_bytes(), key, oldest, newest, max_bytes) {
+            match self.check(value, key, oldest, newest, max_bytes) {
                 Ok(p) => {
                     launches += p.t.len();
                     let slot = p.slot;
@@ -424,17 +467,6 @@ impl WindowEngine {
     }
 }
 
-/// A buffer for a new window's column: a closed window's, or a new one.
-fn buffer(spare: &mut Vec<Vec<f64>>, capacity: usize) -> Vec<f64> {
-    match spare.pop() {
-        Some(mut b) => {
-            b.reserve(capacity);
-            b
-        }
-        None => Vec::with_capacity(capacity),
-    }
-}
-
 impl WindowEngine {
     fn slot(&mut self, stream_key: String) -> usize {
         if let Some(&slot) = self.slot_of_stream.get(&stream_key) {
@@ -448,7 +480,6 @@ impl WindowEngine {
             closed_below: None,
             seq_hi: -1,
             open: BTreeMap::new(),
-            last_count: 0,
         });
         self.slot_of_stream
             .insert(stream_key, self.streams.len() - 1);
@@ -472,19 +503,20 @@ impl WindowEngine {
     /// The checks of the Python path for a message it would window in order: the edge's
     /// (`WorkerContext.decode_launches_many` for a header and key that passed before),
     /// the run's (`InOrderRun.take`) and `Windower.add_in_order`'s window edges.
-    fn check<'a>(
+    fn check<'a, 'py>(
         &self,
-        value: &'a [u8],
+        message: &'a Bound<'py, PyBytes>,
         key: Option<&[u8]>,
         oldest: f64,
         newest: f64,
         max_bytes: usize,
-    ) -> Result<Planned<'a>, &'static str> {
+    ) -> Result<Planned<'a, 'py>, &'static str> {
+        let value = message.as_bytes();
         if value.len() > max_bytes {
-            return Err("general");
+            return Err("oversized");
         }
-        let (n, seq, m) = head(value).ok_or("general")?;
-        let header = value.get(HEAD_SIZE..HEAD_SIZE + m).ok_or("general")?;
+        let (n, seq, m) = head(value).ok_or("not_binary")?;
+        let header = value.get(HEAD_SIZE..HEAD_SIZE + m).ok_or("layout")?;
         let &(slot, config, meta) = self
             .registered
             .get(header)
@@ -497,36 +529,42 @@ impl WindowEngine {
         }
         let pos = HEAD_SIZE + m + (8 - m % 8) % 8;
         if n == 0 || pos + 17 * n + (8 - n % 8) % 8 != value.len() {
-            return Err("general");
+            return Err("layout");
         }
         let t = f64s(&value[pos..pos + 8 * n]);
         let d = f64s(&value[pos + 8 * n..pos + 16 * n]);
         let ok = &value[pos + 16 * n..pos + 17 * n];
         let ((lo, hi), in_order, all_ok) =
-            plain(&t, &d, ok, self.max_duration_bits).ok_or("general")?;
-        if !(in_order && oldest <= lo && hi <= newest) {
-            return Err("general");
+            plain(&t, &d, ok, self.max_duration_bits).ok_or("columns")?;
+        if !in_order {
+            return Err("out_of_order");
         }
-        let last_seq = seq.checked_add(n as u64 - 1).ok_or("general")?;
+        if !(oldest <= lo && hi <= newest) {
+            return Err("event_time");
+        }
+        let last_seq = seq.checked_add(n as u64 - 1).ok_or("sequence")?;
         if last_seq >= SEQ_BOUND || (stream.seq_hi >= 0 && seq as i64 != stream.seq_hi + 1) {
-            return Err("general");
+            return Err("sequence");
         }
         if !(lo >= stream.max_t) {
-            return Err("general");
+            return Err("before_counted");
         }
         let (first, last) = (self.floor(lo), self.floor(hi));
         if stream.closed_below.is_some_and(|c| first < c) {
-            return Err("general");
+            return Err("closed_window");
         }
         if !(hi < (last + 1) as f64 * self.size) {
-            return Err("general");
+            return Err("window_edge");
         }
         let cuts = if first == last {
             vec![(first, 0, n)]
         } else {
-            self.cuts(&t, first, last).ok_or("general")?
+            self.cuts(&t, first, last).ok_or("window_edge")?
         };
         Ok(Planned {
+            value: message,
+            t_at: pos,
+            d_at: pos + 8 * n,
             slot,
             config,
             meta,
@@ -572,37 +610,47 @@ impl WindowEngine {
     }
 
     /// `Windower.add_in_order` of one batch.
-    fn add(&mut self, p: Planned<'_>, now: f64) {
-        let spare = &mut self.spare;
+    fn add(&mut self, p: Planned<'_, '_>, now: f64) {
         let stream = &mut self.streams[p.slot];
         let n = p.t.len() as i64;
         stream.last_seen = now;
         stream.seq_hi = stream.seq_hi.max(p.seq + n - 1);
         stream.max_t = stream.max_t.max(p.hi);
+        // read in place where the columns are aligned (always, but for a bytes object
+        // some other allocator placed), else copied
+        let in_place = matches!((&p.t, &p.d), (Cow::Borrowed(_), Cow::Borrowed(_)));
         for &(w, a, z) in &p.cuts {
-            let cap = stream.last_count;
             let acc = stream.open.entry((w, p.config)).or_insert_with(|| Acc {
                 meta: p.meta,
-                t: buffer(spare, cap),
-                d: buffer(spare, cap),
+                chunks: Vec::new(),
                 failures: 0,
                 late_accepted: 0,
                 seq_min: -1,
                 seq_max: -1,
             });
-            let before = acc.t.len();
-            if p.all_ok {
-                acc.t.extend_from_slice(&p.t[a..z]);
-                acc.d.extend_from_slice(&p.d[a..z]);
+            let ran = if p.all_ok && in_place {
+                acc.chunks.push(Chunk::Message {
+                    bytes: p.value.clone().unbind(),
+                    t_at: p.t_at + 8 * a,
+                    d_at: p.d_at + 8 * a,
+                    len: z - a,
+                });
+                z - a
             } else {
+                let (mut t, mut d) = (Vec::new(), Vec::new());
                 for k in a..z {
                     if p.ok[k] == 1 {
-                        acc.t.push(p.t[k]);
-                        acc.d.push(p.d[k]);
+                        t.push(p.t[k]);
+                        d.push(p.d[k]);
                     }
                 }
-            }
-            acc.failures += ((z - a) - (acc.t.len() - before)) as i64;
+                let ran = t.len();
+                if ran > 0 {
+                    acc.chunks.push(Chunk::Owned { t, d });
+                }
+                ran
+            };
+            acc.failures += ((z - a) - ran) as i64;
             let first = p.seq + a as i64;
             acc.add_seq_range(first, first + (z - a) as i64 - 1);
         }
@@ -627,11 +675,13 @@ impl WindowEngine {
         });
         for (w, c) in ready {
             let acc = stream.open.remove(&(w, c)).expect("a ready window");
-            stream.last_count = stream.last_count.max(acc.t.len());
             if stream.closed_below.is_none_or(|cb| w + 1 > cb) {
                 stream.closed_below = Some(w + 1);
             }
-            let got = stats(&[&acc.t], &[&acc.d], &[50.0, 95.0]).map(|s| {
+            let cols: Vec<_> = acc.chunks.iter().map(|c| c.columns(py)).collect();
+            let t: Vec<&[f64]> = cols.iter().map(|c| &*c.0).collect();
+            let d: Vec<&[f64]> = cols.iter().map(|c| &*c.1).collect();
+            let got = stats(&t, &d, &[50.0, 95.0]).map(|s| {
                 (
                     s.count,
                     s.total,
@@ -645,14 +695,9 @@ impl WindowEngine {
                 )
             });
             let cols = if got.is_none() {
-                Some((PyArray1::from_vec(py, acc.t), PyArray1::from_vec(py, acc.d)))
+                let (t, d) = acc.joined(py);
+                Some((PyArray1::from_vec(py, t), PyArray1::from_vec(py, d)))
             } else {
-                for mut b in [acc.t, acc.d] {
-                    if self.spare.len() < SPARE_BUFFERS {
-                        b.clear();
-                        self.spare.push(b);
-                    }
-                }
                 None
             };
             rows.push((

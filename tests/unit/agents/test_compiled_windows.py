@@ -17,7 +17,7 @@ import pytest
 
 from kernelstream.agents.context import WorkerContext
 from kernelstream.agents.detector_agent import InlineDetector
-from kernelstream.agents.logic.compiled_windows import CompiledWindows
+from kernelstream.agents.logic.compiled_windows import HELD_BACK, TAKE_OVER, CompiledWindows
 from kernelstream.agents.logic.snapshot_codec import pack
 from kernelstream.agents.logic.windowing import Windower, make_example_batch
 from kernelstream.agents.window_agent import WindowIngest, window_spec
@@ -170,6 +170,7 @@ def _run(msgs: list[Any], poll: int, compiled: bool, hand_back_at: int = -1) -> 
         "open": ingest.windower.open_windows(),
         "states": states,
         "compiled_batches": ingest.stats.compiled_batches,
+        "stops": ingest.stats.compiled_stops,
         "batches": ingest.stats.batches,
     }
 
@@ -182,6 +183,9 @@ def test_the_engine_publishes_what_the_python_path_publishes(seed: int, poll: in
     engine = _run(msgs, poll, compiled=True)
     assert engine.pop("compiled_batches") > engine["batches"] // 2  # the engine did most
     python.pop("compiled_batches")
+    stops = engine.pop("stops")
+    python.pop("stops")
+    assert set(stops) <= TAKE_OVER | HELD_BACK and stops["unregistered"] and stops["sequence"]
     assert python["windows"] and python["dead_letters"] and python["late"]
     for field in python:
         assert engine[field] == python[field], field
@@ -191,8 +195,9 @@ def test_streams_given_back_and_taken_again_change_nothing() -> None:
     msgs = _messages(3)
     python = _run(msgs, 16, compiled=False)
     engine = _run(msgs, 16, compiled=True, hand_back_at=200)
-    engine.pop("compiled_batches")
-    python.pop("compiled_batches")
+    for run in (engine, python):
+        run.pop("compiled_batches")
+        run.pop("stops")
     assert engine == python
 
 
