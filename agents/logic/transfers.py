@@ -22,6 +22,7 @@ Findings:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -454,7 +455,7 @@ class TransferWindows:
 
     def close(self, agg: WindowAggregate) -> TransferSummary | None:
         """The summary of the window ``agg`` closes (removed), or None."""
-        w = int(np.floor((agg.window_start + self.size_s / 2) / self.size_s))
+        w = math.floor((agg.window_start + self.size_s / 2) / self.size_s)
         return self._open.pop((agg.stream_key, agg.config_id, w), None)
 
     def __len__(self) -> int:
