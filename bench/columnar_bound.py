@@ -12,10 +12,9 @@ poll, and the windows that the poll's
 watermarks close are aggregated together (count, mean, standard deviation, idle gaps by
 segment; p50, p95, minimum and maximum by the worker's own :func:`order_stats`).
 
-:func:`compiled_pass` runs the same stage with its state held by the compiled module
-(``native/src/steady.rs``, ``kernelstream._native.SteadyWindows``): a poll's messages read,
-checked, windowed and the windows they close aggregated in one call, nothing per message in
-Python; the bound for taking the window agent's steady state out of Python.
+The worker now takes its steady state out of Python another way: the compiled engine
+(:mod:`agents.logic.compiled_windows`) windows the steady messages with their streams'
+state held in compiled code; ``--agent`` measures it.
 
 It covers the steady state only: every message a binary batch whose header bytes a batch
 decoded before had (the first of each is decoded and checked by the worker's own decoder),
@@ -35,11 +34,10 @@ import numpy as np
 import numpy.typing as npt
 
 from kernelstream.agents.logic.windowing import Windower, WindowSpec, order_stats
-from kernelstream.schemas import native
 from kernelstream.schemas.codec import MAX_MESSAGE_BYTES
 from kernelstream.schemas.columnar import decode_launch_columns, steady_poll
 from kernelstream.schemas.errors import SchemaError
-from kernelstream.schemas.records import MAX_DURATION_BITS, WindowAggregate
+from kernelstream.schemas.records import WindowAggregate
 
 __all__ = [
     "ColumnarWindows",
@@ -47,7 +45,6 @@ __all__ = [
     "Row",
     "check_rows",
     "columnar_pass",
-    "compiled_pass",
 ]
 
 _NONE_OPEN = 2**62
@@ -279,53 +276,6 @@ def columnar_pass(
         engine.poll(values[at : at + size], now)
         at += size
     return time.perf_counter() - t0, engine.rows
-
-
-def compiled_pass(
-    values: list[bytes], spec: WindowSpec, poll_sizes: list[int]
-) -> tuple[float, list[Row]]:
-    """:func:`columnar_pass` with the stage's state held by the compiled module
-    (``kernelstream._native.SteadyWindows``): each poll's messages read, checked, windowed
-    and the windows it closes aggregated in one call, nothing per message in Python. A
-    header the module has not seen is decoded by the worker's decoder first, which decides,
-    and registered. Raises :class:`NotSteadyError` for anything else, and where the
-    install has no compiled module."""
-    core = native.core
-    if core is None:
-        raise NotSteadyError(native.describe())
-    engine = core.SteadyWindows(
-        spec.size_s,
-        spec.out_of_orderness_s,
-        spec.allowed_lateness_s,
-        3600.0,
-        60.0,
-        MAX_DURATION_BITS,
-    )
-    rows: list[Row] = []
-    now = time.time()
-    t0 = time.perf_counter()
-    at = 0
-    for size in poll_sizes:
-        poll = values[at : at + size]
-        at += size
-        while True:
-            try:
-                rows.extend(Row(*r) for r in engine.poll(poll, now))
-                break
-            except ValueError as ex:
-                index, _, why = str(ex).partition(": ")
-                if why != "a header not registered":
-                    raise NotSteadyError(why) from ex
-                value = poll[int(index)]
-                try:
-                    cols = decode_launch_columns(value)
-                except SchemaError as bad:
-                    raise NotSteadyError(f"a batch the worker refuses: {bad}") from bad
-                header = engine.header_of(value)
-                if header is None or cols.meta.samples:
-                    raise NotSteadyError("a batch the compiled stage does not read") from ex
-                engine.register(header, cols.meta.stream_key, cols.meta.config_id)
-    return time.perf_counter() - t0, rows
 
 
 def check_rows(rows: list[Row], values: list[bytes], spec: WindowSpec) -> tuple[int, int]:

@@ -70,7 +70,7 @@ from kernelstream.agents.logic.windowing import Windower, WindowSpec, percentile
 from kernelstream.agents.window_agent import WindowIngest, window_spec
 from kernelstream.app.kafka.zstd_decode import zstd_decode
 from kernelstream.app.settings import Settings
-from kernelstream.bench.columnar_bound import Row, check_rows, columnar_pass, compiled_pass
+from kernelstream.bench.columnar_bound import Row, check_rows, columnar_pass
 from kernelstream.bench.pipeline_input import FleetSpec, encoded, fleet_batches, recent_t0
 from kernelstream.schemas import native
 from kernelstream.schemas.binary import encode_launch_batch, read_head
@@ -287,8 +287,6 @@ def measure(
     rows: list[Row] = []
     core = native.core
     numpy_runs: list[dict[str, Any]] = []
-    compiled_s: list[float] = []
-    compiled_rows: list[Row] = []
     for _ in range(rounds):
         if agent:
             agent_runs.append(agent_pass(messages, keys))
@@ -301,9 +299,6 @@ def measure(
         if values:
             took, rows = columnar_pass(values, window_spec(Settings()), sizes)
             columnar_s.append(took)
-            if core is not None:
-                took, compiled_rows = compiled_pass(values, window_spec(Settings()), sizes)
-                compiled_s.append(took)
         t0 = time.perf_counter()
         windows = _worker_pass(messages, per_checkpoint, runs=False)
         t1 = time.perf_counter()
@@ -355,8 +350,6 @@ def measure(
     spec = window_spec(Settings())
     if columnar_s:
         bound["columnar"] = _stage_summary(columnar_s, rows, values, spec, launches, zstd)
-    if compiled_s:
-        bound["compiled"] = _stage_summary(compiled_s, compiled_rows, values, spec, launches, zstd)
     return {
         **bound,
         "launches": launches,
@@ -534,14 +527,5 @@ def columnar_lines(r: dict[str, Any]) -> str:
         text += (
             f"; the window agent's decode + window + close {per_msg:.1f} us per message: "
             f"{per_msg / c['us_per_message']:.2f}x the columnar stage's"
-        )
-    if "compiled" in r:
-        k = r["compiled"]
-        text += (
-            f"\ncolumnar, its state compiled {k['ns_per_launch']:6.1f} ns/launch, "
-            f"{k['us_per_message']:.1f} us per message (the same stage in one call a poll: "
-            "kernelstream._native.SteadyWindows); windows equal to the worker's: "
-            f"{k['windows_equal']:,} of {k['worker_windows']:,}\n"
-            f"  zstd / (zstd + compiled columnar) = {k['vs_binary_ceiling']:.2f}"
         )
     return text

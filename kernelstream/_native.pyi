@@ -14,19 +14,61 @@ def plain_many(
     max_duration_bits: int,
 ) -> list[tuple[tuple[float, float], bool, bool] | None]: ...
 
-class SteadyWindows:
+_F64 = npt.NDArray[np.float64]
+# (window, config id, meta index, end times, durations, failures, late accepted, seq min,
+# seq max)
+_Window = tuple[int, str, int, _F64, _F64, int, int, int, int]
+# (max t, last seen, closed below, seq hi, open windows)
+_State = tuple[float, float, int | None, int, list[_Window]]
+# (stream key, window, config id, meta index, failures, late accepted, seq min, seq max,
+# (count, total, mean, std, idle gap, p50, p95, min, max) or None, columns where None)
+_Row = tuple[
+    str,
+    int,
+    str,
+    int,
+    int,
+    int,
+    int,
+    int,
+    tuple[int, float, float, float, float, float, float, float, float] | None,
+    tuple[_F64, _F64] | None,
+]
+
+class WindowEngine:
     def __init__(
         self,
         size_s: float,
         out_of_orderness_s: float,
         allowed_lateness_s: float,
-        max_age_s: float,
-        max_future_s: float,
         max_duration_bits: int,
     ) -> None: ...
-    def register(self, header: bytes, stream_key: str, config_id: str) -> None: ...
     @staticmethod
     def header_of(value: bytes) -> bytes | None: ...
+    def register(
+        self, header: bytes, key: bytes | None, stream_key: str, config_id: str, meta: int
+    ) -> None: ...
+    def holds(self, stream_key: str) -> bool: ...
+    def held(self) -> list[str]: ...
+    def last_seen(self) -> list[tuple[str, float]]: ...
+    def open_windows(self) -> int: ...
+    def adopt(
+        self,
+        stream_key: str,
+        max_t: float,
+        last_seen: float,
+        closed_below: int | None,
+        seq_hi: int,
+        windows: list[_Window],
+    ) -> None: ...
+    def release(self, stream_key: str) -> _State | None: ...
+    def export(self, stream_key: str) -> _State | None: ...
     def poll(
-        self, values: list[bytes], now: float
-    ) -> list[tuple[str, int, int, float, float, float, float, float, float, float]]: ...
+        self,
+        values: list[bytes | None],
+        keys: list[bytes | None],
+        now: float,
+        oldest: float,
+        newest: float,
+        max_bytes: int,
+    ) -> tuple[int, int, list[_Row], str | None]: ...

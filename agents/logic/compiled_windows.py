@@ -42,6 +42,7 @@ from kernelstream.agents.logic.windowing import (
     _cat,
     _KeyState,
     _meta,
+    compiled_stats,
     duration_stats,
 )
 from kernelstream.schemas import WindowAggregate, native
@@ -145,16 +146,7 @@ class CompiledWindows:
                 count, stats = duration_stats([cols[0]], [cols[1]], size)
             else:
                 count, total, mean, std, idle, p50, p95, d_min, d_max = got
-                stats = {
-                    "duration_mean_us": mean,
-                    "duration_p50_us": p50,
-                    "duration_p95_us": p95,
-                    "duration_min_us": d_min,
-                    "duration_max_us": d_max,
-                    "duration_std_us": std,
-                    "busy_fraction": total * 1e-6 / size,
-                    "idle_gap_mean_us": idle,
-                }
+                stats = compiled_stats(total, mean, std, idle, p50, p95, d_min, d_max, size)
             out.append(
                 _build(
                     self._metas[meta],

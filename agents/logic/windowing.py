@@ -827,17 +827,32 @@ def duration_stats(
             got = None
         if got is not None:
             count, total, mean, std, idle, (p50, p95), d_min, d_max = got
-            return count, {
-                "duration_mean_us": mean,
-                "duration_p50_us": p50,
-                "duration_p95_us": p95,
-                "duration_min_us": d_min,
-                "duration_max_us": d_max,
-                "duration_std_us": std,
-                "busy_fraction": total * 1e-6 / size_s,
-                "idle_gap_mean_us": idle,
-            }
+            return count, compiled_stats(total, mean, std, idle, p50, p95, d_min, d_max, size_s)
     return duration_stats_numpy(t_chunks, d_chunks, size_s)
+
+
+def compiled_stats(
+    total: float,
+    mean: float,
+    std: float,
+    idle: float,
+    p50: float,
+    p95: float,
+    d_min: float,
+    d_max: float,
+    size_s: float,
+) -> dict[str, float]:
+    """:func:`duration_stats`'s statistics from the compiled pass's figures."""
+    return {
+        "duration_mean_us": mean,
+        "duration_p50_us": p50,
+        "duration_p95_us": p95,
+        "duration_min_us": d_min,
+        "duration_max_us": d_max,
+        "duration_std_us": std,
+        "busy_fraction": total * 1e-6 / size_s,
+        "idle_gap_mean_us": idle,
+    }
 
 
 def duration_stats_numpy(

@@ -37,8 +37,12 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::steady::{f64s, head, HEAD_SIZE};
 use crate::{plain, stats};
+
+// The binary launch-batch layout (`schemas/binary.py`): a 32-byte head, then the header.
+const MAGIC: &[u8; 4] = b"KSLB";
+const LAYOUT_VERSION: u8 = 1;
+const HEAD_SIZE: usize = 32;
 
 /// Sequence numbers at or above this are not trusted (`agents.logic.sequencing.SEQ_BOUND`).
 const SEQ_BOUND: u64 = 1 << 50;
@@ -198,6 +202,37 @@ type OpenWindowIn<'py> = (
 
 type Registered = (Option<Vec<u8>>, (usize, u32, usize));
 
+/// Little-endian float64s: the bytes themselves where they are aligned on a little-endian
+/// machine (a message's columns start at a multiple of 8 of a Python bytes object's data,
+/// which is 8-aligned), else a copy.
+fn f64s(bytes: &[u8]) -> Cow<'_, [f64]> {
+    if cfg!(target_endian = "little") {
+        // SAFETY: every bit pattern is a valid f64; align_to puts in `mid` only what is
+        // aligned, and a prefix or suffix means the bytes were not: then the copy below.
+        let (pre, mid, post) = unsafe { bytes.align_to::<f64>() };
+        if pre.is_empty() && post.is_empty() {
+            return Cow::Borrowed(mid);
+        }
+    }
+    Cow::Owned(
+        bytes
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().expect("eight bytes")))
+            .collect(),
+    )
+}
+
+/// (n, seq_start, m) of a message's head, if it is this layout's.
+fn head(value: &[u8]) -> Option<(usize, u64, usize)> {
+    if value.len() < HEAD_SIZE || &value[..4] != MAGIC || value[4] != LAYOUT_VERSION {
+        return None;
+    }
+    let n = u32::from_le_bytes(value[8..12].try_into().ok()?) as usize;
+    let seq = u64::from_le_bytes(value[12..20].try_into().ok()?);
+    let m = u32::from_le_bytes(value[20..24].try_into().ok()?) as usize;
+    Some((n, seq, m))
+}
+
 #[pyclass(module = "kernelstream._native")]
 pub struct WindowEngine {
     size: f64,
@@ -211,7 +246,6 @@ pub struct WindowEngine {
     streams: Vec<Stream>,
     configs: Vec<String>,
     config_of: HashMap<String, u32>,
-    windows_emitted: u64,
 }
 
 #[pymethods]
@@ -233,7 +267,6 @@ impl WindowEngine {
             streams: Vec::new(),
             configs: Vec::new(),
             config_of: HashMap::default(),
-            windows_emitted: 0,
         }
     }
 
@@ -302,12 +335,6 @@ impl WindowEngine {
             .sum()
     }
 
-    /// Windows closed so far.
-    #[getter]
-    fn windows_emitted(&self) -> u64 {
-        self.windows_emitted
-    }
-
     /// Take over `stream_key` with the Windower's state of it (a new stream: max t and
     /// last seen -inf, closed below None, seq hi -1, no window).
     #[allow(clippy::too_many_arguments)]
@@ -355,33 +382,11 @@ impl WindowEngine {
     /// `stream_key`'s state, as `adopt` takes it, given back (the engine no longer holds
     /// it); None where it does not hold it.
     fn release<'py>(&mut self, py: Python<'py>, stream_key: &str) -> Option<State<'py>> {
-        let slot = *self.slot_of_stream.get(stream_key)?;
-        let s = &mut self.streams[slot];
-        if !s.held {
-            return None;
-        }
+        let state = self.export(py, stream_key)?;
+        let s = &mut self.streams[self.slot_of_stream[stream_key]];
         s.held = false;
-        let open = std::mem::take(&mut s.open);
-        let state = (s.max_t, s.last_seen, s.closed_below, s.seq_hi);
-        let configs = &self.configs;
-        let windows = open
-            .into_iter()
-            .map(|((w, c), a)| {
-                let (t, d) = a.joined(py);
-                (
-                    w,
-                    configs[c as usize].clone(),
-                    a.meta,
-                    PyArray1::from_vec(py, t),
-                    PyArray1::from_vec(py, d),
-                    a.failures,
-                    a.late_accepted,
-                    a.seq_min,
-                    a.seq_max,
-                )
-            })
-            .collect();
-        Some((state.0, state.1, state.2, state.3, windows))
+        s.open.clear();
+        Some(state)
     }
 
     /// `stream_key`'s state copied (for a checkpoint); the engine keeps holding it.
@@ -462,7 +467,6 @@ impl WindowEngine {
         for slot in touched {
             self.close(py, slot, &mut rows);
         }
-        self.windows_emitted += rows.len() as u64;
         Ok((taken, launches, rows, stop))
     }
 }

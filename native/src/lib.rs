@@ -22,7 +22,6 @@
 use std::cell::RefCell;
 
 mod engine;
-mod steady;
 
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
@@ -482,7 +481,6 @@ fn plain_many(
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(window_stats, m)?)?;
     m.add_function(wrap_pyfunction!(plain_many, m)?)?;
-    m.add_class::<steady::SteadyWindows>()?;
     m.add_class::<engine::WindowEngine>()?;
     Ok(())
 }

@@ -11,14 +11,10 @@ from kernelstream.bench.columnar_bound import (
     NotSteadyError,
     check_rows,
     columnar_pass,
-    compiled_pass,
 )
 from kernelstream.bench.pipeline_input import FleetSpec, fleet_batches, recent_t0
-from kernelstream.schemas import native
 from kernelstream.schemas.binary import encode_launch_batch
 from kernelstream.schemas.codec import encode
-from kernelstream.schemas.columnar import decode_launch_columns
-from kernelstream.schemas.records import MAX_DURATION_BITS
 
 SPEC = WindowSpec(size_s=1.0, out_of_orderness_s=0.0, allowed_lateness_s=0.05)
 
@@ -68,46 +64,3 @@ def test_what_it_does_not_cover_is_refused_not_windowed() -> None:
         _poll([encode(batch) + b" " * (-len(encode(batch)) % 8)])  # JSON
     with pytest.raises(NotSteadyError):
         _poll([b"KSLB"])
-
-
-needs_core = pytest.mark.skipif(native.core is None, reason=native.describe())
-
-
-@needs_core
-@pytest.mark.parametrize("rate", [1000.0, 20_000.0])
-def test_the_compiled_stage_closes_the_workers_windows(rate: float) -> None:
-    """``compiled_pass`` (the state in ``kernelstream._native.SteadyWindows``): every
-    window the worker's, whatever the polls; the order they close in may differ."""
-    values = _values(rate)
-    _, rows = compiled_pass(values, SPEC, [16] * (len(values) // 16) + [len(values) % 16])
-    equal, reference = check_rows(rows, values, SPEC)
-    assert reference > 0
-    assert equal == reference == len(rows)
-    _, one_by_one = compiled_pass(values, SPEC, [1] * len(values))
-    assert sorted(one_by_one) == sorted(rows)
-
-
-@needs_core
-def test_the_compiled_stage_refuses_a_poll_whole() -> None:
-    """A poll with a batch it does not cover is refused before anything changes: the poll
-    after it windows as if it had never come."""
-    import time
-
-    core = native.core
-    assert core is not None
-    values = _values()
-    engine = core.SteadyWindows(1.0, 0.0, 0.05, 3600.0, 60.0, MAX_DURATION_BITS)
-    with pytest.raises(ValueError, match="0: a header not registered"):
-        engine.poll(values[:3], time.time())
-    for v in values:
-        cols = decode_launch_columns(v)
-        engine.register(core.SteadyWindows.header_of(v), cols.meta.stream_key, cols.meta.config_id)
-    with pytest.raises(ValueError, match="6: a batch that does not continue its stream"):
-        engine.poll(values[:6] + values[4:5], time.time())  # a batch delivered twice
-    with pytest.raises(ValueError, match="0: not a binary batch"):
-        engine.poll([b"KSLB"], time.time())
-    closed = [
-        r for i in range(0, len(values), 16) for r in engine.poll(values[i : i + 16], time.time())
-    ]
-    _, rows = compiled_pass(values, SPEC, [16] * (len(values) // 16) + [len(values) % 16])
-    assert sorted(closed) == sorted(tuple(r) for r in rows)
