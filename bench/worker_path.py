@@ -493,8 +493,10 @@ def agent_lines(a: dict[str, Any], messages: int) -> str:
 
 
 def numpy_lines(a: dict[str, Any], n: dict[str, Any], messages: int) -> str:
-    """The window agent with its compiled passes (``a``) beside the same agent with the
-    NumPy passes (``n``, ``KERNELSTREAM_NATIVE=0``), in the same rounds."""
+    """The window agent with the compiled module (``a``: its steady streams windowed by the
+    compiled engine, the rest with the compiled passes) beside the same agent without it
+    (``n``, ``KERNELSTREAM_NATIVE=0``: the Python path with the NumPy passes), in the same
+    rounds."""
     steps = ("decode", "close")
     per_msg = ", ".join(
         f"{k} {n['stage_s'][k] / messages * 1e6:.1f} -> {a['stage_s'][k] / messages * 1e6:.1f}"
@@ -502,7 +504,8 @@ def numpy_lines(a: dict[str, Any], n: dict[str, Any], messages: int) -> str:
     )
     ratios = sorted(x / y for x, y in zip(n["rounds_s"], a["rounds_s"], strict=True))
     return (
-        f"  NumPy passes instead (KERNELSTREAM_NATIVE=0): {n['us_per_message']:.1f} us per "
+        f"  without the compiled module (KERNELSTREAM_NATIVE=0: the Python path, NumPy "
+        f"passes): {n['us_per_message']:.1f} us per "
         f"message; NumPy / compiled, round by round: median {statistics.median(ratios):.2f}x "
         f"({ratios[0]:.2f}-{ratios[-1]:.2f}); us per message, NumPy -> compiled: {per_msg}; "
         f"windows published byte for byte the same: {'yes' if n['same_windows'] else 'NO'}"
