@@ -524,15 +524,22 @@ class WindowIngest(Service):
         i, n, retried = 0, len(events), -1
         while i < n:
             now = time.time()
-            got = compiled.poll(
-                values[i:] if i else values,
-                mkeys[i:] if i else mkeys,
-                now,
-                now - limits.max_age_s,
-                now + limits.max_future_s,
-                max_bytes,
-                stage,
-            )
+            try:
+                got = compiled.poll(
+                    values[i:] if i else values,
+                    mkeys[i:] if i else mkeys,
+                    now,
+                    now - limits.max_age_s,
+                    now + limits.max_future_s,
+                    max_bytes,
+                    stage,
+                )
+            except BaseException as ex:  # a Rust panic is a BaseException
+                if not isinstance(ex, Exception) and type(ex).__name__ != "PanicException":
+                    raise
+                self._engine_failed(ex)
+                await self._ingest_general(events[i:], keys)
+                return
             if got.taken:
                 i += got.taken
                 await self._counted_compiled(got, now)
@@ -546,7 +553,13 @@ class WindowIngest(Service):
                 if cols is None:  # dead-lettered
                     i += 1
                     continue
-                if compiled.take(cols, values[i], mkeys[i]):
+                try:
+                    took = compiled.take(cols, values[i], mkeys[i])
+                except Exception as ex:
+                    self._engine_failed(ex)
+                    await self._ingest_general(events[i:], keys, None)
+                    return
+                if took:
                     keys.add(cols.stream_key)
                     retried = i
                     continue
@@ -559,6 +572,29 @@ class WindowIngest(Service):
                 j += 1
             await self._ingest_general(events[i:j], keys)
             i = j
+
+    def _engine_failed(self, ex: BaseException) -> None:
+        """The compiled engine failed in a way nothing foresaw: logged, every stream it
+        holds given back where it can be, and the worker windows in Python from here on
+        (the same windows; launches the failed call had counted are recognised as
+        duplicates, not counted twice)."""
+        log.error("the compiled window engine failed; windowing in Python from now on", exc_info=ex)
+        self.ctx.counters["window.engine_failed"] += 1
+        compiled, self.compiled = self.compiled, None
+        if compiled is None:
+            return
+        try:
+            compiled.release_all()
+        except BaseException as again:
+            if not isinstance(again, Exception) and type(again).__name__ != "PanicException":
+                raise
+            log.error(
+                "the compiled engine's streams could not be given back: their open windows "
+                "are lost",
+                exc_info=again,
+            )
+            self.ctx.counters["window.state_lost"] += 1
+        self.windower.held_elsewhere = None
 
     async def _counted_compiled(self, got: Taken, now: float) -> None:
         """:meth:`_counted` of the messages the compiled engine windowed."""

@@ -140,8 +140,28 @@ def _state(ingest: WindowIngest, keys: set[str]) -> bytes:
     return pack(dict(sorted(exported.items())))
 
 
-def _run(msgs: list[Any], poll: int, compiled: bool, hand_back_at: int = -1) -> dict[str, Any]:
+class _FailsOnce:
+    """The engine, but its ``at``-th poll fails as nothing foresaw (before it starts)."""
+
+    def __init__(self, engine: Any, at: int) -> None:
+        self.engine, self.at, self.calls = engine, at, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def poll(self, *args: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.at:
+            raise TypeError("a defect in the engine")
+        return self.engine.poll(*args)
+
+
+def _run(
+    msgs: list[Any], poll: int, compiled: bool, hand_back_at: int = -1, fail_at: int = 0
+) -> dict[str, Any]:
     ingest, topics = _agent(compiled)
+    if fail_at and ingest.compiled is not None:
+        ingest.compiled.engine = _FailsOnce(ingest.compiled.engine, fail_at)
     keys: set[str] = set()
     states = []
 
@@ -172,6 +192,7 @@ def _run(msgs: list[Any], poll: int, compiled: bool, hand_back_at: int = -1) -> 
         "compiled_batches": ingest.stats.compiled_batches,
         "stops": ingest.stats.compiled_stops,
         "batches": ingest.stats.batches,
+        "engine_failed": ingest.ctx.counters["window.engine_failed"],
     }
 
 
@@ -195,6 +216,17 @@ def test_streams_given_back_and_taken_again_change_nothing() -> None:
     msgs = _messages(3)
     python = _run(msgs, 16, compiled=False)
     engine = _run(msgs, 16, compiled=True, hand_back_at=200)
+    for run in (engine, python):
+        run.pop("compiled_batches")
+        run.pop("stops")
+    assert engine == python
+
+
+def test_an_engine_failure_hands_everything_to_python_and_loses_nothing() -> None:
+    msgs = _messages(4)
+    python = _run(msgs, 16, compiled=False)
+    engine = _run(msgs, 16, compiled=True, fail_at=6)
+    assert engine.pop("engine_failed") == 1 and python.pop("engine_failed") == 0
     for run in (engine, python):
         run.pop("compiled_batches")
         run.pop("stops")
