@@ -535,7 +535,7 @@ class WindowIngest(Service):
                     stage,
                 )
             except BaseException as ex:  # a Rust panic is a BaseException
-                if not isinstance(ex, Exception) and type(ex).__name__ != "PanicException":
+                if not _engine_error(ex):
                     raise
                 self._engine_failed(ex)
                 await self._ingest_general(events[i:], keys)
@@ -586,7 +586,7 @@ class WindowIngest(Service):
         try:
             compiled.release_all()
         except BaseException as again:
-            if not isinstance(again, Exception) and type(again).__name__ != "PanicException":
+            if not _engine_error(again):
                 raise
             log.error(
                 "the compiled engine's streams could not be given back: their open windows "
@@ -962,6 +962,12 @@ class _Listener(ConsumerRebalanceListener):
             await self.ingest.crash(ex)
             return
         self.ingest._taken_over.set()
+
+
+def _engine_error(ex: BaseException) -> bool:
+    """Whether ``ex`` is a failure of the compiled engine's (an exception, or a Rust panic,
+    which PyO3 raises as a BaseException), not an interrupt or an exit."""
+    return isinstance(ex, Exception) or type(ex).__name__ == "PanicException"
 
 
 def _binary(value: Any) -> bool:
