@@ -532,9 +532,18 @@ def _stage_lines(r: dict[str, Any], ceil: dict[str, float]) -> list[str]:
             f"{k} {stage[k] / windows * 1e6:.0f}" for k in ("close", "emit") if k in stage
         )
         ceiling_us = inp["launches"] / ceil[wire] / messages * 1e6
+        engine = ""
+        last = rounds[-1]
+        if last.get("batches"):
+            stops = ", ".join(f"{k} {v}" for k, v in sorted((last["compiled_stops"] or {}).items()))
+            engine = (
+                f"; the compiled engine windowed {last['compiled_batches']:,} of "
+                f"{last['batches']:,} batches (last round; the messages it stopped at, by reason: "
+                f"{stops or 'none'})"
+            )
         out.append(
             f"{name}, window stage by step, us per message: {per_msg} (per window: {per_win}); "
-            f"the {wire} ceiling: {ceiling_us:.1f} us per message in all"
+            f"the {wire} ceiling: {ceiling_us:.1f} us per message in all{engine}"
         )
     return out
 
