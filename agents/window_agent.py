@@ -526,8 +526,9 @@ class WindowIngest(Service):
             now = time.time()
             try:
                 got = compiled.poll(
-                    values[i:] if i else values,
-                    mkeys[i:] if i else mkeys,
+                    values,
+                    mkeys,
+                    i,
                     now,
                     now - limits.max_age_s,
                     now + limits.max_future_s,

@@ -67,6 +67,7 @@ class WindowEngine:
         self,
         values: list[bytes | None],
         keys: list[bytes | None],
+        start: int,
         now: float,
         oldest: float,
         newest: float,

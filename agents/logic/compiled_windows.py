@@ -57,6 +57,7 @@ TAKE_OVER = frozenset({"unregistered", "not_held"})
 HELD_BACK = frozenset(
     {
         "no_value",
+        "not_bytes",
         "oversized",
         "not_binary",
         "layout",
@@ -115,20 +116,23 @@ class CompiledWindows:
         self,
         values: list[bytes | None],
         keys: list[bytes | None],
+        start: int,
         now: float,
         oldest: float,
         newest: float,
         max_bytes: int,
         stage_s: MutableMapping[str, float] | None = None,
     ) -> Taken:
-        """Window a partition's messages from the first, up to the first the engine does
-        not take (see :class:`Taken`); ``oldest`` and ``newest`` are the edge's event-time
-        bounds, ``max_bytes`` its message size limit. ``stage_s``: seconds the engine
-        took (reading, checking and windowing the messages and the closed windows'
-        statistics, ``"window"``) and building the window records (``"close"``) are
-        added to it."""
+        """Window a partition's messages from ``start``, up to the first the engine does
+        not take (see :class:`Taken`; ``taken`` counts from ``start``); ``oldest`` and
+        ``newest`` are the edge's event-time bounds, ``max_bytes`` its message size limit.
+        ``stage_s``: seconds the engine took (reading, checking and windowing the messages
+        and the closed windows' statistics, ``"window"``) and building the window records
+        (``"close"``) are added to it."""
         t0 = time.perf_counter()
-        taken, launches, rows, stop = self.engine.poll(values, keys, now, oldest, newest, max_bytes)
+        taken, launches, rows, stop = self.engine.poll(
+            values, keys, start, now, oldest, newest, max_bytes
+        )
         t1 = time.perf_counter()
         self.windower.metrics.launches_in += launches
         closed = self._records(rows) if rows else []

@@ -21,7 +21,7 @@
 //! `poll` consumes a poll's messages in order up to the first it does not take, and says
 //! why it stopped: `unregistered` (a header and message key it was not told about),
 //! `not_held` (a stream the Windower holds), or what it found that the Python path decides
-//! (`no_value`, `oversized`, `not_binary`, `layout`, `columns`, `out_of_order`,
+//! (`no_value`, `not_bytes`, `oversized`, `not_binary`, `layout`, `columns`, `out_of_order`,
 //! `event_time`, `sequence`, `before_counted`, `closed_window`, `window_edge`). The caller
 //! takes that message its own way and calls `poll` again from the next.
 
@@ -34,7 +34,7 @@ use std::collections::BTreeMap;
 
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList};
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::{plain, stats};
@@ -130,6 +130,8 @@ struct Stream {
     seq_hi: i64,
     // (window, configuration index) -> its launches
     open: BTreeMap<(i64, u32), Acc>,
+    // received launches in the poll being windowed (its windows are closed after it)
+    touched: bool,
 }
 
 /// One steady message, checked, before it changes any state.
@@ -416,7 +418,7 @@ impl WindowEngine {
         Some((s.max_t, s.last_seen, s.closed_below, s.seq_hi, windows))
     }
 
-    /// Window a partition's messages (values and keys, in offset order) from the first,
+    /// Window a partition's messages (values and keys, in offset order) from `start`,
     /// at clock `now` with the edge's event-time bounds `oldest` and `newest` and its
     /// size limit `max_bytes`, up to the first it does not take. Returns (messages taken,
     /// their launches, the windows of their streams their watermarks closed, why it
@@ -425,34 +427,44 @@ impl WindowEngine {
     fn poll<'py>(
         &mut self,
         py: Python<'py>,
-        values: Vec<Option<Bound<'_, PyBytes>>>,
-        keys: Vec<Option<Bound<'_, PyBytes>>>,
+        values: &Bound<'py, PyList>,
+        keys: &Bound<'py, PyList>,
+        start: usize,
         now: f64,
         oldest: f64,
         newest: f64,
         max_bytes: usize,
     ) -> PyResult<(usize, usize, Vec<Row<'py>>, Option<&'static str>)> {
-        if values.len() != keys.len() {
+        if values.len() != keys.len() || start > values.len() {
             return Err(pyo3::exceptions::PyValueError::new_err(
-                "one key per message",
+                "one key per message, and a start within them",
             ));
         }
         let mut touched: Vec<usize> = Vec::new();
         let mut taken = 0;
         let mut launches = 0;
         let mut stop = None;
-        for (value, key) in values.iter().zip(&keys) {
-            let Some(value) = value else {
+        for i in start..values.len() {
+            let (value, key) = (values.get_item(i)?, keys.get_item(i)?);
+            if value.is_none() {
                 stop = Some("no_value"); // a tombstone
+                break;
+            }
+            let (Ok(value), Ok(key)) = (
+                value.cast_into::<PyBytes>(),
+                key.extract::<Option<Bound<'py, PyBytes>>>(),
+            ) else {
+                stop = Some("not_bytes");
                 break;
             };
             let key = key.as_ref().map(|k| k.as_bytes());
-            match self.check(value, key, oldest, newest, max_bytes) {
+            match self.check(&value, key, oldest, newest, max_bytes) {
                 Ok(p) => {
                     launches += p.t.len();
                     let slot = p.slot;
                     self.add(p, now);
-                    if !touched.contains(&slot) {
+                    if !self.streams[slot].touched {
+                        self.streams[slot].touched = true;
                         touched.push(slot);
                     }
                     taken += 1;
@@ -465,6 +477,7 @@ impl WindowEngine {
         }
         let mut rows = Vec::new();
         for slot in touched {
+            self.streams[slot].touched = false;
             self.close(py, slot, &mut rows);
         }
         Ok((taken, launches, rows, stop))
@@ -484,6 +497,7 @@ impl WindowEngine {
             closed_below: None,
             seq_hi: -1,
             open: BTreeMap::new(),
+            touched: false,
         });
         self.slot_of_stream
             .insert(stream_key, self.streams.len() - 1);

@@ -67,7 +67,7 @@ def _messages(seed: int) -> list[SimpleNamespace]:
     """Several streams' messages, interleaved, mostly the next binary batch of their
     stream; mixed in: JSON batches, resent copies, overlaps and gaps, launches out of
     completion order, too late, on window edges, failures, configuration changes, device
-    samples, a tombstone and bytes that are no batch."""
+    samples, a tombstone, bytes that are no batch and a value that is not a bytes object."""
     rng = random.Random(seed)
     configs = _configs()
     nodes = [f"n{i}" for i in range(5)]
@@ -104,7 +104,9 @@ def _messages(seed: int) -> list[SimpleNamespace]:
         ok = [0 if rng.random() < 0.03 else 1 for _ in range(n)]
         start = seq[node] + (rng.choice([-5, 7]) if roll > 0.97 else 0)
         batch = _batch(node, t, max(0, start), config[node], ok=ok, **kw)
-        value = encode(batch) if rng.random() < 0.08 else encode_launch_batch(batch)
+        value: Any = encode(batch) if rng.random() < 0.08 else encode_launch_batch(batch)
+        if rng.random() < 0.02:
+            value = bytearray(value)  # a client that hands over another bytes-like type
         msg = (value, batch.stream_key.encode())
         out.append(msg)
         sent.append(msg)
