@@ -521,7 +521,9 @@ class WindowIngest(Service):
         mkeys = [e.key for e in events]
         limits, max_bytes = self.ctx.launch_limits, self.settings.max_message_bytes
         stage = self.stats.stage_s
-        i, n, retried = 0, len(events), -1
+        i, n = 0, len(events)
+        # the message the engine was given a stream for and tried again, as decoded
+        retried: tuple[int, LaunchColumns] | None = None
         while i < n:
             now = time.time()
             try:
@@ -548,7 +550,12 @@ class WindowIngest(Service):
                 break
             stops = self.stats.compiled_stops
             stops[got.stop] = stops.get(got.stop, 0) + 1
-            if got.stop in TAKE_OVER and i != retried:
+            if retried is not None and retried[0] == i:
+                # taken over, then refused: the Python way, decoded once
+                await self._ingest_general([events[i]], keys, [retried[1]])
+                i += 1
+                continue
+            if got.stop in TAKE_OVER:
                 # a header or a stream the engine was not given: the decoder judges it
                 [cols] = await self._decode([events[i]])
                 if cols is None:  # dead-lettered
@@ -558,11 +565,11 @@ class WindowIngest(Service):
                     took = compiled.take(cols, values[i], mkeys[i])
                 except Exception as ex:
                     self._engine_failed(ex)
-                    await self._ingest_general(events[i:], keys, None)
+                    await self._ingest_general(events[i:], keys)
                     return
                 if took:
                     keys.add(cols.stream_key)
-                    retried = i
+                    retried = i, cols
                     continue
                 await self._ingest_general([events[i]], keys, [cols])
                 i += 1

@@ -347,9 +347,18 @@ def measure(
                 for r in [*agent_runs, *numpy_runs]
             ),
         }
-    spec = window_spec(Settings())
     if columnar_s:
-        bound["columnar"] = _stage_summary(columnar_s, rows, values, spec, launches, zstd)
+        equal, reference = check_rows(rows, values, window_spec(Settings()))
+        best_s = min(columnar_s)
+        bound["columnar"] = {
+            "ns_per_launch": best_s / launches * 1e9,
+            "us_per_message": best_s / len(messages) * 1e6,
+            "rounds_s": columnar_s,
+            "windows": len(rows),
+            "windows_equal": equal,
+            "worker_windows": reference,
+            "vs_binary_ceiling": min(zstd) / (min(zstd) + best_s / launches * 1e9),
+        }
     return {
         **bound,
         "launches": launches,
@@ -368,29 +377,6 @@ def measure(
         },
         "_messages": messages,
         "_per_checkpoint": per_checkpoint,
-    }
-
-
-def _stage_summary(
-    seconds: list[float],
-    rows: list[Row],
-    values: list[bytes],
-    spec: WindowSpec,
-    launches: int,
-    zstd: list[float],
-) -> dict[str, Any]:
-    """A columnar stage's best round, its windows checked against the worker's, and its
-    share of the binary ceiling (zstd alone)."""
-    equal, reference = check_rows(rows, values, spec)
-    best_s = min(seconds)
-    return {
-        "ns_per_launch": best_s / launches * 1e9,
-        "us_per_message": best_s / len(values) * 1e6,
-        "rounds_s": seconds,
-        "windows": len(rows),
-        "windows_equal": equal,
-        "worker_windows": reference,
-        "vs_binary_ceiling": min(zstd) / (min(zstd) + best_s / launches * 1e9),
     }
 
 

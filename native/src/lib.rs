@@ -178,7 +178,7 @@ fn stats_in(
     qs: &[f64],
 ) -> Option<Stats> {
     let Scratch { t, d, gaps, order } = s;
-    // one chunk each (a window the compiled state kept whole): read in place; else joined
+    // one chunk each (a window held whole): read in place; else joined
     let (t, d): (&[f64], &[f64]) = match (t_chunks, d_chunks) {
         ([tc], [dc]) => (tc, dc),
         _ => {
