@@ -82,7 +82,7 @@ from kernelstream.agents.logic.ingest import (
     poll_records,
     window_partition,
 )
-from kernelstream.agents.logic.snapshot_codec import pack, unpack
+from kernelstream.agents.logic.snapshot_codec import pack_parts, unpack
 from kernelstream.agents.logic.windowing import Windower, WindowSpec
 from kernelstream.agents.window_checkpoints import CheckpointStore
 from kernelstream.agents.window_consumer import EarlyConsumer
@@ -761,8 +761,13 @@ class WindowIngest(Service):
     # -- checkpoints and handover ---------------------------------------------------
 
     def _state_record(self, tp: Any) -> bytes:
+        return b"".join(self._state_parts(tp))
+
+    def _state_parts(self, tp: Any) -> list[bytes | memoryview]:
+        """The state record of ``tp`` (its streams' windowing state and the next offset),
+        as :func:`agents.logic.snapshot_codec.pack_parts` gives it."""
         keys = self._keys_of.get(tp, ())
-        return pack(
+        return pack_parts(
             {
                 "partition": tp.partition,
                 "offset": self._next[tp],
@@ -776,14 +781,19 @@ class WindowIngest(Service):
         )
 
     async def _checkpoint(self) -> None:
-        """Snapshot state + offsets and flush the producer; write, then commit, meanwhile.
+        """Snapshot state + offsets; flush the producer, write, then commit, meanwhile.
 
-        The snapshot (bytes) and the offsets are taken together here, so what is
-        written describes exactly the batches processed so far; the file writes run on
-        a thread (:mod:`agents.window_checkpoints`) while the agent goes on consuming,
-        and the offsets are committed only once their records are written. One write
-        at a time: while one is still in flight the next checkpoint waits for a later
-        batch.
+        The snapshot and the offsets are taken together here, so what is written
+        describes exactly the batches processed so far. The rest runs while the agent
+        goes on consuming (:meth:`_write`): the producer's flush (what these batches
+        published must be on the broker before a checkpoint says they were processed:
+        after a crash nothing before the checkpoint is redone), the file writes on a
+        thread (:mod:`agents.window_checkpoints`), and the offset commit once their
+        records are written. One write at a time: while one is still in flight the next
+        checkpoint waits for a later batch.
+
+        The snapshot's columns are written from their own buffers: the engine's export
+        is a copy of its own, and the Windower's arrays are never changed in place.
         """
         if self._writing is not None and not self._writing.done():
             return
@@ -791,18 +801,21 @@ class WindowIngest(Service):
         dirty = [tp for tp in self._dirty if tp in self._next]
         if not dirty or self._store is None:
             return
-        records = {tp.partition: self._state_record(tp) for tp in dirty}
+        records = {tp.partition: self._state_parts(tp) for tp in dirty}
         offsets = {tp: self._next[tp] for tp in dirty}
-        # What these batches published must be on the broker before a checkpoint says
-        # they were processed: after a crash nothing before the checkpoint is redone.
-        await self.app.producer.flush()
         self._dirty.clear()
         self._writing = asyncio.ensure_future(self._write(self._store, records, offsets))
 
     async def _write(
-        self, store: CheckpointStore, records: dict[int, bytes], offsets: dict[Any, int]
+        self,
+        store: CheckpointStore,
+        records: dict[int, list[bytes | memoryview]],
+        offsets: dict[Any, int],
     ) -> None:
         try:
+            # Waits for the producer's open batches (up to its linger, then the broker's
+            # acknowledgement): off the agent's path, which went on windowing meanwhile.
+            await self.app.producer.flush()
             await asyncio.to_thread(store.save, self.topic, records)
         except Exception:
             log.exception("window checkpoint write failed; the next checkpoint retries")

@@ -28,7 +28,7 @@ A lock file keeps a second worker from using the same directory.
 from __future__ import annotations
 
 import fcntl
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 __all__ = ["CheckpointStore", "CheckpointStoreError"]
@@ -66,8 +66,10 @@ class CheckpointStore:
         except FileNotFoundError:
             return None
 
-    def save(self, topic: str, records: Mapping[int, bytes]) -> None:
-        """Replace the checkpoints of these partitions, each atomically.
+    def save(self, topic: str, records: Mapping[int, bytes | Sequence[bytes | memoryview]]) -> None:
+        """Replace the checkpoints of these partitions, each atomically. A record is its
+        bytes or their consecutive parts (:func:`agents.logic.snapshot_codec.pack_parts`:
+        the open windows' columns written from their own buffers, not joined first).
 
         Safe to call from a thread: the writes release the GIL.
         """
@@ -76,7 +78,10 @@ class CheckpointStore:
             final.parent.mkdir(exist_ok=True)
             tmp = final.with_name(final.name + ".tmp")
             with tmp.open("wb") as f:
-                f.write(value)
+                if isinstance(value, bytes):
+                    f.write(value)
+                else:
+                    f.writelines(value)
             tmp.replace(final)
 
     def delete(self, topic: str, partitions: Iterable[int]) -> None:

@@ -23,7 +23,7 @@ import orjson
 
 from kernelstream.agents.logic.errors import SnapshotError
 
-__all__ = ["pack", "unpack"]
+__all__ = ["pack", "pack_parts", "unpack"]
 
 _MAGIC = b"KSS1"
 _HEADER = struct.Struct(">4sI")
@@ -33,7 +33,20 @@ _TAG = "__nd__"
 
 def pack(obj: Any) -> bytes:
     """``obj`` (dicts, lists, str, numbers, None, 1-d NumPy arrays) as bytes."""
-    buffers: list[bytes] = []
+    return b"".join(pack_parts(obj))
+
+
+def pack_parts(obj: Any) -> list[bytes | memoryview]:
+    """:func:`pack`'s bytes as consecutive parts: the header, then each array's own
+    buffer (not copied; a file write of the parts is the only copy). The arrays must not
+    change until the parts are written.
+
+    >>> import numpy as np
+    >>> parts = pack_parts({"a": np.arange(3, dtype=np.int64)})
+    >>> b"".join(parts) == pack({"a": np.arange(3, dtype=np.int64)}), len(parts)
+    (True, 2)
+    """
+    buffers: list[bytes | memoryview] = []
     offset = 0
 
     def default(value: Any) -> Any:
@@ -43,16 +56,16 @@ def pack(obj: Any) -> bytes:
             code = arr.dtype.str[1:]
             if code not in _DTYPES or arr.ndim != 1:
                 raise TypeError(f"cannot pack array of dtype {arr.dtype} and shape {arr.shape}")
-            raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+            raw = memoryview(arr.astype(arr.dtype.newbyteorder("<"), copy=False)).cast("B")
             buffers.append(raw)
-            offset += len(raw)
-            return {_TAG: [offset - len(raw), len(raw), code]}
+            offset += raw.nbytes
+            return {_TAG: [offset - raw.nbytes, raw.nbytes, code]}
         if isinstance(value, np.integer | np.floating | np.bool_):
             return value.item()
         raise TypeError(f"cannot pack {type(value).__name__}")
 
     header = orjson.dumps(obj, default=default)
-    return b"".join([_HEADER.pack(_MAGIC, len(header)), header, *buffers])
+    return [_HEADER.pack(_MAGIC, len(header)) + header, *buffers]
 
 
 def unpack(data: bytes) -> Any:
