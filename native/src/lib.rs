@@ -196,16 +196,7 @@ fn stats_in(
     // Non-negative and not NaN: then the bits order the values as the values do. Each
     // check a reduction without an early exit, so that it runs on vectors.
     // (a NaN is neither below nor above anything: caught by is_nan)
-    let (lo, hi, sign, nan) =
-        d.iter()
-            .fold((f64::INFINITY, 0.0f64, 0u64, false), |(a, b, s, m), &x| {
-                (
-                    if x < a { x } else { a },
-                    if x > b { x } else { b },
-                    s | x.to_bits(),
-                    m | x.is_nan(),
-                )
-            });
+    let (lo, hi, sign, nan) = bounds(d);
     let n = d.len();
     if n == 0 || t.len() != n || sign >> 63 != 0 || nan {
         return None;
@@ -258,6 +249,42 @@ fn stats_in(
     })
 }
 
+/// (smallest, largest (at least 0), every value's bits ORed, whether one is NaN) of `d`,
+/// in eight lanes reduced at the end: a fold of one accumulator (a scalar min, max and
+/// NaN test per value) does not vectorize. Where no value is NaN (else the caller
+/// returns), min and max are the same whatever the order they are taken in.
+fn bounds(d: &[f64]) -> (f64, f64, u64, bool) {
+    const L: usize = 8;
+    let (mut lo, mut hi, mut bits, mut nan) =
+        ([f64::INFINITY; L], [0.0f64; L], [0u64; L], [0u64; L]);
+    let mut lanes = d.chunks_exact(L);
+    for c in &mut lanes {
+        for k in 0..L {
+            let x = c[k];
+            lo[k] = if x < lo[k] { x } else { lo[k] };
+            hi[k] = if x > hi[k] { x } else { hi[k] };
+            bits[k] |= x.to_bits();
+            nan[k] |= x.is_nan() as u64;
+        }
+    }
+    for (k, &x) in lanes.remainder().iter().enumerate() {
+        lo[k] = if x < lo[k] { x } else { lo[k] };
+        hi[k] = if x > hi[k] { x } else { hi[k] };
+        bits[k] |= x.to_bits();
+        nan[k] |= x.is_nan() as u64;
+    }
+    let lo = lo
+        .iter()
+        .fold(f64::INFINITY, |a, &x| if x < a { x } else { a });
+    let hi = hi.iter().fold(0.0f64, |a, &x| if x > a { x } else { a });
+    (
+        lo,
+        hi,
+        bits.iter().fold(0, |a, b| a | b),
+        nan.iter().any(|&m| m != 0),
+    )
+}
+
 /// max(0, (t - d * 1e-6) - t_before), as `_aggregate_acc` computes it: `d * -1e-6`, plus
 /// `t`, minus `t_before`, then `np.maximum(gap, 0.0)` (which keeps a NaN).
 #[inline]
@@ -300,7 +327,8 @@ fn ranked(values: &[f64], qs: &[f64], lo: f64, hi: f64) -> Vec<f64> {
         .collect()
 }
 
-/// Buckets of the radix pass (a power of two): the counts stay in the first-level cache.
+/// Buckets of the radix pass (a power of two): its four sets of counts (32 KB) stay in
+/// the first-level cache.
 const BUCKETS: usize = 2048;
 
 /// The values at `ranks` (ascending) of `values` (non-negative, no NaN, between `lo` and
@@ -315,11 +343,26 @@ fn select_ranks(values: &[f64], ranks: &[usize], lo: f64, hi: f64) -> Vec<f64> {
     }
     let span = hi - lo;
     let shift = (64 - span.leading_zeros()).saturating_sub(BUCKETS.trailing_zeros());
-    let bucket = |x: f64| ((x.to_bits() - lo) >> shift) as usize;
-    let mut counts = vec![0u32; BUCKETS];
-    for &x in values.iter() {
-        counts[bucket(x)] += 1;
+    // within 0..BUCKETS for every value between lo and hi (the mask says so to the
+    // compiler: no bounds check in the passes below)
+    let bucket = |x: f64| ((x.to_bits() - lo) >> shift) as usize & (BUCKETS - 1);
+    // four interleaved counts: neighbouring values mostly fall in the same bucket, and one
+    // array would make each increment wait for the one before it
+    let mut four = Box::new([[0u32; BUCKETS]; 4]);
+    let [c0, c1, c2, c3] = &mut *four;
+    let mut quads = values.chunks_exact(4);
+    for q in &mut quads {
+        c0[bucket(q[0])] += 1;
+        c1[bucket(q[1])] += 1;
+        c2[bucket(q[2])] += 1;
+        c3[bucket(q[3])] += 1;
     }
+    for &x in quads.remainder() {
+        c0[bucket(x)] += 1;
+    }
+    let counts: Vec<u32> = (0..BUCKETS)
+        .map(|b| c0[b] + c1[b] + c2[b] + c3[b])
+        .collect();
     // for each rank: its bucket and its rank within the bucket
     let mut wanted: Vec<(usize, usize)> = Vec::with_capacity(ranks.len());
     let (mut below, mut b) = (0usize, 0usize);
@@ -332,26 +375,44 @@ fn select_ranks(values: &[f64], ranks: &[usize], lo: f64, hi: f64) -> Vec<f64> {
     }
     let mut buckets: Vec<usize> = wanted.iter().map(|w| w.0).collect();
     buckets.dedup();
-    if buckets.len() > u8::MAX as usize {
-        // more ranks than slots: one selection per rank over a copy of all the values
-        let mut all = values.to_vec();
-        return ranks
-            .iter()
-            .map(|&r| *all.select_nth_unstable_by_key(r, |x| x.to_bits()).1)
-            .collect();
-    }
-    // slot + 1 of each wanted bucket, 0 for the others
-    let mut slot = vec![0u8; BUCKETS];
-    let mut kept: Vec<Vec<f64>> = Vec::with_capacity(buckets.len());
-    for (i, &b) in buckets.iter().enumerate() {
-        slot[b] = (i + 1) as u8;
-        kept.push(Vec::with_capacity(counts[b] as usize));
-    }
-    for &x in values.iter() {
-        let s = slot[bucket(x)];
-        if s != 0 {
-            kept[(s - 1) as usize].push(x);
+    // The wanted buckets' values, gathered by their bits: each run of neighbouring wanted
+    // buckets is one range of bits, so the pass over all the values is a subtraction and
+    // a comparison per range (no table to look up), then they go to their buckets.
+    let mut runs: Vec<(u64, u64)> = Vec::new(); // (first bits, length)
+    for &b in &buckets {
+        let (first, len) = ((b as u64) << shift, 1u64 << shift);
+        match runs.last_mut() {
+            Some(last) if last.0 + last.1 == first => last.1 += len,
+            _ => runs.push((first, len)),
         }
+    }
+    let total: usize = buckets.iter().map(|&b| counts[b] as usize).sum();
+    let mut gathered: Vec<f64> = Vec::with_capacity(total);
+    match runs[..] {
+        [(a, la)] => gathered.extend(
+            values
+                .iter()
+                .filter(|x| (x.to_bits() - lo).wrapping_sub(a) < la),
+        ),
+        [(a, la), (b, lb)] => gathered.extend(values.iter().filter(|x| {
+            let v = x.to_bits() - lo;
+            (v.wrapping_sub(a) < la) | (v.wrapping_sub(b) < lb)
+        })),
+        _ => {
+            let mut wanted_bucket = [false; BUCKETS];
+            for &b in &buckets {
+                wanted_bucket[b] = true;
+            }
+            gathered.extend(values.iter().filter(|&&x| wanted_bucket[bucket(x)]));
+        }
+    }
+    let mut kept: Vec<Vec<f64>> = buckets
+        .iter()
+        .map(|&b| Vec::with_capacity(counts[b] as usize))
+        .collect();
+    for x in gathered {
+        let at = buckets.binary_search(&bucket(x)).expect("a wanted bucket");
+        kept[at].push(x);
     }
     wanted
         .iter()

@@ -13,7 +13,7 @@ import struct
 import numpy as np
 import pytest
 
-from kernelstream.agents.logic.windowing import duration_stats, duration_stats_numpy
+from kernelstream.agents.logic.windowing import duration_stats, duration_stats_numpy, percentiles
 from kernelstream.schemas import native
 from kernelstream.schemas.columnar import _plain_binary
 from kernelstream.schemas.records import MAX_DURATION_BITS, MAX_DURATION_US
@@ -221,3 +221,25 @@ def test_window_stats_equal_numpy_on_random_windows(seed: int) -> None:
         t = t[rng.permutation(n)]
     cuts = sorted(set(rng.integers(1, n, size=int(rng.integers(0, 20))).tolist())) if n > 1 else []
     _compare(t, d, cuts)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_window_stats_percentiles_equal_numpy_at_any_ranks(seed: int) -> None:
+    """One percentile (its ranks in one range of buckets), two, and many (ranks spread
+    over many buckets, empty ones between): each the NumPy path's, bit for bit."""
+    core = native.core
+    assert core is not None
+    rng = np.random.default_rng(2000 + seed)
+    n = int(rng.integers(2, 30_000))
+    d = (
+        rng.lognormal(3.0, 2.0, n)
+        if seed % 3
+        else np.exp2(rng.uniform(-1074, np.log2(MAX_DURATION_US), n))
+    )
+    d = np.minimum(d, MAX_DURATION_US)
+    t = 1.7e9 + np.cumsum(rng.exponential(1e-5, n))
+    for qs in ([50.0], [50.0, 95.0], [0.0, 1.0, 5.0, 25.0, 50.0, 75.0, 95.0, 99.0, 100.0]):
+        got = core.window_stats([t], [d], qs)
+        assert got is not None
+        want = percentiles(d.copy(), qs)
+        assert [x.hex() for x in got[5]] == [float(x).hex() for x in want], qs
