@@ -23,6 +23,8 @@ from kernelstream.schemas.errors import SchemaError
         b'{"s":"say \\":\\"","a":1,"a":2}',
         # one key compact, its repeat with whitespace before its colon
         b'{"id":"n:0","a":1,"a" :2}',
+        # what orjson writes of the objects parsed, but for the repeated key
+        orjson.dumps({"id": "n:0/k", "e": {"x": 1.5}})[:-1] + b',"id":"n:1/k"}',
     ],
 )
 def test_a_repeated_key_is_refused(text: bytes) -> None:
@@ -40,6 +42,8 @@ def test_a_repeated_key_is_refused(text: bytes) -> None:
         b'{"a":{"b":{"c":1}}}',
         b'{"id":"n:0/k","s":"x: y","c":{"d":1}}',  # compact, colons in strings
         b'{"s":"say \\":\\"","a":1}',  # an escaped quote before a colon
+        # exactly what orjson writes of the objects parsed, colons in strings
+        orjson.dumps({"id": "n:0/k", "e": {"x": 1.5, "s": "a: b"}, "l": [{"k": 1}]}),
     ],
 )
 def test_unique_keys_pass(text: bytes) -> None:
