@@ -17,7 +17,7 @@ import hashlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -320,6 +320,62 @@ class WorkerContext:
         return await self.app.producer.send(
             topic.get_topic_name(), key, value, partition, None, None
         )
+
+    async def send_many(self, role: str, items: Sequence[tuple[bytes, bytes]]) -> None:
+        """Publish ``items`` ((key, value) pairs, in order) to the topic of ``role``: the
+        records :meth:`send` would publish one by one, in the same partitions (the
+        producer's partitioner's choice for each key) and the same order, as one record
+        batch per partition.
+
+        A window agent publishes a burst at every window close, a window and a finding
+        per stream. One by one, each record costs the producer's per-record work (its
+        partitioner's metadata lookups, the accumulator, a delivery future resolved on
+        acknowledgement): about 17 us on the machine of ``bench/results/worker-path-*``,
+        where appending to a batch costs about 9 with its share of the batch's
+        compression. The batch is closed before it is submitted, so it is sent at the
+        producer's next turn, whatever its linger, and nothing else is appended to it.
+        Where the app's producer offers no batches (no app: the topic objects send), or
+        its partitioner is not known here, record by record.
+        """
+        if self.app is not None and not self._producer_ready:
+            await self.app.maybe_start_producer()
+            self._producer_ready = True
+        producer, choose = self._batcher()
+        if producer is None or choose is None:
+            for key, value in items:
+                await self.send(role, key, value)
+            return
+        topic = self.topics[role].get_topic_name()
+        # The set aiokafka's own send hands the partitioner, as a list (the same order).
+        partitions = list(await producer.partitions_for(topic))
+        by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
+        for key, value in items:
+            by_partition.setdefault(choose(key, partitions, partitions), []).append((key, value))
+        for partition, records in by_partition.items():
+            batch = producer.create_batch()
+            for key, value in records:
+                if batch.append(key=key, value=value, timestamp=None) is not None:
+                    continue
+                # full (it closed itself): what it holds goes, this record starts the next
+                # (an empty batch takes any record; were one refused, record by record)
+                if batch.record_count():
+                    await producer.send_batch(batch, topic, partition=partition)
+                batch = producer.create_batch()
+                if batch.append(key=key, value=value, timestamp=None) is None:
+                    await self.send(role, key, value, partition)
+            if batch.record_count():
+                batch.close()
+                await producer.send_batch(batch, topic, partition=partition)
+
+    def _batcher(self) -> tuple[Any, Callable[[bytes, list[int], list[int]], int] | None]:
+        """The app producer's Kafka client (started) and its partitioner, or Nones."""
+        if self.app is None:
+            return None, None
+        faust_producer = self.app.producer
+        client = getattr(faust_producer, "_producer", None)  # the aiokafka producer
+        if client is None or not hasattr(client, "send_batch"):
+            return None, None
+        return client, getattr(self.app.conf, "producer_partitioner", None)
 
     @property
     def launch_limits(self) -> LaunchLimits:

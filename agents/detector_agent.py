@@ -4,7 +4,7 @@ Classifies every window aggregate against the device's roofline
 (:class:`agents.logic.detection.Detector`) and publishes the finding keyed by
 the fleet group, so the tuner that owns the group sees it.
 
-The window agent calls :meth:`InlineDetector.on_window` for each window it
+The window agent calls :meth:`InlineDetector.on_windows` with the windows it
 publishes, in the same process, instead of a Faust agent consuming
 ``ks.windows`` again: that hop (a producer linger, a fetch wait on the broker,
 Faust's per-event dispatch) was a quarter of the pipeline's latency after a
@@ -52,8 +52,8 @@ class InlineDetector:
         """Take the host side of a batch the window agent accepted."""
         self.transfers.add(cols)
 
-    async def on_window(self, agg: WindowAggregate) -> None:
-        """Publish the findings of a window the window agent published.
+    async def on_windows(self, aggs: list[WindowAggregate]) -> None:
+        """Publish the findings of windows the window agent published, in their order.
 
         Classifying is pure: should it fail on a window in a way nothing foresaw, the
         window is dead-lettered (``internal_error``, stage ``detector``) and the
@@ -61,21 +61,26 @@ class InlineDetector:
         closes the same window again. A failure to publish raises, as the window
         agent's own publishing does (the broker: restart from the checkpoint).
         """
-        key = group_key(agg.device_model, agg.workload, agg.problem_size).encode()
-        try:
-            records = self._findings(agg)
-        except Exception as ex:
-            log.exception("classifying window %s failed", finding_id(agg))
-            await self.ctx.dead_letter(
-                "detector",
-                _ClosedWindow(self.ctx.settings.topic_windows, agg),
-                f"the detector failed on this window: {ex!r}",
-                "internal_error",
-            )
-            return
-        for record in records:
-            self.ctx.counters[f"findings.{record.classification}"] += 1
-            await self.ctx.send("findings", key, encode(record))
+        items: list[tuple[bytes, bytes]] = []
+        counters = self.ctx.counters
+        for agg in aggs:
+            try:
+                records = self._findings(agg)
+            except Exception as ex:
+                log.exception("classifying window %s failed", finding_id(agg))
+                await self.ctx.dead_letter(
+                    "detector",
+                    _ClosedWindow(self.ctx.settings.topic_windows, agg),
+                    f"the detector failed on this window: {ex!r}",
+                    "internal_error",
+                )
+                continue
+            key = group_key(agg.device_model, agg.workload, agg.problem_size).encode()
+            for record in records:
+                counters[f"findings.{record.classification}"] += 1
+                items.append((key, encode(record)))
+        if items:
+            await self.ctx.send_many("findings", items)
 
     def _findings(self, agg: WindowAggregate) -> list[Finding]:
         """The window's roofline finding, then those of its host side (if it has one)."""

@@ -696,14 +696,17 @@ class WindowIngest(Service):
         await self.ctx.dead_letter("window", step.item, step.verdict.reason, step.code)
 
     async def publish(self, aggs: list[WindowAggregate]) -> None:
+        """The windows (one record each, keyed by stream), then their findings."""
+        stats, ctx = self.stats, self.ctx
+        stats.windows += len(aggs)
+        stats.launches_in_windows += sum(agg.count + agg.failures for agg in aggs)
+        ctx.counters["windows.out"] += len(aggs)
+        await ctx.send_many("windows", [(agg.stream_key.encode(), encode(agg)) for agg in aggs])
+        now = time.time()
         for agg in aggs:
-            self.stats.windows += 1
-            self.stats.launches_in_windows += agg.count + agg.failures
-            self.ctx.counters["windows.out"] += 1
-            await self.ctx.send("windows", agg.stream_key.encode(), encode(agg))
-            self.ctx.window_latency.observe(time.time() - agg.window_end)
-            if self.detector is not None:
-                await self.detector.on_window(agg)
+            ctx.window_latency.observe(now - agg.window_end)
+        if self.detector is not None:
+            await self.detector.on_windows(aggs)
 
     async def tick(self) -> None:
         """Idle flushes (a timer): they change the state, so the next checkpoint has them.
