@@ -56,7 +56,7 @@ def pack_parts(obj: Any) -> list[bytes | memoryview]:
             code = arr.dtype.str[1:]
             if code not in _DTYPES or arr.ndim != 1:
                 raise TypeError(f"cannot pack array of dtype {arr.dtype} and shape {arr.shape}")
-            raw = memoryview(arr.astype(arr.dtype.newbyteorder("<"), copy=False)).cast("B")
+            raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).data.cast("B")
             buffers.append(raw)
             offset += raw.nbytes
             return {_TAG: [offset - raw.nbytes, raw.nbytes, code]}

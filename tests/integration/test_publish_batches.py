@@ -27,8 +27,9 @@ def _burst() -> list[tuple[bytes, bytes]]:
 
 def test_a_burst_in_batches_lands_as_record_by_record(settings: Settings) -> None:
     async def main() -> tuple[dict[int, list[Any]], dict[int, list[Any]]]:
-        await ensure_topics(settings, settings.bootstrap)
-        app = create_app(settings, settings.bootstrap, web=False)
+        bootstrap = str(settings.bootstrap)
+        await ensure_topics(settings, bootstrap)
+        app = create_app(settings, bootstrap, web=False)
         topics = {
             role: app.topic(
                 getattr(settings, f"topic_{role}"), key_serializer="raw", value_serializer="raw"
@@ -47,7 +48,7 @@ def test_a_burst_in_batches_lands_as_record_by_record(settings: Settings) -> Non
             await app.producer.stop()
         by_topic: dict[str, dict[int, list[Any]]] = defaultdict(lambda: defaultdict(list))
         async with TopicReader(
-            settings.bootstrap, settings.topic_windows, settings.topic_findings
+            bootstrap, settings.topic_windows, settings.topic_findings
         ) as reader:
             await reader.until(
                 lambda: all(len(reader.raw[t]) == len(items) for t in reader.topics),
