@@ -279,6 +279,7 @@ class WindowIngest(Service):
         self._dirty: set[Any] = set()  # tps whose state changed since their checkpoint
         self._checkpointed_at = 0.0
         self._writing: asyncio.Future[None] | None = None  # a checkpoint being written
+        self._held: list[WindowAggregate] = []  # closed by this poll, not yet published
         # Idleness (:meth:`tick`): per partition, the last two fetch-response stamps
         # seen (ms) and the time up to which it was read whole.
         self._stamps: dict[Any, tuple[int | None, int | None]] = {}
@@ -389,9 +390,10 @@ class WindowIngest(Service):
                     self._uncommitted.discard(tp)
                     # below nxt: a fetch from before a re-assignment
                     events = [RecordEvent(msg) for msg in msgs if msg.offset >= nxt]
-                    await self.ingest(events, keys)
+                    await self.ingest(events, keys, publish=False)
                     self._next[tp] = max(nxt, msgs[-1].offset + 1)
                     self._dirty.add(tp)
+                await self.publish_held()
                 if time.monotonic() - self._skips_checked_at >= _SKIP_CHECK_S:
                     self._skips_checked_at = time.monotonic()
                     await self._follow_skipped(fetched)
@@ -502,9 +504,30 @@ class WindowIngest(Service):
             "window", event, f"the worker failed on this message: {ex!r}", "internal_error"
         )
 
-    async def ingest(self, events: list[Any], keys: set[str]) -> None:
+    async def ingest(self, events: list[Any], keys: set[str], *, publish: bool = True) -> None:
         """One partition's messages of a poll, in order. ``keys``: the partition's stream
-        keys, to which those of the batches counted are added.
+        keys, to which those of the batches counted are added. The windows they close are
+        published at the end (:meth:`publish_held`), or, with ``publish=False``, held
+        for the caller to publish: the worker publishes a poll's windows of every
+        partition together, one record batch per partition of the windows and findings
+        topics (a findings partition takes the findings of many launches partitions).
+        """
+        await self._ingest(events, keys)
+        if publish:
+            await self.publish_held()
+
+    async def publish_held(self) -> None:
+        """Publish the windows closed since the last call (then their findings)."""
+        if not self._held:
+            return
+        held, self._held = self._held, []
+        t0 = time.perf_counter()
+        await self.publish(held)
+        self.stats.stage_s["emit"] += time.perf_counter() - t0
+        self.stats.last_batch_at = time.time()
+
+    async def _ingest(self, events: list[Any], keys: set[str]) -> None:
+        """:meth:`ingest` but for publishing what it closed.
 
         Where the install has the compiled engine (:mod:`agents.logic.compiled_windows`),
         it windows the steady messages (the next binary batch of a stream it holds) and
@@ -615,11 +638,7 @@ class WindowIngest(Service):
             stats.first_batch_at = now
             stats.cpu_at_first_batch = time.process_time()
         stats.last_batch_at = now
-        if got.closed:
-            t0 = time.perf_counter()
-            await self.publish(got.closed)
-            stats.stage_s["emit"] += time.perf_counter() - t0
-            stats.last_batch_at = time.time()
+        self._held += got.closed
 
     async def _ingest_general(
         self,
@@ -680,8 +699,7 @@ class WindowIngest(Service):
             ctx.counters["launches.late"] += len(too_late.t_end)
             for part in late_parts(too_late):
                 await ctx.send("late", too_late.stream_key.encode(), encode(part))
-        if step.closed:
-            await self.publish(step.closed)
+        self._held += step.closed
         stats.stage_s["emit"] += time.perf_counter() - t0
         stats.last_batch_at = time.time()
 
