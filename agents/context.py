@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kernelstream.agents.latency import WINDOW_BUCKETS_S, LatencyHistogram
 from kernelstream.agents.logic.sequencing import SeqLimits
+from kernelstream.agents.publish import BatchPublisher
 from kernelstream.kernels.transfers import host_declared
 from kernelstream.schemas import DeadLetter, LaunchBatch, Record, SchemaError, decode, encode
 from kernelstream.schemas.codec import check_key
@@ -295,6 +296,7 @@ class WorkerContext:
     _header_passed: dict[tuple[int, str | None], Any] = field(default_factory=dict, repr=False)
     _resolver: Any = field(default=None, repr=False)
     _producer_ready: bool = field(default=False, repr=False)
+    _publisher: BatchPublisher | None = field(default=None, repr=False)
     _limits_of: tuple[Any, LaunchLimits, SeqLimits] | None = field(default=None, repr=False)
 
     async def send(
@@ -324,58 +326,45 @@ class WorkerContext:
     async def send_many(self, role: str, items: Sequence[tuple[bytes, bytes]]) -> None:
         """Publish ``items`` ((key, value) pairs, in order) to the topic of ``role``: the
         records :meth:`send` would publish one by one, in the same partitions (the
-        producer's partitioner's choice for each key) and the same order, as one record
-        batch per partition.
-
-        A window agent publishes a burst at every window close, a window and a finding
-        per stream. One by one, each record costs the producer's per-record work (its
-        partitioner's metadata lookups, the accumulator, a delivery future resolved on
-        acknowledgement): about 17 us on the machine of ``bench/results/worker-path-*``,
-        where appending to a batch costs about 9 with its share of the batch's
-        compression. The batch is closed before it is submitted, so it is sent at the
-        producer's next turn, whatever its linger, and nothing else is appended to it.
+        producer's partitioner's choice for each key) and the same order, in record
+        batches (:class:`agents.publish.BatchPublisher`). :meth:`flush` waits for them.
         Where the app's producer offers no batches (no app: the topic objects send), or
         its partitioner is not known here, record by record.
         """
         if self.app is not None and not self._producer_ready:
             await self.app.maybe_start_producer()
             self._producer_ready = True
-        producer, choose = self._batcher()
-        if producer is None or choose is None:
+        publisher, choose = self._batcher()
+        if publisher is None or choose is None:
             for key, value in items:
                 await self.send(role, key, value)
             return
         topic = self.topics[role].get_topic_name()
         # The set aiokafka's own send hands the partitioner, as a list (the same order).
-        partitions = list(await producer.partitions_for(topic))
+        partitions = list(await publisher.producer.partitions_for(topic))
         by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
         for key, value in items:
             by_partition.setdefault(choose(key, partitions, partitions), []).append((key, value))
         for partition, records in by_partition.items():
-            batch = producer.create_batch()
-            for key, value in records:
-                if batch.append(key=key, value=value, timestamp=None) is not None:
-                    continue
-                # full (it closed itself): what it holds goes, this record starts the next
-                # (an empty batch takes any record; were one refused, record by record)
-                if batch.record_count():
-                    await producer.send_batch(batch, topic, partition=partition)
-                batch = producer.create_batch()
-                if batch.append(key=key, value=value, timestamp=None) is None:
-                    await self.send(role, key, value, partition)
-            if batch.record_count():
-                batch.close()
-                await producer.send_batch(batch, topic, partition=partition)
+            await publisher.add(topic, partition, records)
 
-    def _batcher(self) -> tuple[Any, Callable[[bytes, list[int], list[int]], int] | None]:
-        """The app producer's Kafka client (started) and its partitioner, or Nones."""
+    async def flush(self) -> None:
+        """Wait until everything published so far is on the broker."""
+        if self._publisher is not None:
+            await self._publisher.flush()
+        if self.app is not None:
+            await self.app.producer.flush()
+
+    def _batcher(self) -> tuple[BatchPublisher | None, Callable[[Any, Any, Any], int] | None]:
+        """The batches of the app producer's Kafka client (started), and its partitioner."""
         if self.app is None:
             return None, None
-        faust_producer = self.app.producer
-        client = getattr(faust_producer, "_producer", None)  # the aiokafka producer
+        client = getattr(self.app.producer, "_producer", None)  # the aiokafka producer
         if client is None or not hasattr(client, "send_batch"):
             return None, None
-        return client, getattr(self.app.conf, "producer_partitioner", None)
+        if self._publisher is None or self._publisher.producer is not client:
+            self._publisher = BatchPublisher(client, self.counters)
+        return self._publisher, getattr(self.app.conf, "producer_partitioner", None)
 
     @property
     def launch_limits(self) -> LaunchLimits:

@@ -836,7 +836,7 @@ class WindowIngest(Service):
         try:
             # Waits for the producer's open batches (up to its linger, then the broker's
             # acknowledgement): off the agent's path, which went on windowing meanwhile.
-            await self.app.producer.flush()
+            await self.ctx.flush()
             await asyncio.to_thread(store.save, self.topic, records)
         except Exception:
             log.exception("window checkpoint write failed; the next checkpoint retries")
@@ -864,7 +864,7 @@ class WindowIngest(Service):
             if self.compiled is not None:
                 self.compiled.release(k for tp in owned for k in self._keys_of.get(tp, ()))
             records = {tp: self._state_record(tp) for tp in owned}
-            await self.app.producer.flush()
+            await self.ctx.flush()
             chunk = self.settings.window_state_chunk_bytes
             for tp in owned:
                 futs = [

@@ -39,11 +39,13 @@ def test_a_burst_in_batches_lands_as_record_by_record(settings: Settings) -> Non
         ctx = WorkerContext(settings=settings, topics=topics, app=app)
         items = _burst()
         try:
-            await ctx.send_many("windows", items)
+            # in three bursts, the later ones while the first one's batches are in flight
+            for burst in (items[:200], items[200:201], items[201:]):
+                await ctx.send_many("windows", burst)
             assert ctx._batcher()[0] is not None  # the batches were the producer's
             for key, value in items:
                 await ctx.send("findings", key, value)
-            await app.producer.flush()
+            await ctx.flush()
         finally:
             await app.producer.stop()
         by_topic: dict[str, dict[int, list[Any]]] = defaultdict(lambda: defaultdict(list))

@@ -1,0 +1,123 @@
+"""Record batches to Kafka, one batch in flight per partition (the window agent's bursts).
+
+A window agent publishes a burst at every window close: a window and a finding per
+stream. Sent one by one, each record costs the producer's per-record work (its
+partitioner's metadata lookups, the accumulator, a delivery future resolved on
+acknowledgement), about 17 us on the machines of ``bench/results``. Appended to a record
+batch (aiokafka's batch interface) it costs a few, with its share of the batch's
+compression.
+
+A batch handed to the producer while the partition's previous one is still waiting to
+go out makes the caller wait until it has gone: with a broker round trip of a
+millisecond or more and a burst spread over consecutive polls, the window agent waited
+on one batch in five (``kernelstream bench pipeline-peers``, 182-launch batches). So here
+each partition has at most one batch with the producer; the records that come meanwhile
+gather in the partition's next batch, handed over when the one before is acknowledged
+(or has failed: the failure is logged and counted, ``publish.failed``). Order within a
+partition is the order of :meth:`BatchPublisher.add`. A full batch waits for the one
+before it: that is the backpressure of the producer's own full buffers.
+
+:meth:`BatchPublisher.flush` hands over what is gathered and waits for it to land; the
+window agent calls it (through ``WorkerContext.flush``) before the producer's flush at a
+checkpoint or a handover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["BatchPublisher"]
+
+log = logging.getLogger(__name__)
+
+
+class BatchPublisher:
+    """Record batches of one aiokafka producer (``create_batch``, ``send_batch``)."""
+
+    def __init__(self, producer: Any, counters: Counter[str]) -> None:
+        self.producer = producer
+        self.counters = counters
+        # per (topic, partition): records gathered for the next batch; the batch with the
+        # producer (its delivery future); one hand-over at a time
+        self._next: dict[tuple[str, int], Any] = {}
+        self._flying: dict[tuple[str, int], asyncio.Future[Any]] = {}
+        self._locks: dict[tuple[str, int], asyncio.Lock] = {}
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    async def add(self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes]]) -> None:
+        """Publish ``records`` ((key, value), in order) to ``partition`` of ``topic``."""
+        tp = (topic, partition)
+        for key, value in records:
+            batch = self._next.get(tp)
+            if batch is None:
+                batch = self._next[tp] = self.producer.create_batch()
+            if batch.append(key=key, value=value, timestamp=None) is not None:
+                continue
+            # full (it closed itself): handed over once the one before it has landed;
+            # this record starts the next (an empty batch takes any record)
+            await self._hand_over(tp, wait=True)
+            batch = self._next[tp] = self.producer.create_batch()
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                raise ValueError(f"a record of {len(value)} bytes does not fit a record batch")
+        flying = self._flying.get(tp)
+        if flying is None or flying.done():
+            await self._hand_over(tp, wait=False)
+
+    async def flush(self) -> None:
+        """Hand over what is gathered and wait until it, and every batch handed over
+        before, has landed. Records added meanwhile may wait for a later flush: a
+        publisher that never stops would otherwise keep this one from returning."""
+        if self._tasks:  # hand-overs under way: their batches are not yet in _flying
+            await asyncio.wait(list(self._tasks))
+        for tp in list(self._next):
+            await self._hand_over(tp, wait=True)
+        flying = [f for f in self._flying.values() if not f.done()]
+        if flying:
+            await asyncio.wait(flying)
+
+    async def _hand_over(self, tp: tuple[str, int], *, wait: bool) -> None:
+        """Hand the partition's gathered batch to the producer, after the one before it
+        has landed (``wait``), or only if it has (not ``wait``: it is handed over when that
+        one lands)."""
+        lock = self._locks.get(tp)
+        if lock is None:
+            lock = self._locks[tp] = asyncio.Lock()
+        async with lock:
+            flying = self._flying.get(tp)
+            if flying is not None and not flying.done():
+                if not wait:
+                    return
+                await asyncio.wait([flying])
+            batch = self._next.pop(tp, None)
+            if batch is None or not batch.record_count():
+                return
+            batch.close()
+            future = await self.producer.send_batch(batch, tp[0], partition=tp[1])
+            self._flying[tp] = future
+            count = batch.record_count()
+            future.add_done_callback(lambda f: self._landed(tp, f, count))
+
+    def _landed(self, tp: tuple[str, int], future: asyncio.Future[Any], count: int) -> None:
+        if future.cancelled() or future.exception() is not None:
+            self.counters["publish.failed"] += count
+            log.error(
+                "publishing %d records to %s[%d] failed: %r",
+                count,
+                tp[0],
+                tp[1],
+                None if future.cancelled() else future.exception(),
+            )
+        if tp in self._next:  # what gathered meanwhile goes now
+            task = asyncio.ensure_future(self._hand_over(tp, wait=False))
+            self._tasks.add(task)
+            task.add_done_callback(self._handed)
+
+    def _handed(self, task: asyncio.Future[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.counters["publish.failed"] += 1
+            log.error("handing a record batch to the producer failed", exc_info=task.exception())
