@@ -348,6 +348,11 @@ class WorkerContext:
         for partition, records in by_partition.items():
             await publisher.add(topic, partition, records)
 
+    @property
+    def publish_error(self) -> Exception | None:
+        """Why a record batch of :meth:`send_many` was lost, if one was."""
+        return None if self._publisher is None else self._publisher.error
+
     async def flush(self) -> None:
         """Wait until everything published so far is on the broker."""
         if self._publisher is not None:

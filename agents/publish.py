@@ -17,6 +17,12 @@ gather in the partition's next batch, handed over when the one before is acknowl
 partition is the order of :meth:`BatchPublisher.add`. A full batch waits for the one
 before it: that is the backpressure of the producer's own full buffers.
 
+A batch the broker did not take (after the producer's retries), or one the producer
+refused, is logged and counted (``publish.failed``, its records) and fails the next
+:meth:`BatchPublisher.add` or :meth:`BatchPublisher.flush` (:class:`PublishError`): the
+window agent stops before a checkpoint could say those windows were published, and its
+restart publishes them again from the last checkpoint.
+
 :meth:`BatchPublisher.flush` hands over what is gathered and waits for it to land; the
 window agent calls it (through ``WorkerContext.flush``) before the producer's flush at a
 checkpoint or a handover.
@@ -30,9 +36,14 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["BatchPublisher"]
+__all__ = ["BatchPublisher", "PublishError"]
 
 log = logging.getLogger(__name__)
+
+
+class PublishError(RuntimeError):
+    """A record batch was lost: what the publisher took since its last flush is not all on
+    the broker."""
 
 
 class BatchPublisher:
@@ -47,9 +58,12 @@ class BatchPublisher:
         self._flying: dict[tuple[str, int], asyncio.Future[Any]] = {}
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._tasks: set[asyncio.Future[None]] = set()
+        self.error: PublishError | None = None  # the first batch lost, for good
 
     async def add(self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes]]) -> None:
         """Publish ``records`` ((key, value), in order) to ``partition`` of ``topic``."""
+        if self.error is not None:
+            raise self.error
         tp = (topic, partition)
         for key, value in records:
             batch = self._next.get(tp)
@@ -78,6 +92,8 @@ class BatchPublisher:
         flying = [f for f in self._flying.values() if not f.done()]
         if flying:
             await asyncio.wait(flying)
+        if self.error is not None:
+            raise self.error
 
     async def _hand_over(self, tp: tuple[str, int], *, wait: bool) -> None:
         """Hand the partition's gathered batch to the producer, after the one before it
@@ -96,21 +112,26 @@ class BatchPublisher:
             if batch is None or not batch.record_count():
                 return
             batch.close()
-            future = await self.producer.send_batch(batch, tp[0], partition=tp[1])
-            self._flying[tp] = future
             count = batch.record_count()
+            try:
+                future = await self.producer.send_batch(batch, tp[0], partition=tp[1])
+            except Exception as ex:
+                self._lost(tp, count, ex)
+                raise
+            self._flying[tp] = future
             future.add_done_callback(lambda f: self._landed(tp, f, count))
+
+    def _lost(self, tp: tuple[str, int], count: int, why: BaseException | None) -> None:
+        self.counters["publish.failed"] += count
+        log.error("publishing %d records to %s[%d] failed: %r", count, tp[0], tp[1], why)
+        if self.error is None:
+            self.error = PublishError(
+                f"a batch of {count} records to {tp[0]}[{tp[1]}] was lost ({why!r})"
+            )
 
     def _landed(self, tp: tuple[str, int], future: asyncio.Future[Any], count: int) -> None:
         if future.cancelled() or future.exception() is not None:
-            self.counters["publish.failed"] += count
-            log.error(
-                "publishing %d records to %s[%d] failed: %r",
-                count,
-                tp[0],
-                tp[1],
-                None if future.cancelled() else future.exception(),
-            )
+            self._lost(tp, count, None if future.cancelled() else future.exception())
         if tp in self._next:  # what gathered meanwhile goes now
             task = asyncio.ensure_future(self._hand_over(tp, wait=False))
             self._tasks.add(task)
@@ -118,6 +139,5 @@ class BatchPublisher:
 
     def _handed(self, task: asyncio.Future[None]) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self.counters["publish.failed"] += 1
-            log.error("handing a record batch to the producer failed", exc_info=task.exception())
+        if not task.cancelled():
+            task.exception()  # retrieved: a failure was logged, counted and kept (_lost)

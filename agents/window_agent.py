@@ -356,6 +356,10 @@ class WindowIngest(Service):
         stats = self.stats
         stage = stats.stage_s
         while not (self.should_stop or self._left):
+            if self.ctx.publish_error is not None:
+                # windows or findings lost on their way to the broker: stop before a
+                # checkpoint says they were published (the restart publishes them again)
+                raise self.ctx.publish_error
             try:
                 t0 = time.perf_counter()
                 polled = None

@@ -131,6 +131,12 @@ METRICS: tuple[MetricSpec, ...] = (
         "Launch messages deleted from the broker (retention) before this worker read them:"
         " their launches are lost. Logged with the offsets.",
     ),
+    _w(
+        "kernelstream_worker_publish_failed_records",
+        "counter",
+        "Windows and findings whose record batch the broker did not take after the"
+        " producer's retries. Logged with the partition.",
+    ),
     _w("kernelstream_worker_open_windows", "gauge", "Windows open in this worker."),
     _w(
         "kernelstream_worker_findings",
@@ -324,6 +330,7 @@ class _WorkerCollector(Collector):
         yield _count(
             "kernelstream_worker_skipped_launch_messages", c.get("window.messages_skipped", 0)
         )
+        yield _count("kernelstream_worker_publish_failed_records", c.get("publish.failed", 0))
         yield _gauge("kernelstream_worker_open_windows", self.agents.windower.open_windows())
         yield _count("kernelstream_worker_findings_read", c.get("read.findings", 0))
         yield _count("kernelstream_worker_recommendations", c.get("recommendations.out", 0))
