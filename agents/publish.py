@@ -3,25 +3,25 @@
 A window agent publishes a burst at every window close: a window and a finding per
 stream. Sent one by one, each record costs the producer's per-record work (its
 partitioner's metadata lookups, the accumulator, a delivery future resolved on
-acknowledgement), about 17 us on the machines of ``bench/results``. Appended to a record
-batch (aiokafka's batch interface) it costs a few, with its share of the batch's
-compression.
+acknowledgement); appended to a record batch (aiokafka's batch interface) it costs a
+few microseconds with its share of the batch's compression. With 182-launch batches
+publishing took 69 us a window record by record and 34 this way
+(``bench/results/pipeline-peers-small-publish-ab-2026-11-28.txt``, medians of 5 rounds).
 
 A batch handed to the producer while the partition's previous one is still waiting to
 go out makes the caller wait until it has gone: with a broker round trip of a
-millisecond or more and a burst spread over consecutive polls, the window agent waited
-on one batch in five (``kernelstream bench pipeline-peers``, 182-launch batches). So here
-each partition has at most one batch with the producer; the records that come meanwhile
-gather in the partition's next batch, handed over when the one before is acknowledged
-(or has failed: the failure is logged and counted, ``publish.failed``). Order within a
-partition is the order of :meth:`BatchPublisher.add`. A full batch waits for the one
-before it: that is the backpressure of the producer's own full buffers.
+millisecond or more and a burst spread over consecutive polls, the window agent would
+wait. So here each partition has at most one batch with the producer; the records that
+come meanwhile gather in the partition's next batch, handed over when the one before is
+acknowledged. Order within a partition is the order of :meth:`BatchPublisher.add`. A
+full batch waits for the one before it: that is the backpressure of the producer's own
+full buffers.
 
 A batch the broker did not take (after the producer's retries), or one the producer
 refused, is logged and counted (``publish.failed``, its records) and fails the next
 :meth:`BatchPublisher.add` or :meth:`BatchPublisher.flush` (:class:`PublishError`): the
-window agent stops before a checkpoint could say those windows were published, and its
-restart publishes them again from the last checkpoint.
+window agent stops before a checkpoint could say those windows were published, and a
+worker restarted from the last checkpoint publishes them again.
 
 :meth:`BatchPublisher.flush` hands over what is gathered and waits for it to land; the
 window agent calls it (through ``WorkerContext.flush``) before the producer's flush at a
