@@ -232,8 +232,9 @@ class WindowAgentStats:
     # getmany with data (decompression included); decode = orjson + validation into
     # arrays; window = Windower.add_columns; close = the aggregate maths of the windows
     # a batch completed; emit = publishing them with their findings; checkpoint =
-    # snapshot + producer flush (the file write runs on a thread). Awaiting stages
-    # (fetch, emit, checkpoint) include what other tasks of the worker ran meanwhile.
+    # the state snapshot (the producer's flush and the file write run in the
+    # background). Awaiting stages (fetch, emit) include what other tasks of the worker
+    # ran meanwhile, that background work among them.
     stage_s: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(
             ("fetch", "decode", "window", "close", "emit", "checkpoint"), 0.0
