@@ -28,12 +28,13 @@ import threading
 import typing
 from dataclasses import dataclass, fields
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 import simdjson
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from kernelstream.schemas import native
 from kernelstream.schemas.binary import (
@@ -54,6 +55,7 @@ from kernelstream.schemas.codec import (
     json_problem,
 )
 from kernelstream.schemas.errors import SchemaError
+from kernelstream.schemas.keys import stream_key
 from kernelstream.schemas.records import (
     _MAX_COPY_BYTES,
     _MAX_COPY_GBS,
@@ -614,9 +616,7 @@ def _binary_columns(bb: BinaryBatch, plain: _Plain | bool | None = True) -> Laun
         meta = _validate(LaunchBatch, obj | _PLACEHOLDER)
         hit = (meta, meta.__pydantic_fields_set__ | {"seq_start"}, meta.stream_key)
         if not meta.samples:  # samples change every batch: not worth keeping
-            if len(_BIN_META) >= _META_CACHE_MAX:
-                _BIN_META.clear()
-            _BIN_META[bb.meta_json] = hit
+            _keep_header(bb.meta_json, hit)
     ok = cols.pop("ok").view(np.bool_)
     t_range, in_order, all_ok = plain if isinstance(plain, tuple) else (None, None, None)
     # the columns are exactly t_end, duration_us and ok (read_launch_batch's plan)
@@ -629,6 +629,101 @@ def _binary_columns(bb: BinaryBatch, plain: _Plain | bool | None = True) -> Laun
         known_in_order=in_order,
         known_all_ok=all_ok,
         key=hit[2],
+    )
+
+
+def _keep_header(header: bytes, hit: tuple[LaunchBatch, set[str], str]) -> None:
+    """Keep a validated header (an :data:`_BIN_META` entry), and it as the template of
+    the headers that differ from it only in their node and device index."""
+    if len(_BIN_META) >= _META_CACHE_MAX:
+        _BIN_META.clear()
+    _BIN_META[header] = hit
+    identity = _identity(header)
+    if identity is not None:
+        if len(_TEMPLATES) >= _META_CACHE_MAX:
+            _TEMPLATES.clear()
+        _TEMPLATES[identity[0]] = hit
+
+
+# The headers a node's encoder writes (:func:`schemas.binary.header_json`) start with the
+# schema, the node and the device index; a node's other GPUs, and the other nodes of a
+# fleet, running the same kernel with the same configuration, send headers that differ
+# only there. A string without escapes or control characters (JSON's own rule for raw
+# ones): its bytes are its UTF-8 text; an integer as JSON writes one. Anything else, or
+# any other order of the fields, misses and takes the full decoder.
+_IDENTITY = re.compile(
+    rb'\{"schema":"ks\.launch_batch/[12]","node":"([^"\\\x00-\x1f]+)",'
+    rb'"device_index":(0|[1-9][0-9]{0,9}),'
+)
+
+# Validated headers by their bytes less the node's and the device index's values (the
+# :data:`_BIN_META` entry they were validated into). Cleared as _BIN_META is.
+_TEMPLATES: dict[bytes, tuple[LaunchBatch, set[str], str]] = {}
+
+
+def _identity(header: bytes) -> tuple[bytes, bytes, int] | None:
+    """``(the header without its node's and device index's values, the node's bytes,
+    the device index)`` of a header in the encoder's field order, else None."""
+    m = _IDENTITY.match(header)
+    if m is None:
+        return None
+    (n0, n1), (d0, d1) = m.span(1), m.span(2)
+    return header[:n0] + header[n1:d0] + header[d1:], m[1], int(m[2])
+
+
+def _from_template(header: bytes) -> tuple[LaunchBatch, set[str], str] | None:
+    """The :data:`_BIN_META` entry of a header not seen before that differs from a
+    validated one only in its node and device index, built from that one's fields (kept
+    for the next batch); None when there is none, or the node or the index would not
+    pass the model (the full decoder then says why).
+
+    Sound because no rule of :class:`LaunchBatch` reads the node or the device index
+    with another field: the same bytes elsewhere passed every other rule, and the two
+    values pass their own fields' validators here (``tests/unit/schemas/
+    test_header_templates.py`` holds the result equal to the model's).
+    """
+    identity = _identity(header)
+    if identity is None:
+        return None
+    rest, node_bytes, device = identity
+    template = _TEMPLATES.get(rest)
+    if template is None:
+        return None
+    try:
+        node = _node_field().validate_python(node_bytes.decode())
+        device = _device_field().validate_python(device)
+    except (UnicodeDecodeError, ValidationError):
+        return None
+    meta = template[0]
+    out = LaunchBatch.__new__(LaunchBatch)
+    state = meta.__dict__.copy()
+    state["node"] = node
+    state["device_index"] = device
+    object.__setattr__(out, "__dict__", state)
+    object.__setattr__(out, "__pydantic_fields_set__", meta.__pydantic_fields_set__)
+    object.__setattr__(out, "__pydantic_extra__", meta.__pydantic_extra__)
+    object.__setattr__(out, "__pydantic_private__", meta.__pydantic_private__)
+    hit = (out, template[1], stream_key(node, device, meta.kernel))
+    _keep_header(header, hit)
+    return hit
+
+
+@lru_cache(maxsize=1)
+def _node_field() -> TypeAdapter[Any]:
+    return _field_adapter("node")
+
+
+@lru_cache(maxsize=1)
+def _device_field() -> TypeAdapter[Any]:
+    return _field_adapter("device_index")
+
+
+def _field_adapter(name: str) -> TypeAdapter[Any]:
+    """A validator of one of :class:`LaunchBatch`'s fields alone, as the model's (strict)."""
+    info = LaunchBatch.model_fields[name]
+    return TypeAdapter(
+        Annotated[info.annotation, *info.metadata],
+        config=ConfigDict(strict=True, allow_inf_nan=False),
     )
 
 
@@ -957,7 +1052,8 @@ def _known_binary(data: bytes) -> _Known | None:
     if len(data) < HEAD_SIZE:
         return None
     _, version, n, seq_start, m = read_head(data)
-    hit = _BIN_META.get(data[HEAD_SIZE : HEAD_SIZE + m])
+    header = data[HEAD_SIZE : HEAD_SIZE + m]
+    hit = _BIN_META.get(header) or _from_template(header)
     if hit is None or version != LAYOUT_VERSION or not 1 <= n <= MAX_LAUNCHES:
         return None
     pos = HEAD_SIZE + m + (-m % 8)
