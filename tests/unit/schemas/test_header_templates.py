@@ -134,9 +134,9 @@ def test_a_template_hit_is_kept_and_a_changed_field_is_not_a_hit() -> None:
     assert (meta.node, meta.device_index) == ("node-b", 2)
     # another kernel name is not the template's: validated alone
     before = len(columnar_mod._TEMPLATES)
-    meta = _BASE.model_dump(by_alias=True, exclude={"t_end", "duration_us", "ok", "seq_start"})
-    meta["columns"] = WIRE_COLUMNS
-    meta["kernel"] = "another"
-    value = encode_parts(orjson.dumps(meta), 11, [[1.5], [3.0], [1]])
+    fields = _BASE.model_dump(by_alias=True, exclude={"t_end", "duration_us", "ok", "seq_start"})
+    fields["columns"] = WIRE_COLUMNS
+    fields["kernel"] = "another"
+    value = encode_parts(orjson.dumps(fields), 11, [[1.5], [3.0], [1]])
     assert _outcome(value)[0] == "ok"
     assert len(columnar_mod._TEMPLATES) == before + 1
