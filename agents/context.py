@@ -16,6 +16,7 @@ import base64
 import hashlib
 import logging
 import time
+import typing
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -503,27 +504,39 @@ class WorkerContext:
         value checks run once over the poll
         (:func:`schemas.columnar.decode_launch_columns_many`).
         """
+        verdicts = self.launch_verdicts(events)
+        out: list[LaunchColumns | None] = []
+        for event, verdict in zip(events, verdicts, strict=True):
+            if isinstance(verdict, SchemaError):
+                await self.dead_letter(stage, event, str(verdict), verdict.code)
+                out.append(None)
+            else:
+                out.append(verdict)
+        return out
+
+    def launch_verdicts(self, events: list[Any]) -> list[LaunchColumns | SchemaError]:
+        """:meth:`decode_launches_many`'s verdicts, nothing dead-lettered: each message's
+        columns, or why it is refused (the caller dead-letters it when its turn comes)."""
         from kernelstream.schemas.columnar import decode_launch_columns_many
 
         max_bytes = self.settings.max_message_bytes
         limits, now = self.launch_limits, time.time()  # one poll, one reading of each
         passed = self._header_passed
-        errors: dict[int, SchemaError] = {}
+        out: list[LaunchColumns | SchemaError | None] = [None] * len(events)
         framed: list[tuple[int, bytes, str | None]] = []
         for i, event in enumerate(events):
             try:
                 value = _value(event, max_bytes)
                 framed.append((i, value, check_key(event.key)))
             except SchemaError as exc:
-                errors[i] = exc
-        out: list[LaunchColumns | None] = [None] * len(events)
+                out[i] = exc
         decoded = decode_launch_columns_many([value for _, value, _ in framed])
         # event_time_problem's bounds, the same expressions: a batch in completion order
         # with its ends within them has nothing for it to say
         newest, oldest = now + limits.max_future_s, now - limits.max_age_s
         for (i, _, key), cols in zip(framed, decoded, strict=True):
             if isinstance(cols, SchemaError):
-                errors[i] = cols
+                out[i] = cols
                 continue
             # A binary batch whose header bytes were decoded before shares that header's
             # validated configuration object: when its key, workload and configuration
@@ -551,13 +564,8 @@ class WorkerContext:
                     if len(passed) >= 4096:
                         passed.clear()
                     passed[(id(config), key)] = config  # holds it: its id stays its own
-            if problem is None:
-                out[i] = cols
-            else:
-                errors[i] = problem
-        for i in sorted(errors):
-            await self.dead_letter(stage, events[i], str(errors[i]), errors[i].code)
-        return out
+            out[i] = cols if problem is None else problem
+        return typing.cast("list[LaunchColumns | SchemaError]", out)  # each one set
 
     async def decode(self, stage: str, event: Any, cls: type[R]) -> R | None:
         """Validate an event at the edge; dead-letter it and return None when invalid."""

@@ -86,7 +86,7 @@ from kernelstream.agents.logic.snapshot_codec import pack_parts, unpack
 from kernelstream.agents.logic.windowing import Windower, WindowSpec
 from kernelstream.agents.window_checkpoints import CheckpointStore
 from kernelstream.agents.window_consumer import EarlyConsumer
-from kernelstream.schemas import LaunchBatch, WindowAggregate, encode, native
+from kernelstream.schemas import LaunchBatch, SchemaError, WindowAggregate, encode, native
 from kernelstream.schemas.binary import MAGIC as BINARY_MAGIC
 from kernelstream.schemas.columnar import LaunchColumns
 
@@ -550,8 +550,11 @@ class WindowIngest(Service):
         limits, max_bytes = self.ctx.launch_limits, self.settings.max_message_bytes
         stage = self.stats.stage_s
         i, n = 0, len(events)
-        # the message the engine was given a stream for and tried again, as decoded
-        retried: tuple[int, LaunchColumns] | None = None
+        # the messages whose streams the engine was given, as decoded, by index
+        given: dict[int, LaunchColumns] = {}
+        # verdicts of the messages of streams the engine was not given, decoded at once
+        ahead: dict[int, LaunchColumns | SchemaError] = {}
+        looked_ahead = False
         while i < n:
             now = time.time()
             try:
@@ -578,17 +581,43 @@ class WindowIngest(Service):
                 break
             stops = self.stats.compiled_stops
             stops[got.stop] = stops.get(got.stop, 0) + 1
-            if retried is not None and retried[0] == i:
+            if i in given:
                 # taken over, then refused: the Python way, decoded once
-                await self._ingest_general([events[i]], keys, [retried[1]])
+                await self._ingest_general([events[i]], keys, [given.pop(i)])
                 i += 1
                 continue
             if got.stop in TAKE_OVER:
                 # a header or a stream the engine was not given: the decoder judges it
-                [cols] = await self._decode([events[i]])
-                if cols is None:  # dead-lettered
+                if got.stop == "unregistered" and not looked_ahead:
+                    # the first of the poll: every message of a stream the engine was
+                    # not given decoded at once (new streams come many to a poll)
+                    looked_ahead = True
+                    failed: BaseException | None
+                    try:
+                        fresh = compiled.unregistered(values, mkeys, i)
+                    except BaseException as ex:  # a Rust panic is a BaseException
+                        if not _engine_error(ex):
+                            raise
+                        fresh, failed = [], ex
+                    else:
+                        ahead = await self._look_ahead(events, fresh)
+                        failed = self._give(ahead, values, mkeys, keys, given, after=i)
+                    if failed is not None:
+                        self._engine_failed(failed)
+                        await self._ingest_general(events[i:], keys)
+                        return
+                verdict = ahead.pop(i, None)
+                if isinstance(verdict, SchemaError):
+                    await self.ctx.dead_letter("window", events[i], str(verdict), verdict.code)
                     i += 1
                     continue
+                if verdict is None:
+                    [cols] = await self._decode([events[i]])
+                    if cols is None:  # dead-lettered
+                        i += 1
+                        continue
+                else:
+                    cols = verdict
                 try:
                     took = compiled.take(cols, values[i], mkeys[i])
                 except Exception as ex:
@@ -597,7 +626,7 @@ class WindowIngest(Service):
                     return
                 if took:
                     keys.add(cols.stream_key)
-                    retried = i, cols
+                    given[i] = cols
                     continue
                 await self._ingest_general([events[i]], keys, [cols])
                 i += 1
@@ -608,6 +637,52 @@ class WindowIngest(Service):
                 j += 1
             await self._ingest_general(events[i:j], keys)
             i = j
+
+    async def _look_ahead(
+        self, events: list[Any], at: list[int]
+    ) -> dict[int, LaunchColumns | SchemaError]:
+        """The verdicts of the messages at ``at``, decoded at once; nothing dead-lettered
+        (each refused one is when the engine stops at it, in order)."""
+        if not at:
+            return {}
+        t0 = time.perf_counter()
+        try:
+            verdicts = self.ctx.launch_verdicts([events[j] for j in at])
+        except Exception:
+            log.exception("decoding %d launch messages ahead failed; one by one", len(at))
+            return {}  # each decoded at its turn, where a failure is dead-lettered
+        finally:
+            self.stats.stage_s["decode"] += time.perf_counter() - t0
+        return dict(zip(at, verdicts, strict=True))
+
+    def _give(
+        self,
+        ahead: dict[int, LaunchColumns | SchemaError],
+        values: list[Any],
+        mkeys: list[Any],
+        keys: set[str],
+        given: dict[int, LaunchColumns],
+        after: int,
+    ) -> BaseException | None:
+        """Give the engine the streams of the messages decoded ahead that passed, in
+        order (:meth:`CompiledWindows.take`); what it took moves from ``ahead`` to
+        ``given``, so that the message it then refuses goes the Python way decoded once.
+        The message at ``after`` (the one the engine stopped at) is left to the caller.
+        Returns what the engine raised, if it failed."""
+        compiled = self.compiled
+        assert compiled is not None
+        for j, verdict in list(ahead.items()):
+            if j == after or isinstance(verdict, SchemaError):
+                continue
+            try:
+                took = compiled.take(verdict, values[j], mkeys[j])
+            except Exception as ex:
+                return ex
+            if took:
+                keys.add(verdict.stream_key)
+                given[j] = verdict
+                del ahead[j]
+        return None
 
     def _engine_failed(self, ex: BaseException) -> None:
         """The compiled engine failed in a way nothing foresaw: logged, every stream it

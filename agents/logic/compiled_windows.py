@@ -141,6 +141,11 @@ class CompiledWindows:
             stage_s["close"] = stage_s.get("close", 0.0) + time.perf_counter() - t1
         return Taken(taken, launches, closed, stop)
 
+    def unregistered(self, values: list[Any], keys: list[Any], start: int) -> list[int]:
+        """The indices from ``start`` of the binary batches whose header and key the
+        engine was not given (where :meth:`poll` would stop, ``unregistered``)."""
+        return list(self.engine.unregistered(values, keys, start))
+
     def _records(self, rows: list[Any]) -> list[WindowAggregate]:
         """The window records of the engine's closed windows (``_aggregate_acc``'s)."""
         size = self.windower.spec.size_s

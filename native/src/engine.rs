@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::{plain, stats};
 
@@ -416,6 +416,50 @@ impl WindowEngine {
             })
             .collect();
         Some((s.max_t, s.last_seen, s.closed_below, s.seq_hi, windows))
+    }
+
+    /// The indices from `start` of the messages `poll` would stop at as "unregistered":
+    /// binary batches of this layout whose header bytes and message key were not
+    /// registered, the first of each such header and key (other messages, those it would
+    /// stop at for another reason first included, are not listed). The caller decodes them together and registers those
+    /// that pass before it polls again, rather than one stop at a time.
+    fn unregistered(
+        &self,
+        values: &Bound<'_, PyList>,
+        keys: &Bound<'_, PyList>,
+        start: usize,
+    ) -> PyResult<Vec<usize>> {
+        if values.len() != keys.len() || start > values.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "one key per message, and a start within them",
+            ));
+        }
+        let mut out = Vec::new();
+        let mut seen: HashSet<(Vec<u8>, Option<Vec<u8>>)> = HashSet::default();
+        for i in start..values.len() {
+            let (value, key) = (values.get_item(i)?, keys.get_item(i)?);
+            let (Ok(value), Ok(key)) = (
+                value.cast_into::<PyBytes>(),
+                key.extract::<Option<Bound<'_, PyBytes>>>(),
+            ) else {
+                continue;
+            };
+            let value = value.as_bytes();
+            let key = key.as_ref().map(|k| k.as_bytes());
+            let Some(header) =
+                head(value).and_then(|(_, _, m)| value.get(HEAD_SIZE..HEAD_SIZE + m))
+            else {
+                continue;
+            };
+            let known = self
+                .registered
+                .get(header)
+                .is_some_and(|under| under.iter().any(|(k, _)| k.as_deref() == key));
+            if !known && seen.insert((header.to_vec(), key.map(<[u8]>::to_vec))) {
+                out.push(i);
+            }
+        }
+        Ok(out)
     }
 
     /// Window a partition's messages (values and keys, in offset order) from `start`,

@@ -268,3 +268,47 @@ def test_a_subclassed_windower_windows_in_python() -> None:
 
     assert CompiledWindows.of(Mine()) is None
     assert CompiledWindows.of(Windower()) is not None
+
+
+def test_a_poll_of_new_streams_is_decoded_at_once_and_dead_letters_come_in_order() -> None:
+    """The first batches of many new streams in one poll: decoded together and given to
+    the engine at the first of them (one stop, not one per stream); the refused ones
+    dead-lettered in offset order, where the engine reaches each; the same output as the
+    Python path's."""
+    configs = _configs()
+    base = math.floor(time.time()) - 60.0
+    out: list[tuple[bytes | None, bytes | None]] = []
+    for rnd in range(3):
+        for i in range(40):
+            node = f"fresh-{i}"
+            t = [base + rnd + 0.1 * k + 0.001 * i for k in range(1, 6)]
+            batch = _batch(node, t, rnd * 5, configs[0])
+            value = encode_launch_batch(batch)
+            if rnd == 0 and i % 9 == 4:
+                # a first batch the edge refuses: its node's key does not match
+                out.append((value, b"someone-else:0/matmul"))
+                continue
+            out.append((value, batch.stream_key.encode()))
+    msgs = [
+        SimpleNamespace(topic="ks.launches", partition=0, offset=i, key=k, value=v)
+        for i, (v, k) in enumerate(out)
+    ]
+    engine = _run(msgs, len(msgs), compiled=True)
+    python = _run(msgs, len(msgs), compiled=False)
+    refused = [i for i in range(40) if i % 9 == 4]
+    # the engine stops at the first new stream (every one given then) and at each message
+    # refused, which it was not given
+    assert engine["stops"] == {"unregistered": 1 + len(refused)}
+    assert engine["compiled_batches"] == engine["batches"] == len(msgs) - len(refused)
+    for field in ("windows", "findings", "late", "dead_letters", "launches", "states"):
+        assert engine[field] == python[field], field
+    # in the order of their offsets, as published
+    ingest, topics = _agent(True)
+
+    async def go() -> None:
+        events = [SimpleNamespace(message=m, key=m.key, value=m.value) for m in msgs]
+        await ingest.ingest(events, set())
+
+    asyncio.run(go())
+    offsets = [decode(v, DeadLetter).offset or 0 for v in topics["deadletter"].sent]
+    assert offsets == sorted(offsets) == refused
