@@ -31,7 +31,7 @@ from kernelstream.agents.context import WorkerContext
 from kernelstream.agents.logic.detection import Detector, finding_id
 from kernelstream.agents.logic.transfers import TransferWindows, finding_records, transfer_findings
 from kernelstream.kernels.devices import device_spec_for_name
-from kernelstream.schemas import Finding, WindowAggregate, encode
+from kernelstream.schemas import WindowAggregate, encode
 from kernelstream.schemas.columnar import LaunchColumns
 from kernelstream.schemas.keys import group_key
 
@@ -47,6 +47,7 @@ class InlineDetector:
         self.ctx = ctx
         self.detector = Detector()
         self.transfers = TransferWindows(ctx.settings.window_s)
+        self._group_keys: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
 
     def on_batch(self, cols: LaunchColumns) -> None:
         """Take the host side of a batch the window agent accepted."""
@@ -65,7 +66,7 @@ class InlineDetector:
         counters = self.ctx.counters
         for agg in aggs:
             try:
-                records = self._findings(agg)
+                found = self._findings_wire(agg)
             except Exception as ex:
                 log.exception("classifying window %s failed", finding_id(agg))
                 await self.ctx.dead_letter(
@@ -75,21 +76,35 @@ class InlineDetector:
                     "internal_error",
                 )
                 continue
-            key = group_key(agg.device_model, agg.workload, agg.problem_size).encode()
-            for record in records:
-                counters[f"findings.{record.classification}"] += 1
-                items.append((key, encode(record)))
+            key = self._group_key(agg)
+            for classification, value in found:
+                counters[f"findings.{classification}"] += 1
+                items.append((key, value))
         if items:
             await self.ctx.send_many("findings", items)
 
-    def _findings(self, agg: WindowAggregate) -> list[Finding]:
-        """The window's roofline finding, then those of its host side (if it has one)."""
-        out = [self.detector.classify(agg)]
+    def _findings_wire(self, agg: WindowAggregate) -> list[tuple[str, bytes]]:
+        """The window's roofline finding, then those of its host side (if it has one),
+        as (classification, record bytes); the roofline finding's bytes are written
+        without its record (:meth:`Detector.classify_wire`)."""
+        out: list[tuple[str, bytes]] = [self.detector.classify_wire(agg)]
         host = self.transfers.close(agg)
         if host is not None:
             found = transfer_findings(host, device_spec_for_name(agg.device_model), agg.config)
-            out += finding_records(agg, found, finding_id(agg))
+            out += [
+                (r.classification, encode(r)) for r in finding_records(agg, found, finding_id(agg))
+            ]
         return out
+
+    def _group_key(self, agg: WindowAggregate) -> bytes:
+        """The findings' message key of ``agg``'s fleet group (cached: a worker sees a few)."""
+        at = (agg.device_model, agg.workload, tuple(agg.problem_size))
+        key = self._group_keys.get(at)
+        if key is None:
+            if len(self._group_keys) >= 4096:
+                self._group_keys.clear()
+            key = self._group_keys[at] = group_key(*at).encode()
+        return key
 
 
 class _ClosedWindow:

@@ -19,6 +19,7 @@ import math
 import struct
 from typing import Annotated, Any, ClassVar, Literal, Self
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kernelstream.schemas.keys import stream_key
@@ -485,6 +486,38 @@ class Finding(Record):
             return cls.computed(fields)
         return cls(**fields)  # raises on a number that is not finite
 
+    @classmethod
+    def wire_of_window(
+        cls,
+        agg: WindowAggregate,
+        *,
+        id: str,
+        classification: Classification,
+        evidence: dict[str, float | int | str | bool],
+        summary: str,
+    ) -> bytes:
+        """``encode(Finding.of_window(...))``: the same bytes, the record not built.
+
+        The record's JSON is its fields in their order under the ``schema`` key first
+        (``schemas.codec.encode``); written here from the same fields. Anything else
+        (a number that is not finite: raises; a value orjson does not write as
+        pydantic does) goes through the record. Held equal by
+        ``tests/unit/agents/test_logic_detection.py``.
+        """
+        from kernelstream.schemas.codec import encode
+
+        if math.isfinite(sum([v for v in evidence.values() if type(v) is float])):
+            fields = _finding_fields(agg, id, classification, evidence, summary, copy=False)
+            try:
+                return orjson.dumps({"schema": cls.SCHEMA} | fields)
+            except TypeError:  # a value orjson does not write as pydantic does
+                pass
+        # through the record: raises on a number that is not finite
+        record = cls.of_window(
+            agg, id=id, classification=classification, evidence=evidence, summary=summary
+        )
+        return encode(record)
+
 
 def _finding_fields(
     agg: WindowAggregate,
@@ -492,7 +525,11 @@ def _finding_fields(
     classification: Classification,
     evidence: dict[str, float | int | str | bool],
     summary: str,
+    *,
+    copy: bool = True,
 ) -> dict[str, Any]:
+    """The fields of a finding of ``agg``, in the record's order (``copy``: the window's
+    list and dict copied, for a record of its own)."""
     return {
         "id": id,
         "node": agg.node,
@@ -500,8 +537,8 @@ def _finding_fields(
         "device_model": agg.device_model,
         "kernel": agg.kernel,
         "workload": agg.workload,
-        "problem_size": list(agg.problem_size),
-        "config": dict(agg.config),
+        "problem_size": list(agg.problem_size) if copy else agg.problem_size,
+        "config": dict(agg.config) if copy else agg.config,
         "config_id": agg.config_id,
         "window_start": agg.window_start,
         "window_end": agg.window_end,

@@ -112,6 +112,29 @@ class Detector:
 
     def classify(self, agg: WindowAggregate) -> Finding:
         """One finding for ``agg``; also feeds the config's baseline while it is forming."""
+        classification, evidence, summary = self._judge(agg)
+        return Finding.of_window(
+            agg,
+            id=finding_id(agg),
+            classification=classification,
+            evidence=evidence,
+            summary=summary,
+        )
+
+    def classify_wire(self, agg: WindowAggregate) -> tuple[Classification, bytes]:
+        """:meth:`classify`'s classification and the finding's record bytes
+        (``encode(classify(agg))``), without building the record: what publishing it
+        takes (:meth:`Finding.wire_of_window`)."""
+        classification, evidence, summary = self._judge(agg)
+        return classification, Finding.wire_of_window(
+            agg,
+            id=finding_id(agg),
+            classification=classification,
+            evidence=evidence,
+            summary=summary,
+        )
+
+    def _judge(self, agg: WindowAggregate) -> tuple[Classification, Evidence, str]:
         evidence = _roofline_evidence(agg)
         classification, summary = self._regression(agg, evidence) or self._classify(agg, evidence)
         # The device's state during the window travels with the finding, which is what
@@ -120,13 +143,7 @@ class Detector:
             value = getattr(agg, name)
             if value is not None:
                 evidence[name] = value
-        return Finding.of_window(
-            agg,
-            id=finding_id(agg),
-            classification=classification,
-            evidence=evidence,
-            summary=summary,
-        )
+        return classification, evidence, summary
 
     def _regression(
         self, agg: WindowAggregate, evidence: Evidence

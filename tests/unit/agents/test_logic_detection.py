@@ -167,3 +167,58 @@ def test_findings_say_where_the_occupancy_came_from() -> None:
     # a window from a producer that does not say (older nodes): the estimate
     older = Detector().classify(agg(bw_fraction=0.1, occupancy=0.1))
     assert older.evidence["occupancy_source"] == "estimate"
+
+
+_CASES = [
+    {},
+    {"bw_fraction": 0.2},
+    {**COMPUTE, "flops_fraction": 0.7},
+    {**COMPUTE, "flops_fraction": 0.3},
+    {"duration_mean_us": 5.0},
+    {"bw_fraction": 0.2, "waves": 0.4, "occupancy": 0.1},
+    {"count": 0, "failures": 5, "duration_mean_us": 0.0},
+    {"peak_gbs": 0.0, "peak_gflops": 0.0},
+    {"resources_source": "nvrtc 12.9 sm_90", "config": {"block": 128, "unroll": True}},
+    {
+        "schema": "ks.window/2",
+        "sm_clock_mean_mhz": 1410.0,
+        "mem_used_max_bytes": 3.2e9,
+        "node": "ノード-1",
+        "kernel": 'k"quoted\\',
+    },
+]
+
+
+@pytest.mark.parametrize("over", _CASES)
+def test_the_published_bytes_are_the_records(over: dict[str, Any]) -> None:
+    """classify_wire writes the finding without its record: the bytes encode gives the
+    record, the same classification, window after window (baselines forming, then a
+    regression judged against them)."""
+    from kernelstream.schemas import Finding, decode, encode
+
+    by_record, by_wire = (
+        Detector(DetectorThresholds(baseline_windows=2)),
+        Detector(DetectorThresholds(baseline_windows=2)),
+    )
+    for w, mean in enumerate([100.0, 100.0, 100.0, 300.0]):
+        window = {"window_start": 10.0 + w, "window_end": 11.0 + w}
+        a = agg(**({"duration_mean_us": mean} | window | over))
+        record = by_record.classify(a)
+        classification, value = by_wire.classify_wire(a)
+        assert value == encode(record)
+        assert classification == record.classification
+        assert decode(value, Finding) == record
+
+
+def test_a_finding_with_a_number_that_is_not_finite_is_refused_either_way() -> None:
+    from pydantic import ValidationError
+
+    from kernelstream.schemas import Finding
+
+    a = agg()
+    evidence: dict[str, float | int | str | bool] = {"ratio": float("inf")}
+    kw: dict[str, Any] = {"id": "x", "classification": "balanced", "summary": "s."}
+    with pytest.raises(ValidationError):
+        Finding.of_window(a, evidence=evidence, **kw)
+    with pytest.raises(ValidationError):
+        Finding.wire_of_window(a, evidence=evidence, **kw)

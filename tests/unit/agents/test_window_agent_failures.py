@@ -200,10 +200,11 @@ def test_a_detector_failure_dead_letters_the_window_and_the_stream_goes_on(
     ctx = WorkerContext(Settings(), topics)
     ingest = WindowIngest(None, ctx, Windower(), InlineDetector(ctx))
 
-    def fail(self: Detector, agg: WindowAggregate) -> Finding:
+    def fail(self: Detector, agg: WindowAggregate) -> Any:
         raise ZeroDivisionError("a defect in the detector")
 
-    monkeypatch.setattr(Detector, "classify", fail)
+    # the judgement both classify and classify_wire make
+    monkeypatch.setattr(Detector, "_judge", fail)
     asyncio.run(_poll(ingest, _extreme_msgs({})))  # does not raise
     windows = topics["windows"].sent
     assert len(windows) >= 4 and topics["findings"].sent == []
