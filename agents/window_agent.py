@@ -589,8 +589,9 @@ class WindowIngest(Service):
             if got.stop in TAKE_OVER:
                 # a header or a stream the engine was not given: the decoder judges it
                 if got.stop == "unregistered" and not looked_ahead:
-                    # the first of the poll: every message of a stream the engine was
-                    # not given decoded at once (new streams come many to a poll)
+                    # the first of the poll: the poll's first message of every header and
+                    # key the engine was not given, decoded at once and given to it (new
+                    # streams come many to a poll)
                     looked_ahead = True
                     failed: BaseException | None
                     try:
