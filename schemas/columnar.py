@@ -721,10 +721,8 @@ def _device_field() -> TypeAdapter[Any]:
 def _field_adapter(name: str) -> TypeAdapter[Any]:
     """A validator of one of :class:`LaunchBatch`'s fields alone, as the model's (strict)."""
     info = LaunchBatch.model_fields[name]
-    return TypeAdapter(
-        Annotated[info.annotation, *info.metadata],
-        config=ConfigDict(strict=True, allow_inf_nan=False),
-    )
+    field_type: Any = Annotated[info.annotation, *info.metadata]  # its type and constraints
+    return TypeAdapter(field_type, config=ConfigDict(strict=True, allow_inf_nan=False))
 
 
 def _binary_v2(bb: BinaryBatch) -> LaunchColumns:
