@@ -153,10 +153,21 @@ def test_ctrl_c_stops_everything_and_keeps_the_run(tmp_path: Path) -> None:
     assert proc.stdout is not None
     line = proc.stdout.readline()
     port = re.search(r"broker: 127\.0\.0\.1:(\d+)", line).group(1)  # type: ignore[union-attr]
-    time.sleep(15)
+    # Its worker and nodes start once the demo's topics exist: seconds on an idle machine,
+    # longer beside other tests' brokers. Then a run long enough for windows and findings.
     children = _children_of(proc.pid)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (
+        any("app.cli worker" in a for a in children.values())
+        and any("app.cli node" in a for a in children.values())
+    ):
+        assert proc.poll() is None, proc.communicate()[0]  # the demo ended: what it said
+        time.sleep(0.5)
+        children = _children_of(proc.pid)
     assert any("app.cli worker" in a for a in children.values()), children
     assert any("app.cli node" in a for a in children.values()), children
+    time.sleep(13)
+    children = _children_of(proc.pid)
     proc.send_signal(signal.SIGINT)
     # A bound on a hang, not a speed measurement: the demo used to take 15 s here.
     text, _ = proc.communicate(timeout=8)
