@@ -238,8 +238,8 @@ def test_an_engine_failure_hands_everything_to_python_and_loses_nothing() -> Non
 def test_idle_streams_are_given_back_for_the_idle_flush() -> None:
     ingest, _ = _agent(compiled=True)
     assert ingest.compiled is not None
-    now = time.time()
-    batch = _batch("n1", [now - 10.0, now - 9.9], 0, _configs()[0])
+    start = math.floor(time.time()) - 10.0  # both launches in one 1 s window, whatever the clock
+    batch = _batch("n1", [start + 0.2, start + 0.3], 0, _configs()[0])
     msg = SimpleNamespace(
         topic="ks.launches",
         partition=0,
