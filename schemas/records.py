@@ -482,7 +482,7 @@ class Finding(Record):
         sum is finite when they are (where the sum overflows, validation decides).
         """
         fields = _finding_fields(agg, id, classification, evidence, summary)
-        if math.isfinite(sum([v for v in evidence.values() if type(v) is float])):
+        if _finite_evidence(evidence):
             return cls.computed(fields)
         return cls(**fields)  # raises on a number that is not finite
 
@@ -506,7 +506,7 @@ class Finding(Record):
         """
         from kernelstream.schemas.codec import encode
 
-        if math.isfinite(sum([v for v in evidence.values() if type(v) is float])):
+        if _finite_evidence(evidence):
             fields = _finding_fields(agg, id, classification, evidence, summary, copy=False)
             try:
                 return orjson.dumps({"schema": cls.SCHEMA} | fields)
@@ -517,6 +517,12 @@ class Finding(Record):
             agg, id=id, classification=classification, evidence=evidence, summary=summary
         )
         return encode(record)
+
+
+def _finite_evidence(evidence: dict[str, float | int | str | bool]) -> bool:
+    """Whether every float of ``evidence`` is finite: their sum is when they are (where
+    the sum overflows, the record's validation decides)."""
+    return math.isfinite(sum([v for v in evidence.values() if type(v) is float]))
 
 
 def _finding_fields(

@@ -144,7 +144,7 @@ class CompiledWindows:
     def unregistered(self, values: list[Any], keys: list[Any], start: int) -> list[int]:
         """The indices from ``start`` of the binary batches whose header and key the
         engine was not given (where :meth:`poll` would stop, ``unregistered``)."""
-        return list(self.engine.unregistered(values, keys, start))
+        return self.engine.unregistered(values, keys, start)
 
     def _records(self, rows: list[Any]) -> list[WindowAggregate]:
         """The window records of the engine's closed windows (``_aggregate_acc``'s)."""

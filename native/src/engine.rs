@@ -451,11 +451,9 @@ impl WindowEngine {
             else {
                 continue;
             };
-            let known = self
-                .registered
-                .get(header)
-                .is_some_and(|under| under.iter().any(|(k, _)| k.as_deref() == key));
-            if !known && seen.insert((header.to_vec(), key.map(<[u8]>::to_vec))) {
+            if self.registered_as(header, key).is_none()
+                && seen.insert((header.to_vec(), key.map(<[u8]>::to_vec)))
+            {
                 out.push(i);
             }
         }
@@ -558,6 +556,16 @@ impl WindowEngine {
         c
     }
 
+    /// (stream slot, configuration index, meta index) registered for these header bytes
+    /// under this message key.
+    fn registered_as(&self, header: &[u8], key: Option<&[u8]>) -> Option<(usize, u32, usize)> {
+        self.registered
+            .get(header)?
+            .iter()
+            .find(|(k, _)| k.as_deref() == key)
+            .map(|&(_, entry)| entry)
+    }
+
     fn floor(&self, t: f64) -> i64 {
         (t / self.size).floor() as i64
     }
@@ -579,12 +587,7 @@ impl WindowEngine {
         }
         let (n, seq, m) = head(value).ok_or("not_binary")?;
         let header = value.get(HEAD_SIZE..HEAD_SIZE + m).ok_or("layout")?;
-        let &(slot, config, meta) = self
-            .registered
-            .get(header)
-            .and_then(|under| under.iter().find(|(k, _)| k.as_deref() == key))
-            .map(|(_, entry)| entry)
-            .ok_or("unregistered")?;
+        let (slot, config, meta) = self.registered_as(header, key).ok_or("unregistered")?;
         let stream = &self.streams[slot];
         if !stream.held {
             return Err("not_held");
