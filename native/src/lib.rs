@@ -195,40 +195,46 @@ fn stats_in(
     };
     // Non-negative and not NaN: then the bits order the values as the values do. Each
     // check a reduction without an early exit, so that it runs on vectors.
-    // (a NaN is neither below nor above anything: caught by is_nan)
-    let (lo, hi, sign, nan) = bounds(d);
+    let (lo, hi, sign) = bounds(d);
     let n = d.len();
-    if n == 0 || t.len() != n || sign >> 63 != 0 || nan {
-        return None;
-    }
-    // NaN compares false: an end time NaN fails this (or is the only one) and is caught
-    let in_order = t[1..]
-        .iter()
-        .zip(&t[..n - 1])
-        .fold(true, |all, (b, a)| all & (b >= a));
-    if (!in_order || n == 1) && t.iter().any(|x| x.is_nan()) {
+    if n == 0 || t.len() != n || sign >> 63 != 0 {
         return None;
     }
     let (tv, dv) = (t, d);
     let total = pairwise(dv);
+    // Without a sign bit a duration is 0, positive, +inf or NaN, and only a NaN makes
+    // their sum NaN: one test for all of them (a lane of NaN tests in `bounds` cost more
+    // than the bounds themselves).
+    if total.is_nan() || (n == 1 && t[0].is_nan()) {
+        return None;
+    }
     let mean = total / n as f64;
     // NumPy's `dev = d - mean; dev *= dev`, summed
     let std = (pairwise_of(Deviations(dv, mean)) / n as f64).sqrt();
     let mut idle_gap_mean_us = 0.0;
     if n > 1 {
         // into a buffer, then summed: a map over three columns vectorizes as a loop of
-        // its own, not inside the sum's blocks of eight
+        // its own, not inside the sum's blocks of eight. The gaps in arrival order, and in
+        // the same pass whether the end times are in order (NaN compares false: an end
+        // time NaN makes them not); if they are not, the gaps again in time order.
         gaps.clear();
-        if in_order {
-            gaps.extend(
-                dv[1..]
-                    .iter()
-                    .zip(&tv[1..])
-                    .zip(&tv[..n - 1])
-                    .map(|((&d, &t), &b)| gap(d, t, b)),
-            );
-        } else {
+        let mut in_order = true;
+        gaps.extend(
+            dv[1..]
+                .iter()
+                .zip(&tv[1..])
+                .zip(&tv[..n - 1])
+                .map(|((&d, &t), &b)| {
+                    in_order &= t >= b;
+                    gap(d, t, b)
+                }),
+        );
+        if !in_order {
+            if tv.iter().any(|x| x.is_nan()) {
+                return None;
+            }
             // np.argsort(t, kind="stable"): ties keep their arrival order
+            gaps.clear();
             order.clear();
             order.extend(0..n);
             order.sort_by(|&a, &b| tv[a].partial_cmp(&tv[b]).expect("no NaN end time"));
@@ -249,14 +255,13 @@ fn stats_in(
     })
 }
 
-/// (smallest, largest (at least 0), every value's bits ORed, whether one is NaN) of `d`,
-/// in eight lanes reduced at the end: a fold of one accumulator (a scalar min, max and
-/// NaN test per value) does not vectorize. Where no value is NaN (else the caller
-/// returns), min and max are the same whatever the order they are taken in.
-fn bounds(d: &[f64]) -> (f64, f64, u64, bool) {
+/// (smallest, largest (at least 0), every value's bits ORed) of `d`, in eight lanes
+/// reduced at the end: a fold of one accumulator (a scalar min and max per value) does
+/// not vectorize. Where no value is NaN (the caller returns if one is), min and max are
+/// the same whatever the order they are taken in.
+fn bounds(d: &[f64]) -> (f64, f64, u64) {
     const L: usize = 8;
-    let (mut lo, mut hi, mut bits, mut nan) =
-        ([f64::INFINITY; L], [0.0f64; L], [0u64; L], [0u64; L]);
+    let (mut lo, mut hi, mut bits) = ([f64::INFINITY; L], [0.0f64; L], [0u64; L]);
     let mut lanes = d.chunks_exact(L);
     for c in &mut lanes {
         for k in 0..L {
@@ -264,25 +269,18 @@ fn bounds(d: &[f64]) -> (f64, f64, u64, bool) {
             lo[k] = if x < lo[k] { x } else { lo[k] };
             hi[k] = if x > hi[k] { x } else { hi[k] };
             bits[k] |= x.to_bits();
-            nan[k] |= x.is_nan() as u64;
         }
     }
     for (k, &x) in lanes.remainder().iter().enumerate() {
         lo[k] = if x < lo[k] { x } else { lo[k] };
         hi[k] = if x > hi[k] { x } else { hi[k] };
         bits[k] |= x.to_bits();
-        nan[k] |= x.is_nan() as u64;
     }
     let lo = lo
         .iter()
         .fold(f64::INFINITY, |a, &x| if x < a { x } else { a });
     let hi = hi.iter().fold(0.0f64, |a, &x| if x > a { x } else { a });
-    (
-        lo,
-        hi,
-        bits.iter().fold(0, |a, b| a | b),
-        nan.iter().any(|&m| m != 0),
-    )
+    (lo, hi, bits.iter().fold(0, |a, b| a | b))
 }
 
 /// max(0, (t - d * 1e-6) - t_before), as `_aggregate_acc` computes it: `d * -1e-6`, plus
@@ -389,15 +387,13 @@ fn select_ranks(values: &[f64], ranks: &[usize], lo: f64, hi: f64) -> Vec<f64> {
     let total: usize = buckets.iter().map(|&b| counts[b] as usize).sum();
     let mut gathered: Vec<f64> = Vec::with_capacity(total);
     match runs[..] {
-        [(a, la)] => gathered.extend(
-            values
-                .iter()
-                .filter(|x| (x.to_bits() - lo).wrapping_sub(a) < la),
-        ),
-        [(a, la), (b, lb)] => gathered.extend(values.iter().filter(|x| {
-            let v = x.to_bits() - lo;
+        [(a, la)] => gather(values, &mut gathered, |x| {
+            (x.to_bits().wrapping_sub(lo)).wrapping_sub(a) < la
+        }),
+        [(a, la), (b, lb)] => gather(values, &mut gathered, |x| {
+            let v = x.to_bits().wrapping_sub(lo);
             (v.wrapping_sub(a) < la) | (v.wrapping_sub(b) < lb)
-        })),
+        }),
         _ => {
             let mut wanted_bucket = [false; BUCKETS];
             for &b in &buckets {
@@ -421,6 +417,20 @@ fn select_ranks(values: &[f64], ranks: &[usize], lo: f64, hi: f64) -> Vec<f64> {
             *part.select_nth_unstable_by_key(k, |x| x.to_bits()).1
         })
         .collect()
+}
+
+/// Appends to `out` the values `inside` takes, in order. The wanted values are few (a
+/// bucket or two of thousands), so blocks of 16 are tested first with a test per value
+/// and no branch (which runs on vectors), and only a block with one is filtered: three
+/// times faster than a filter's branch per value.
+fn gather(values: &[f64], out: &mut Vec<f64>, inside: impl Fn(f64) -> bool) {
+    let mut blocks = values.chunks_exact(16);
+    for block in &mut blocks {
+        if block.iter().fold(false, |any, &x| any | inside(x)) {
+            out.extend(block.iter().filter(|&&x| inside(x)));
+        }
+    }
+    out.extend(blocks.remainder().iter().filter(|&&x| inside(x)));
 }
 
 /// The checks `_plain_binary` makes of one batch's columns: `None` where they do not

@@ -123,6 +123,50 @@ def test_window_stats_leave_what_they_cannot_promise_to_numpy() -> None:
     assert duration_stats([], [], 1.0) == duration_stats_numpy([], [], 1.0)
 
 
+@pytest.mark.parametrize("n", [1, 2, 9, 129, 26_700])
+def test_window_stats_find_a_nan_wherever_it_is(n: int) -> None:
+    """A NaN duration is found by the durations' sum, a NaN end time by the order of the
+    end times (a single one by itself): at the start, the middle and the end of windows
+    of every size, beside +inf durations, and in chunks; NumPy's result every time."""
+    core = native.core
+    assert core is not None
+    rng = np.random.default_rng(n)
+    base_t = 1.7e9 + np.cumsum(rng.exponential(2e-5, n))
+    base_d = rng.lognormal(3.0, 1.0, n)
+    for at in sorted({0, n // 2, n - 1}):
+        for column in ("t", "d"):
+            for beside_inf in (False, True):
+                t, d = base_t.copy(), base_d.copy()
+                (t if column == "t" else d)[at] = np.nan
+                if beside_inf and n > 1:
+                    d[(at + 1) % n] = np.inf
+                assert core.window_stats([t], [d], [50.0, 95.0]) is None
+                cuts = [n // 3] if n > 2 else []
+                _compare(t, d, cuts)
+    # +inf durations alone are numbers NumPy sums and ranks: the compiled pass answers
+    d = base_d.copy()
+    d[n // 2] = np.inf
+    assert core.window_stats([base_t], [d], [50.0]) is not None
+    _compare(base_t, d, [n // 3] if n > 2 else [])
+
+
+@pytest.mark.parametrize("n", [100, 4097, 26_700])
+def test_window_stats_percentiles_of_ranks_far_apart_equal_numpy(n: int) -> None:
+    """Many percentiles at once: the ranks fall in one bucket, in neighbouring buckets or
+    in several runs of them, each way of gathering their values; the NumPy path's values
+    (``percentiles``: NumPy's partitions, and its interpolation between ranks)."""
+    core = native.core
+    assert core is not None
+    rng = np.random.default_rng(n)
+    d = rng.lognormal(3.0, 1.5, n)
+    t = 1.7e9 + np.cumsum(rng.exponential(2e-5, n))
+    qs = [0.0, 1.0, 5.0, 25.0, 50.0, 50.5, 75.0, 95.0, 99.0, 99.9, 100.0]
+    got = core.window_stats([t], [d], qs)
+    assert got is not None
+    want = percentiles(d.copy(), qs)
+    assert [_bits(x) for x in got[5]] == [_bits(x) for x in want]
+
+
 def _plain_cases() -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     t = 1.7e9 + np.arange(6) * 1e-3
     d = np.full(6, 10.0)
