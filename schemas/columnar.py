@@ -602,7 +602,10 @@ def _binary_columns(bb: BinaryBatch, plain: _Plain | bool | None = True) -> Laun
     knows it (:func:`decode_launch_columns_many`); True to find it out here.
     """
     cols = bb.columns
-    hit = _BIN_META.get(bb.meta_json)  # only headers without version 2 fields are kept
+    # only headers without version 2 fields are kept; a template kept by a batch before
+    # this one in the same poll serves here (the poll's first batch of each kind of
+    # header is validated whole, the others take its fields)
+    hit = _BIN_META.get(bb.meta_json) or _from_template(bb.meta_json)
     if hit is None and _v2_in_header(bb.meta_json):
         return _binary_v2(bb)
     if plain is True:

@@ -140,3 +140,45 @@ def test_a_template_hit_is_kept_and_a_changed_field_is_not_a_hit() -> None:
     value = encode_parts(orjson.dumps(fields), 11, [[1.5], [3.0], [1]])
     assert _outcome(value)[0] == "ok"
     assert len(columnar_mod._TEMPLATES) == before + 1
+
+
+def test_a_poll_of_new_streams_validates_one_header_of_each_kind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker's first poll holds the first batch of every stream (the window agent
+    decodes them in one call): the first header of each kind is validated whole, the
+    others in the same poll take its fields, and every verdict is the one alone, a
+    refused node among them included."""
+    values = [_message(f"node-{i}", i % 4) for i in range(40)]
+    values.insert(7, _message("n" * 201, None))  # refused: the model's verdict, in place
+    fields = _BASE.model_dump(by_alias=True, exclude={"t_end", "duration_us", "ok", "seq_start"})
+    fields["columns"] = WIRE_COLUMNS
+    fields["kernel"] = "another"
+    values.insert(20, encode_parts(orjson.dumps(fields), 11, [[1.5], [3.0], [1]]))
+    alone = [_alone(v) for v in values]
+    assert [a[0] for a in alone].count("error") == 1
+
+    _forget()
+    calls: list[Any] = []
+    validate = columnar_mod._validate
+
+    def counted(*args: Any) -> Any:
+        calls.append(args[0])
+        return validate(*args)
+
+    monkeypatch.setattr(columnar_mod, "_validate", counted)
+    got = decode_launch_columns_many(values)
+    # the first batch's header, the other kernel's, and the refused node's message (its
+    # template lookup fails on its node's validator, so the model says why)
+    assert len(calls) == 3, calls
+    for want, verdict in zip(alone, got, strict=True):
+        if isinstance(verdict, SchemaError):
+            assert want == ("error", (verdict.code, str(verdict)))
+        else:
+            assert want[0] == "ok"
+            meta = verdict.meta
+            assert want[1][:3] == (
+                meta.model_dump(),
+                meta.__pydantic_fields_set__,
+                verdict.stream_key,
+            )
