@@ -151,7 +151,10 @@ class Detector:
         th = self.thresholds
         if agg.count < th.min_launches:
             return None
-        base = self._baselines.setdefault(f"{agg.stream_key}|{agg.config_id}", _Baseline())
+        key = f"{agg.stream_key}|{agg.config_id}"
+        base = self._baselines.get(key)
+        if base is None:  # (not setdefault: its default would be built every window)
+            base = self._baselines[key] = _Baseline()
         if base.windows < th.baseline_windows:
             base.windows += 1
             base.count += agg.count
