@@ -47,9 +47,13 @@ const HEAD_SIZE: usize = 32;
 /// Sequence numbers at or above this are not trusted (`agents.logic.sequencing.SEQ_BOUND`).
 const SEQ_BOUND: u64 = 1 << 50;
 
-/// Registered (header bytes, message key) pairs kept at most; past it they are forgotten
-/// and registered again as their messages come (the Python decoder's cache does the same).
-const MAX_REGISTERED: usize = 4096;
+/// Registered header bytes kept at most; past it they are all forgotten and registered
+/// again as their messages come. A stream's header is its own (its node and device are in
+/// it), so this bounds the streams a worker windows here without stopping: a bound below
+/// a worker's streams makes every message of every stream a registration (at 4,096 and
+/// 5,120 streams a worker windowed 4.9x slower). 65,536 headers of ~600 bytes are ~40 MB,
+/// beside the streams' own state; the tuner's configuration changes add a header each.
+const MAX_REGISTERED: usize = 1 << 16;
 
 /// Launches of one window from one batch: read in place from the message, which the
 /// window holds (as the Python path holds views of it), or copied (the launches that ran

@@ -312,3 +312,61 @@ def test_a_poll_of_new_streams_is_decoded_at_once_and_dead_letters_come_in_order
     asyncio.run(go())
     offsets = [decode(v, DeadLetter).offset or 0 for v in topics["deadletter"].sent]
     assert offsets == sorted(offsets) == refused
+
+
+def test_a_worker_of_more_streams_than_four_thousand_registers_each_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """5,000 streams on one worker (above the 4,096 headers the engine once kept): each
+    stream's first batch is decoded and registered, and every later batch is windowed by
+    the engine without another decode. With too small a bound the engine forgot the
+    headers on the way and decoded every batch of every stream again."""
+    configs = _configs()
+    base = math.floor(time.time()) - 60.0
+    streams = 5_000
+    rounds = [
+        [
+            _batch(
+                f"wide-{i // 4}",
+                [base + r + 0.1, base + r + 0.2],
+                2 * r,
+                configs[0],
+                device_index=i % 4,
+            )
+            for i in range(streams)
+        ]
+        for r in range(3)
+    ]
+    ingest, _ = _agent(True)
+    decoded: list[int] = []
+    verdicts = ingest.ctx.launch_verdicts
+
+    def counted(events: list[Any]) -> Any:
+        decoded.append(len(events))
+        return verdicts(events)
+
+    monkeypatch.setattr(ingest.ctx, "launch_verdicts", counted)
+    offset = 0
+
+    async def go() -> None:
+        nonlocal offset
+        for batches in rounds:
+            msgs = []
+            for b in batches:
+                value = encode_launch_batch(b)
+                msgs.append(SimpleNamespace(key=b.stream_key.encode(), value=value, offset=offset))
+                offset += 1
+            for at in range(0, len(msgs), 500):
+                events = [
+                    SimpleNamespace(message=m, key=m.key, value=m.value)
+                    for m in msgs[at : at + 500]
+                ]
+                await ingest.ingest(events, set())
+            if batches is rounds[0]:
+                assert sum(decoded) == streams  # each first batch, once
+
+    asyncio.run(go())
+    assert sum(decoded) == streams  # none decoded again
+    assert ingest.stats.compiled_batches == ingest.stats.batches == 3 * streams
+    assert ingest.compiled is not None
+    assert len({b.stream_key for b in rounds[0]}) == streams
