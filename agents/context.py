@@ -106,6 +106,12 @@ def dead_letter_record(
     )
 
 
+# Entries of the caches that hold one entry per stream (a stream's configuration object
+# is its own where its header was decoded alone): cleared when full, so the bound is well
+# above a worker's streams; below them every batch of every stream would miss.
+PER_STREAM_ENTRIES = 16384
+
+
 @dataclass(frozen=True)
 class LaunchLimits:
     """Bounds on a launch batch's event times, relative to the worker's clock."""
@@ -156,7 +162,7 @@ class ConfigCheck:
             self._verdicts[key] = self._judge(batch, space)
         verdict = self._verdicts[key]
         # Bounded: batches carrying device samples are decoded anew, a new object each.
-        if len(self._by_id) >= 4096:
+        if len(self._by_id) >= PER_STREAM_ENTRIES:
             self._by_id.clear()
         self._by_id[id(batch.config)] = (batch.config, batch.problem_size, batch.workload, verdict)
         return verdict
@@ -561,7 +567,7 @@ class WorkerContext:
                     batch_key=cols.key,
                 )
                 if problem is None and cols.key is not None:
-                    if len(passed) >= 4096:
+                    if len(passed) >= PER_STREAM_ENTRIES:
                         passed.clear()
                     passed[(id(config), key)] = config  # holds it: its id stays its own
             out[i] = cols if problem is None else problem

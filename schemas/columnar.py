@@ -466,9 +466,13 @@ def _ints_of(n: int) -> struct.Struct:
 # columns left out): a stream sends the same fields batch after batch until its config
 # changes, and validating them was the largest per-batch cost after the parse (13-18 us
 # a batch against ~7 for the lookup and copy; bench pipeline with 512 streams of
-# 187-launch batches). Bounded: cleared when it holds _META_CACHE_MAX entries.
+# 187-launch batches). Bounded: cleared when it holds _META_CACHE_MAX entries. A stream's
+# header is its own (node and device are in it): a worker of more streams than the bound
+# would validate every batch again, so the bound is well above a worker's streams; an
+# entry is ~2 KB (a header decoded from a template) to ~6.6 KB (validated whole), ~33-110
+# MB at the bound. (The compiled engine keeps its own 65,536 headers.)
 _META_CACHE: dict[bytes, LaunchBatch] = {}
-_META_CACHE_MAX = 4096
+_META_CACHE_MAX = 16384
 _NOT_META = ("t_end", "duration_us", "ok", "seq_start")
 
 

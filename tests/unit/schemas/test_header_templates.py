@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from kernelstream.agents.logic.windowing import make_example_batch
-from kernelstream.schemas import SchemaError
+from kernelstream.schemas import SchemaError, encode
 from kernelstream.schemas import columnar as columnar_mod
-from kernelstream.schemas.binary import encode_parts
+from kernelstream.schemas.binary import encode_launch_batch, encode_parts
 from kernelstream.schemas.columnar import WIRE_COLUMNS, decode_launch_columns_many
 
 _BASE = make_example_batch([1.5, 2.5], duration_us=[3.0, 4.0], ok=[1, 0], seq_start=11)
@@ -182,3 +182,41 @@ def test_a_poll_of_new_streams_validates_one_header_of_each_kind(
                 meta.__pydantic_fields_set__,
                 verdict.stream_key,
             )
+
+
+@pytest.mark.parametrize("wire", ["json", "binary"])
+def test_five_thousand_streams_are_validated_once_each(
+    wire: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker of 5,000 streams (each header its own: node and device are in it) keeps
+    every stream's validated fields: the second batch of every stream is decoded without
+    the model, on the JSON path as on the binary one. Below the streams' count the caches
+    were cleared on the way and every batch was validated again."""
+    streams = 5_000
+
+    def batch(i: int, seq: int) -> bytes:
+        b = _BASE.model_copy(update={"node": f"wide-{i // 4}", "device_index": i % 4})
+        b = b.model_copy(update={"seq_start": seq})
+        return encode(b) if wire == "json" else encode_launch_batch(b)
+
+    first = [batch(i, 11) for i in range(streams)]
+    second = [batch(i, 13) for i in range(streams)]
+    _forget()
+    columnar_mod._META_CACHE.clear()
+    columnar_mod._JSON_HEAD.clear()
+    for at in range(0, streams, 500):
+        assert not any(
+            isinstance(v, SchemaError) for v in decode_launch_columns_many(first[at : at + 500])
+        )
+    calls: list[Any] = []
+    validate = columnar_mod._validate
+
+    def counted(*args: Any) -> Any:
+        calls.append(args[0])
+        return validate(*args)
+
+    monkeypatch.setattr(columnar_mod, "_validate", counted)
+    for at in range(0, streams, 500):
+        got = decode_launch_columns_many(second[at : at + 500])
+        assert [c.meta.seq_start for c in got if not isinstance(c, SchemaError)] == [13] * 500
+    assert calls == []
