@@ -68,6 +68,19 @@ def _after_template(value: bytes) -> tuple[str, Any]:
     return _outcome(value)
 
 
+def _count_validations(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """From now on, the model classes the decoder validates with, one per validation."""
+    calls: list[Any] = []
+    validate = columnar_mod._validate
+
+    def counted(*args: Any) -> Any:
+        calls.append(args[0])
+        return validate(*args)
+
+    monkeypatch.setattr(columnar_mod, "_validate", counted)
+    return calls
+
+
 @pytest.fixture(autouse=True)
 def _clean() -> Any:
     yield
@@ -159,14 +172,7 @@ def test_a_poll_of_new_streams_validates_one_header_of_each_kind(
     assert [a[0] for a in alone].count("error") == 1
 
     _forget()
-    calls: list[Any] = []
-    validate = columnar_mod._validate
-
-    def counted(*args: Any) -> Any:
-        calls.append(args[0])
-        return validate(*args)
-
-    monkeypatch.setattr(columnar_mod, "_validate", counted)
+    calls = _count_validations(monkeypatch)
     got = decode_launch_columns_many(values)
     # the first batch's header, the other kernel's, and the refused node's message (its
     # template lookup fails on its node's validator, so the model says why)
@@ -208,14 +214,7 @@ def test_five_thousand_streams_are_validated_once_each(
         assert not any(
             isinstance(v, SchemaError) for v in decode_launch_columns_many(first[at : at + 500])
         )
-    calls: list[Any] = []
-    validate = columnar_mod._validate
-
-    def counted(*args: Any) -> Any:
-        calls.append(args[0])
-        return validate(*args)
-
-    monkeypatch.setattr(columnar_mod, "_validate", counted)
+    calls = _count_validations(monkeypatch)
     for at in range(0, streams, 500):
         got = decode_launch_columns_many(second[at : at + 500])
         assert [c.meta.seq_start for c in got if not isinstance(c, SchemaError)] == [13] * 500
