@@ -28,6 +28,7 @@ from kernelstream.agents.publish import BatchPublisher
 from kernelstream.kernels.transfers import host_declared
 from kernelstream.schemas import DeadLetter, LaunchBatch, Record, SchemaError, decode, encode
 from kernelstream.schemas.codec import check_key
+from kernelstream.schemas.keys import PER_STREAM_ENTRIES
 
 if TYPE_CHECKING:
     from kernelstream.schemas.columnar import LaunchColumns
@@ -104,12 +105,6 @@ def dead_letter_record(
         value_bytes=len(value),
         value_sha256=hashlib.sha256(value).hexdigest(),
     )
-
-
-# Entries of the caches that hold one entry per stream (a stream's configuration object
-# is its own where its header was decoded alone): cleared when full, so the bound is well
-# above a worker's streams; below them every batch of every stream would miss.
-PER_STREAM_ENTRIES = 16384
 
 
 @dataclass(frozen=True)

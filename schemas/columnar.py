@@ -55,7 +55,7 @@ from kernelstream.schemas.codec import (
     json_problem,
 )
 from kernelstream.schemas.errors import SchemaError
-from kernelstream.schemas.keys import stream_key
+from kernelstream.schemas.keys import PER_STREAM_ENTRIES, stream_key
 from kernelstream.schemas.records import (
     _MAX_COPY_BYTES,
     _MAX_COPY_GBS,
@@ -356,7 +356,7 @@ def _json_head(head: bytes) -> tuple[tuple[LaunchBatch, set[str], str], frozense
     except SchemaError:
         return None
     entry = ((meta, meta.__pydantic_fields_set__ | {"seq_start"}, meta.stream_key), frozenset(obj))
-    if len(_JSON_HEAD) >= _META_CACHE_MAX:
+    if len(_JSON_HEAD) >= PER_STREAM_ENTRIES:
         _JSON_HEAD.clear()
     _JSON_HEAD[head] = entry
     return entry
@@ -466,13 +466,9 @@ def _ints_of(n: int) -> struct.Struct:
 # columns left out): a stream sends the same fields batch after batch until its config
 # changes, and validating them was the largest per-batch cost after the parse (13-18 us
 # a batch against ~7 for the lookup and copy; bench pipeline with 512 streams of
-# 187-launch batches). Bounded: cleared when it holds _META_CACHE_MAX entries. A stream's
-# header is its own (node and device are in it): a worker of more streams than the bound
-# would validate every batch again, so the bound is well above a worker's streams; an
-# entry is ~2 KB (a header decoded from a template) to ~6.6 KB (validated whole), ~33-110
-# MB at the bound. (The compiled engine keeps its own 65,536 headers.)
+# 187-launch batches). Bounded: cleared when it holds PER_STREAM_ENTRIES entries (one a
+# stream: schemas.keys says why that many).
 _META_CACHE: dict[bytes, LaunchBatch] = {}
-_META_CACHE_MAX = 16384
 _NOT_META = ("t_end", "duration_us", "ok", "seq_start")
 
 
@@ -494,7 +490,7 @@ def _validated_meta(obj: dict[str, Any]) -> LaunchBatch:
     if cached is not None:
         return cached.model_copy(update={"seq_start": seq})
     meta = LaunchBatch.model_validate(obj | _PLACEHOLDER | {"seq_start": seq})
-    if len(_META_CACHE) >= _META_CACHE_MAX:
+    if len(_META_CACHE) >= PER_STREAM_ENTRIES:
         _META_CACHE.clear()
     _META_CACHE[key] = meta
     return meta
@@ -592,7 +588,7 @@ def _struct_of(n: int) -> struct.Struct:
 
 # Header bytes already validated (the per-batch fields, ``seq_start`` apart) -> those
 # fields, their fields-set with ``seq_start`` (what :func:`_with_seq_start` gives each
-# batch) and the stream key. Cleared when it holds _META_CACHE_MAX entries, as the JSON
+# batch) and the stream key. Cleared when it holds PER_STREAM_ENTRIES entries, as the JSON
 # cache is. A hit also tells :func:`_known_binary` the columns' layout: the header lists
 # them, and only a header whose list is exactly WIRE_COLUMNS was ever kept.
 _BIN_META: dict[bytes, tuple[LaunchBatch, set[str], str]] = {}
@@ -609,7 +605,7 @@ def _binary_columns(bb: BinaryBatch, plain: _Plain | bool | None = True) -> Laun
     # only headers without version 2 fields are kept; a template kept by a batch before
     # this one in the same poll serves here (the poll's first batch of each kind of
     # header is validated whole, the others take its fields)
-    hit = _BIN_META.get(bb.meta_json) or _from_template(bb.meta_json)
+    hit = _kept(bb.meta_json)
     if hit is None and _v2_in_header(bb.meta_json):
         return _binary_v2(bb)
     if plain is True:
@@ -639,15 +635,21 @@ def _binary_columns(bb: BinaryBatch, plain: _Plain | bool | None = True) -> Laun
     )
 
 
+def _kept(header: bytes) -> tuple[LaunchBatch, set[str], str] | None:
+    """The :data:`_BIN_META` entry of these header bytes: kept, or built from a template
+    (:func:`_from_template`); None where the full decoder decides."""
+    return _BIN_META.get(header) or _from_template(header)
+
+
 def _keep_header(header: bytes, hit: tuple[LaunchBatch, set[str], str]) -> None:
     """Keep a validated header (an :data:`_BIN_META` entry), and it as the template of
     the headers that differ from it only in their node and device index."""
-    if len(_BIN_META) >= _META_CACHE_MAX:
+    if len(_BIN_META) >= PER_STREAM_ENTRIES:
         _BIN_META.clear()
     _BIN_META[header] = hit
     identity = _identity(header)
     if identity is not None:
-        if len(_TEMPLATES) >= _META_CACHE_MAX:
+        if len(_TEMPLATES) >= PER_STREAM_ENTRIES:
             _TEMPLATES.clear()
         _TEMPLATES[identity[0]] = hit
 
@@ -1058,7 +1060,7 @@ def _known_binary(data: bytes) -> _Known | None:
         return None
     _, version, n, seq_start, m = read_head(data)
     header = data[HEAD_SIZE : HEAD_SIZE + m]
-    hit = _BIN_META.get(header) or _from_template(header)
+    hit = _kept(header)
     if hit is None or version != LAYOUT_VERSION or not 1 <= n <= MAX_LAUNCHES:
         return None
     pos = HEAD_SIZE + m + (-m % 8)

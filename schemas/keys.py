@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["group_key", "stream_key"]
+__all__ = ["PER_STREAM_ENTRIES", "group_key", "stream_key"]
+
+# Entries of the worker's caches that hold one entry per stream (a stream's header is its
+# own: its node and device are in it; so is its configuration object where its header was
+# decoded alone): each is cleared when full, so the bound is well above a worker's
+# streams; below them every batch of every stream would miss. An entry of the decoders'
+# caches is ~2 KB (a header decoded from a template) to ~6.6 KB (validated whole): ~33-110
+# MB at the bound. (The compiled engine keeps 65,536 headers of its own, native/src/engine.rs.)
+PER_STREAM_ENTRIES = 16384
 
 
 def stream_key(node: str, device_index: int, kernel: str) -> str:
