@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from types import SimpleNamespace
+from typing import get_args
 
 from kernelstream.agents.context import WorkerContext
 from kernelstream.agents.logic.detection import Detector, finding_id
@@ -34,10 +35,14 @@ from kernelstream.kernels.devices import device_spec_for_name
 from kernelstream.schemas import WindowAggregate, encode
 from kernelstream.schemas.columnar import LaunchColumns
 from kernelstream.schemas.keys import group_key
+from kernelstream.schemas.records import Classification
 
 __all__ = ["InlineDetector"]
 
 log = logging.getLogger(__name__)
+
+# Each classification's counter (not formatted per finding).
+_COUNTED = {c: f"findings.{c}" for c in get_args(Classification)}
 
 
 class InlineDetector:
@@ -78,7 +83,7 @@ class InlineDetector:
                 continue
             key = self._group_key(agg)
             for classification, value in found:
-                counters[f"findings.{classification}"] += 1
+                counters[_COUNTED[classification]] += 1
                 items.append((key, value))
         if items:
             await self.ctx.send_many("findings", items)

@@ -37,13 +37,16 @@ import orjson
 
 from kernelstream.agents.logic.windowing import (
     Windower,
+    WindowTemplate,
     _Acc,
     _build,
     _cat,
     _KeyState,
     _meta,
-    compiled_stats,
+    build_window,
+    busy_fraction,
     duration_stats,
+    window_template,
 )
 from kernelstream.schemas import WindowAggregate, native
 from kernelstream.schemas.columnar import LaunchColumns
@@ -98,6 +101,7 @@ class CompiledWindows:
         # per-batch fields (the window record's) by index, the engine's handle of them
         self._metas: list[dict[str, Any]] = []
         self._meta_index: dict[bytes, int] = {}
+        self._templates: list[WindowTemplate] = []  # the window records' (by the same index)
         windower.held_elsewhere = self.open_windows
 
     @classmethod
@@ -149,23 +153,44 @@ class CompiledWindows:
     def _records(self, rows: list[Any]) -> list[WindowAggregate]:
         """The window records of the engine's closed windows (``_aggregate_acc``'s)."""
         size = self.windower.spec.size_s
+        templates = self._templates
         out = []
         for _, window, config_id, meta, failures, late, seq_min, seq_max, got, cols in rows:
             if got is None:  # no launch that ran: NumPy decides, as duration_stats does
                 count, stats = duration_stats([cols[0]], [cols[1]], size)
-            else:
-                count, total, mean, std, idle, p50, p95, d_min, d_max = got
-                stats = compiled_stats(total, mean, std, idle, p50, p95, d_min, d_max, size)
+                out.append(
+                    _build(
+                        self._metas[meta],
+                        config_id,
+                        window,
+                        size,
+                        count,
+                        failures,
+                        late,
+                        stats,
+                        seq_min,
+                        seq_max,
+                    )
+                )
+                continue
+            count, total, mean, std, idle, p50, p95, d_min, d_max = got
             out.append(
-                _build(
-                    self._metas[meta],
+                build_window(
+                    templates[meta],
                     config_id,
                     window,
                     size,
                     count,
                     failures,
                     late,
-                    stats,
+                    mean,
+                    p50,
+                    p95,
+                    d_min,
+                    d_max,
+                    std,
+                    busy_fraction(total, size),
+                    idle,
                     seq_min,
                     seq_max,
                 )
@@ -279,4 +304,5 @@ class CompiledWindows:
         if at is None:
             at = self._meta_index[ident] = len(self._metas)
             self._metas.append(dict(meta))
+            self._templates.append(window_template(meta))
         return at

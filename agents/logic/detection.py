@@ -19,10 +19,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kernelstream.agents.logic.errors import LogicSettingsError, SnapshotError
 from kernelstream.agents.logic.ratios import finite_ratio
+from kernelstream.schemas.keys import PER_STREAM_ENTRIES
 from kernelstream.schemas.records import Classification, Finding, WindowAggregate
 
 __all__ = ["DEVICE_EVIDENCE", "Detector", "DetectorThresholds", "finding_id"]
@@ -92,6 +93,28 @@ def finding_id(agg: WindowAggregate) -> str:
     return f"{agg.stream_key}/{agg.config_id}/{agg.window_start:.6f}"
 
 
+class _Series(NamedTuple):
+    """How the windows of one stream's configuration are named: in a finding's summary,
+    its id (without the window's start) and its baseline's key."""
+
+    what: str
+    id_prefix: str
+    baseline_key: str
+
+    @classmethod
+    def of(cls, agg: WindowAggregate) -> _Series:
+        stream = agg.stream_key
+        return cls(
+            what=f"{agg.kernel} with {agg.config_id} on {agg.device_key}",
+            id_prefix=f"{stream}/{agg.config_id}/",
+            baseline_key=f"{stream}|{agg.config_id}",
+        )
+
+    def finding_id(self, agg: WindowAggregate) -> str:
+        """:func:`finding_id` of ``agg``, a window of this series."""
+        return f"{self.id_prefix}{agg.window_start:.6f}"
+
+
 @dataclass
 class _Baseline:
     windows: int = 0
@@ -109,13 +132,16 @@ class Detector:
     def __init__(self, thresholds: DetectorThresholds | None = None) -> None:
         self.thresholds = thresholds or DetectorThresholds()
         self._baselines: dict[str, _Baseline] = {}
+        # per (node, device, kernel, config): what every window of it is named by
+        self._series: dict[tuple[str, int, str, str], _Series] = {}
 
     def classify(self, agg: WindowAggregate) -> Finding:
         """One finding for ``agg``; also feeds the config's baseline while it is forming."""
-        classification, evidence, summary = self._judge(agg)
+        series = self._series_of(agg)
+        classification, evidence, summary = self._judge(agg, series)
         return Finding.of_window(
             agg,
-            id=finding_id(agg),
+            id=series.finding_id(agg),
             classification=classification,
             evidence=evidence,
             summary=summary,
@@ -125,18 +151,32 @@ class Detector:
         """:meth:`classify`'s classification and the finding's record bytes
         (``encode(classify(agg))``), without building the record: what publishing it
         takes (:meth:`Finding.wire_of_window`)."""
-        classification, evidence, summary = self._judge(agg)
+        series = self._series_of(agg)
+        classification, evidence, summary = self._judge(agg, series)
         return classification, Finding.wire_of_window(
             agg,
-            id=finding_id(agg),
+            id=series.finding_id(agg),
             classification=classification,
             evidence=evidence,
             summary=summary,
         )
 
-    def _judge(self, agg: WindowAggregate) -> tuple[Classification, Evidence, str]:
+    def _series_of(self, agg: WindowAggregate) -> _Series:
+        """The names of ``agg``'s stream and configuration (kept: a stream's windows
+        are named alike every second)."""
+        at = (agg.node, agg.device_index, agg.kernel, agg.config_id)
+        series = self._series.get(at)
+        if series is None:
+            if len(self._series) >= PER_STREAM_ENTRIES:
+                self._series.clear()
+            series = self._series[at] = _Series.of(agg)
+        return series
+
+    def _judge(self, agg: WindowAggregate, series: _Series) -> tuple[Classification, Evidence, str]:
         evidence = _roofline_evidence(agg)
-        classification, summary = self._regression(agg, evidence) or self._classify(agg, evidence)
+        classification, summary = self._regression(agg, evidence, series) or self._classify(
+            agg, evidence, series.what
+        )
         # The device's state during the window travels with the finding, which is what
         # the alert agent reads (agents.logic.forecast's device series).
         for name in DEVICE_EVIDENCE:
@@ -146,12 +186,12 @@ class Detector:
         return classification, evidence, summary
 
     def _regression(
-        self, agg: WindowAggregate, evidence: Evidence
+        self, agg: WindowAggregate, evidence: Evidence, series: _Series
     ) -> tuple[Classification, str] | None:
         th = self.thresholds
         if agg.count < th.min_launches:
             return None
-        key = f"{agg.stream_key}|{agg.config_id}"
+        key = series.baseline_key
         base = self._baselines.get(key)
         if base is None:  # (not setdefault: its default would be built every window)
             base = self._baselines[key] = _Baseline()
@@ -166,15 +206,15 @@ class Detector:
         evidence["regression_ratio"] = ratio
         if ratio > th.regression_factor:
             return "regression", (
-                f"{agg.kernel} with {agg.config_id} on {agg.device_key} takes "
-                f"{agg.duration_mean_us:.1f} us, {ratio:.2f}x its own baseline of "
-                f"{base.mean_us:.1f} us."
+                f"{series.what} takes {agg.duration_mean_us:.1f} us, {ratio:.2f}x its own "
+                f"baseline of {base.mean_us:.1f} us."
             )
         return None
 
-    def _classify(self, agg: WindowAggregate, ev: Evidence) -> tuple[Classification, str]:
+    def _classify(
+        self, agg: WindowAggregate, ev: Evidence, what: str
+    ) -> tuple[Classification, str]:
         th = self.thresholds
-        what = f"{agg.kernel} with {agg.config_id} on {agg.device_key}"
         if agg.count == 0:
             return "balanced", f"{what} had no successful launch ({agg.failures} failed)."
         if agg.duration_mean_us < th.launch_bound_factor * agg.launch_overhead_us:

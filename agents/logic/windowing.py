@@ -850,9 +850,14 @@ def compiled_stats(
         "duration_min_us": d_min,
         "duration_max_us": d_max,
         "duration_std_us": std,
-        "busy_fraction": total * 1e-6 / size_s,
+        "busy_fraction": busy_fraction(total, size_s),
         "idle_gap_mean_us": idle,
     }
+
+
+def busy_fraction(total_us: float, size_s: float) -> float:
+    """The share of a window of ``size_s`` seconds its launches' ``total_us`` fill."""
+    return total_us * 1e-6 / size_s
 
 
 def duration_stats_numpy(
@@ -874,7 +879,7 @@ def duration_stats_numpy(
         stats.update(
             duration_mean_us=mean,
             duration_std_us=math.sqrt(float(_add(dev)) / d.size),
-            busy_fraction=total * 1e-6 / size_s,
+            busy_fraction=busy_fraction(total, size_s),
         )
         if d.size > 1:
             # Gaps follow completion order; arrival (= sequence) order breaks ties
@@ -914,6 +919,55 @@ _DURATION_STATS = (
 )
 
 
+class WindowTemplate(NamedTuple):
+    """What every window of one stream's configuration holds whatever its launches: the
+    record's fields in their order (:meth:`Record.template`) filled in with the batches'
+    fields and the roofline's constants, and the numbers a window's placement divides."""
+
+    state: dict[str, Any]
+    bytes_moved: float
+    flops: float
+    peak_gbs: float
+    peak_gflops: float
+
+
+# The fields a window's build gives (Record.computed counts them as set): all but the
+# schema's and the device samples' (given where the window has samples).
+_WINDOW_FIELDS_SET = frozenset(WindowAggregate.model_fields) - {
+    "schema_",
+    "device_samples",
+    "sm_clock_mean_mhz",
+    "mem_used_max_bytes",
+}
+
+
+def window_template(meta: Mapping[str, Any]) -> WindowTemplate:
+    """The :class:`WindowTemplate` of windows of ``meta``'s batches (kept by the
+    compiled engine's path per stream and configuration, made anew per window by the
+    Python path)."""
+    bytes_moved, flops = float(meta["bytes_moved"]), float(meta["flops"])
+    state = WindowAggregate.template()
+    state.update(
+        node=meta["node"],
+        device_index=meta["device_index"],
+        device_model=meta["device_model"],
+        kernel=meta["kernel"],
+        workload=meta["workload"],
+        problem_size=list(meta["problem_size"]),
+        config=dict(meta["config"]),
+        arithmetic_intensity=finite_ratio(flops, bytes_moved),
+        occupancy=meta["occupancy"],
+        resources_source=meta.get("resources_source"),
+        waves=meta["waves"],
+        peak_gbs=meta["peak_gbs"],
+        peak_gflops=meta["peak_gflops"],
+        launch_overhead_us=meta["launch_overhead_us"],
+    )
+    return WindowTemplate(
+        state, bytes_moved, flops, float(meta["peak_gbs"]), float(meta["peak_gflops"])
+    )
+
+
 def _build(
     meta: Mapping[str, Any],
     config_id: str,
@@ -927,50 +981,86 @@ def _build(
     seq_max: int,
     device: Mapping[str, Any] | None = None,
 ) -> WindowAggregate:
-    """The roofline placement shared by the batched path and the reference."""
-    mean_us = stats["duration_mean_us"]
-    bytes_moved, flops = float(meta["bytes_moved"]), float(meta["flops"])
+    """The window record of ``stats`` (:func:`duration_stats`'s) and ``meta``'s batches."""
+    return build_window(
+        window_template(meta),
+        config_id,
+        window,
+        size_s,
+        count,
+        failures,
+        late_accepted,
+        stats["duration_mean_us"],
+        stats["duration_p50_us"],
+        stats["duration_p95_us"],
+        stats["duration_min_us"],
+        stats["duration_max_us"],
+        stats["duration_std_us"],
+        stats["busy_fraction"],
+        stats["idle_gap_mean_us"],
+        seq_min,
+        seq_max,
+        device,
+    )
+
+
+def build_window(
+    template: WindowTemplate,
+    config_id: str,
+    window: int,
+    size_s: float,
+    count: int,
+    failures: int,
+    late_accepted: int,
+    mean_us: float,
+    p50_us: float,
+    p95_us: float,
+    min_us: float,
+    max_us: float,
+    std_us: float,
+    busy_fraction: float,
+    idle_gap_mean_us: float,
+    seq_min: int,
+    seq_max: int,
+    device: Mapping[str, Any] | None = None,
+) -> WindowAggregate:
+    """The window record: the roofline placement shared by the batched paths, the
+    compiled engine's and the reference."""
     # bytes / (mean_us * 1e-6 s) / 1e9 = GB/s; each quotient finite whatever the input
     # (agents.logic.ratios)
-    gbs = finite_ratio(bytes_moved, mean_us * 1e3)
-    gflops = finite_ratio(flops, mean_us * 1e3)
+    gbs = finite_ratio(template.bytes_moved, mean_us * 1e3)
+    gflops = finite_ratio(template.flops, mean_us * 1e3)
     # Built from validated launches, each value of its field's type and within its
     # bounds (quotients through finite_ratio): not validated again (Record.computed).
-    return WindowAggregate.computed(
-        {
-            "node": meta["node"],
-            "device_index": meta["device_index"],
-            "device_model": meta["device_model"],
-            "kernel": meta["kernel"],
-            "workload": meta["workload"],
-            "problem_size": list(meta["problem_size"]),
-            "config": dict(meta["config"]),
-            "config_id": config_id,
-            "window_start": window * size_s,
-            "window_end": (window + 1) * size_s,
-            "count": count,
-            "failures": failures,
-            "late_accepted": late_accepted,
-            "busy_fraction": stats["busy_fraction"],
-            "idle_gap_mean_us": stats["idle_gap_mean_us"],
-            "achieved_gbs": gbs,
-            "achieved_gflops": gflops,
-            # Peaks of 0: the GPU model is not known, nor its roofline (DeviceSpec.unknown).
-            "bw_fraction": finite_ratio(gbs, float(meta["peak_gbs"])),
-            "flops_fraction": finite_ratio(gflops, float(meta["peak_gflops"])),
-            "arithmetic_intensity": finite_ratio(flops, bytes_moved),
-            "occupancy": meta["occupancy"],
-            "resources_source": meta.get("resources_source"),
-            "waves": meta["waves"],
-            "peak_gbs": meta["peak_gbs"],
-            "peak_gflops": meta["peak_gflops"],
-            "launch_overhead_us": meta["launch_overhead_us"],
-            "seq_min": seq_min,
-            "seq_max": seq_max,
-            **{k: stats[k] for k in _DURATION_STATS},
-            **(device or {}),
-        }
-    )
+    state = template.state.copy()
+    state["problem_size"] = list(state["problem_size"])  # the record's own
+    state["config"] = dict(state["config"])
+    state["config_id"] = config_id
+    state["window_start"] = window * size_s
+    state["window_end"] = (window + 1) * size_s
+    state["count"] = count
+    state["failures"] = failures
+    state["late_accepted"] = late_accepted
+    state["duration_mean_us"] = mean_us
+    state["duration_p50_us"] = p50_us
+    state["duration_p95_us"] = p95_us
+    state["duration_min_us"] = min_us
+    state["duration_max_us"] = max_us
+    state["duration_std_us"] = std_us
+    state["busy_fraction"] = busy_fraction
+    state["idle_gap_mean_us"] = idle_gap_mean_us
+    state["achieved_gbs"] = gbs
+    state["achieved_gflops"] = gflops
+    # Peaks of 0: the GPU model is not known, nor its roofline (DeviceSpec.unknown).
+    state["bw_fraction"] = finite_ratio(gbs, template.peak_gbs)
+    state["flops_fraction"] = finite_ratio(gflops, template.peak_gflops)
+    state["seq_min"] = seq_min
+    state["seq_max"] = seq_max
+    fields_set = set(_WINDOW_FIELDS_SET)
+    if device:
+        state.update(device)
+        fields_set.update(device)
+    return WindowAggregate.computed_from(state, fields_set)
 
 
 # -- per-record reference ---------------------------------------------------------

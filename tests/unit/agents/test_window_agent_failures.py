@@ -200,7 +200,7 @@ def test_a_detector_failure_dead_letters_the_window_and_the_stream_goes_on(
     ctx = WorkerContext(Settings(), topics)
     ingest = WindowIngest(None, ctx, Windower(), InlineDetector(ctx))
 
-    def fail(self: Detector, agg: WindowAggregate) -> Any:
+    def fail(self: Detector, agg: WindowAggregate, series: Any) -> Any:
         raise ZeroDivisionError("a defect in the detector")
 
     # the judgement both classify and classify_wire make
