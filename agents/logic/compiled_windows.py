@@ -37,9 +37,9 @@ import orjson
 
 from kernelstream.agents.logic.windowing import (
     Windower,
+    WindowFigures,
     WindowTemplate,
     _Acc,
-    _build,
     _cat,
     _KeyState,
     _meta,
@@ -158,43 +158,13 @@ class CompiledWindows:
         for _, window, config_id, meta, failures, late, seq_min, seq_max, got, cols in rows:
             if got is None:  # no launch that ran: NumPy decides, as duration_stats does
                 count, stats = duration_stats([cols[0]], [cols[1]], size)
-                out.append(
-                    _build(
-                        self._metas[meta],
-                        config_id,
-                        window,
-                        size,
-                        count,
-                        failures,
-                        late,
-                        stats,
-                        seq_min,
-                        seq_max,
-                    )
-                )
-                continue
-            count, total, mean, std, idle, p50, p95, d_min, d_max = got
-            out.append(
-                build_window(
-                    templates[meta],
-                    config_id,
-                    window,
-                    size,
-                    count,
-                    failures,
-                    late,
-                    mean,
-                    p50,
-                    p95,
-                    d_min,
-                    d_max,
-                    std,
-                    busy_fraction(total, size),
-                    idle,
-                    seq_min,
-                    seq_max,
-                )
-            )
+                figures = WindowFigures.of(stats)
+            else:
+                count, total, mean, std, idle, p50, p95, d_min, d_max = got
+                busy = busy_fraction(total, size)
+                figures = WindowFigures(mean, p50, p95, d_min, d_max, std, busy, idle)
+            counts = (count, failures, late, seq_min, seq_max)
+            out.append(build_window(templates[meta], config_id, window, size, counts, figures))
         self.windower.metrics.windows_emitted += len(out)
         return out
 

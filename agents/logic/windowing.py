@@ -968,6 +968,33 @@ def window_template(meta: Mapping[str, Any]) -> WindowTemplate:
     )
 
 
+class WindowFigures(NamedTuple):
+    """A window's duration statistics, as :func:`build_window` takes them."""
+
+    mean_us: float
+    p50_us: float
+    p95_us: float
+    min_us: float
+    max_us: float
+    std_us: float
+    busy_fraction: float
+    idle_gap_mean_us: float
+
+    @classmethod
+    def of(cls, stats: Mapping[str, float]) -> WindowFigures:
+        """The figures of :func:`duration_stats`'s statistics."""
+        return cls(
+            stats["duration_mean_us"],
+            stats["duration_p50_us"],
+            stats["duration_p95_us"],
+            stats["duration_min_us"],
+            stats["duration_max_us"],
+            stats["duration_std_us"],
+            stats["busy_fraction"],
+            stats["idle_gap_mean_us"],
+        )
+
+
 def _build(
     meta: Mapping[str, Any],
     config_id: str,
@@ -987,19 +1014,8 @@ def _build(
         config_id,
         window,
         size_s,
-        count,
-        failures,
-        late_accepted,
-        stats["duration_mean_us"],
-        stats["duration_p50_us"],
-        stats["duration_p95_us"],
-        stats["duration_min_us"],
-        stats["duration_max_us"],
-        stats["duration_std_us"],
-        stats["busy_fraction"],
-        stats["idle_gap_mean_us"],
-        seq_min,
-        seq_max,
+        (count, failures, late_accepted, seq_min, seq_max),
+        WindowFigures.of(stats),
         device,
     )
 
@@ -1009,23 +1025,15 @@ def build_window(
     config_id: str,
     window: int,
     size_s: float,
-    count: int,
-    failures: int,
-    late_accepted: int,
-    mean_us: float,
-    p50_us: float,
-    p95_us: float,
-    min_us: float,
-    max_us: float,
-    std_us: float,
-    busy_fraction: float,
-    idle_gap_mean_us: float,
-    seq_min: int,
-    seq_max: int,
+    counts: tuple[int, int, int, int, int],
+    figures: WindowFigures,
     device: Mapping[str, Any] | None = None,
 ) -> WindowAggregate:
     """The window record: the roofline placement shared by the batched paths, the
-    compiled engine's and the reference."""
+    compiled engine's and the reference. ``counts``: launches that ran, that failed,
+    accepted late, and the lowest and highest sequence numbers."""
+    count, failures, late_accepted, seq_min, seq_max = counts
+    mean_us, p50_us, p95_us, min_us, max_us, std_us, busy, idle = figures
     # bytes / (mean_us * 1e-6 s) / 1e9 = GB/s; each quotient finite whatever the input
     # (agents.logic.ratios)
     gbs = finite_ratio(template.bytes_moved, mean_us * 1e3)
@@ -1047,8 +1055,8 @@ def build_window(
     state["duration_min_us"] = min_us
     state["duration_max_us"] = max_us
     state["duration_std_us"] = std_us
-    state["busy_fraction"] = busy_fraction
-    state["idle_gap_mean_us"] = idle_gap_mean_us
+    state["busy_fraction"] = busy
+    state["idle_gap_mean_us"] = idle
     state["achieved_gbs"] = gbs
     state["achieved_gflops"] = gflops
     # Peaks of 0: the GPU model is not known, nor its roofline (DeviceSpec.unknown).
