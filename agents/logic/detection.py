@@ -90,7 +90,7 @@ class DetectorThresholds:
 
 def finding_id(agg: WindowAggregate) -> str:
     """Deterministic id: one finding per (stream key, config, window)."""
-    return f"{agg.stream_key}/{agg.config_id}/{agg.window_start:.6f}"
+    return _Series.of(agg).finding_id(agg)
 
 
 class _Series(NamedTuple):
@@ -111,7 +111,8 @@ class _Series(NamedTuple):
         )
 
     def finding_id(self, agg: WindowAggregate) -> str:
-        """:func:`finding_id` of ``agg``, a window of this series."""
+        """The id of the finding of ``agg``, a window of this series
+        (:func:`finding_id`): stream key, configuration id and window start."""
         return f"{self.id_prefix}{agg.window_start:.6f}"
 
 

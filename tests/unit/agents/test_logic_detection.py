@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kernelstream.agents.logic.detection import Detector, DetectorThresholds
+from kernelstream.agents.logic.detection import Detector, DetectorThresholds, finding_id
 from kernelstream.agents.logic.errors import LogicSettingsError, SnapshotError
 from kernelstream.schemas.records import WindowAggregate
 
@@ -101,7 +101,7 @@ def test_under_utilization_reports_every_cause() -> None:
 def test_finding_is_deterministic_and_carries_measurement() -> None:
     a, b = Detector().classify(agg()), Detector().classify(agg())
     assert a == b
-    assert a.id == "n1:0/k/block=128/10.000000"
+    assert a.id == "n1:0/k/block=128/10.000000" == finding_id(agg())
     assert (a.count, a.failures, a.duration_mean_us) == (100, 0, 100.0)
 
 
