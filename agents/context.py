@@ -28,7 +28,7 @@ from kernelstream.agents.publish import BatchPublisher
 from kernelstream.kernels.transfers import host_declared
 from kernelstream.schemas import DeadLetter, LaunchBatch, Record, SchemaError, decode, encode
 from kernelstream.schemas.codec import check_key
-from kernelstream.schemas.keys import PER_STREAM_ENTRIES
+from kernelstream.schemas.keys import remember
 
 if TYPE_CHECKING:
     from kernelstream.schemas.columnar import LaunchColumns
@@ -157,9 +157,8 @@ class ConfigCheck:
             self._verdicts[key] = self._judge(batch, space)
         verdict = self._verdicts[key]
         # Bounded: batches carrying device samples are decoded anew, a new object each.
-        if len(self._by_id) >= PER_STREAM_ENTRIES:
-            self._by_id.clear()
-        self._by_id[id(batch.config)] = (batch.config, batch.problem_size, batch.workload, verdict)
+        entry = (batch.config, batch.problem_size, batch.workload, verdict)
+        remember(self._by_id, id(batch.config), entry)
         return verdict
 
     @staticmethod
@@ -562,9 +561,7 @@ class WorkerContext:
                     batch_key=cols.key,
                 )
                 if problem is None and cols.key is not None:
-                    if len(passed) >= PER_STREAM_ENTRIES:
-                        passed.clear()
-                    passed[(id(config), key)] = config  # holds it: its id stays its own
+                    remember(passed, (id(config), key), config)  # holds it: its id stays its own
             out[i] = cols if problem is None else problem
         return typing.cast("list[LaunchColumns | SchemaError]", out)  # each one set
 

@@ -55,7 +55,7 @@ from kernelstream.schemas.codec import (
     json_problem,
 )
 from kernelstream.schemas.errors import SchemaError
-from kernelstream.schemas.keys import PER_STREAM_ENTRIES, stream_key
+from kernelstream.schemas.keys import remember, stream_key
 from kernelstream.schemas.records import (
     _MAX_COPY_BYTES,
     _MAX_COPY_GBS,
@@ -356,10 +356,7 @@ def _json_head(head: bytes) -> tuple[tuple[LaunchBatch, set[str], str], frozense
     except SchemaError:
         return None
     entry = ((meta, meta.__pydantic_fields_set__ | {"seq_start"}, meta.stream_key), frozenset(obj))
-    if len(_JSON_HEAD) >= PER_STREAM_ENTRIES:
-        _JSON_HEAD.clear()
-    _JSON_HEAD[head] = entry
-    return entry
+    return remember(_JSON_HEAD, head, entry)
 
 
 def _empty_array(value: Any) -> bool:
@@ -490,10 +487,7 @@ def _validated_meta(obj: dict[str, Any]) -> LaunchBatch:
     if cached is not None:
         return cached.model_copy(update={"seq_start": seq})
     meta = LaunchBatch.model_validate(obj | _PLACEHOLDER | {"seq_start": seq})
-    if len(_META_CACHE) >= PER_STREAM_ENTRIES:
-        _META_CACHE.clear()
-    _META_CACHE[key] = meta
-    return meta
+    return remember(_META_CACHE, key, meta)
 
 
 def _plain_batch(obj: object) -> bool:
@@ -644,14 +638,10 @@ def _kept(header: bytes) -> tuple[LaunchBatch, set[str], str] | None:
 def _keep_header(header: bytes, hit: tuple[LaunchBatch, set[str], str]) -> None:
     """Keep a validated header (an :data:`_BIN_META` entry), and it as the template of
     the headers that differ from it only in their node and device index."""
-    if len(_BIN_META) >= PER_STREAM_ENTRIES:
-        _BIN_META.clear()
-    _BIN_META[header] = hit
+    remember(_BIN_META, header, hit)
     identity = _identity(header)
     if identity is not None:
-        if len(_TEMPLATES) >= PER_STREAM_ENTRIES:
-            _TEMPLATES.clear()
-        _TEMPLATES[identity[0]] = hit
+        remember(_TEMPLATES, identity[0], hit)
 
 
 # The headers a node's encoder writes (:func:`schemas.binary.header_json`) start with the

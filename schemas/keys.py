@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
-__all__ = ["PER_STREAM_ENTRIES", "group_key", "stream_key"]
+__all__ = ["PER_STREAM_ENTRIES", "group_key", "remember", "stream_key"]
 
 # Entries of the worker's caches that hold one entry per stream (a stream's header is its
 # own: its node and device are in it; so is its configuration object where its header was
@@ -13,6 +14,23 @@ __all__ = ["PER_STREAM_ENTRIES", "group_key", "stream_key"]
 # caches is ~2 KB (a header decoded from a template) to ~6.6 KB (validated whole): ~33-110
 # MB at the bound. (The compiled engine keeps 65,536 headers of its own, native/src/engine.rs.)
 PER_STREAM_ENTRIES = 16384
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def remember(cache: dict[K, V], key: K, value: V) -> V:
+    """Keep ``value`` under ``key`` in a per-stream cache, all of it forgotten first when
+    it holds :data:`PER_STREAM_ENTRIES`; returns ``value``.
+
+    >>> c: dict[str, int] = {}
+    >>> remember(c, "a", 1), c
+    (1, {'a': 1})
+    """
+    if len(cache) >= PER_STREAM_ENTRIES:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 def stream_key(node: str, device_index: int, kernel: str) -> str:

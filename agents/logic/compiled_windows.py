@@ -44,7 +44,6 @@ from kernelstream.agents.logic.windowing import (
     _KeyState,
     _meta,
     build_window,
-    busy_fraction,
     duration_stats,
     window_template,
 )
@@ -161,8 +160,9 @@ class CompiledWindows:
                 figures = WindowFigures.of(stats)
             else:
                 count, total, mean, std, idle, p50, p95, d_min, d_max = got
-                busy = busy_fraction(total, size)
-                figures = WindowFigures(mean, p50, p95, d_min, d_max, std, busy, idle)
+                figures = WindowFigures.compiled(
+                    total, mean, std, idle, p50, p95, d_min, d_max, size
+                )
             counts = (count, failures, late, seq_min, seq_max)
             out.append(build_window(templates[meta], config_id, window, size, counts, figures))
         self.windower.metrics.windows_emitted += len(out)

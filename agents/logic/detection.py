@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from kernelstream.agents.logic.errors import LogicSettingsError, SnapshotError
 from kernelstream.agents.logic.ratios import finite_ratio
-from kernelstream.schemas.keys import PER_STREAM_ENTRIES
+from kernelstream.schemas.keys import remember
 from kernelstream.schemas.records import Classification, Finding, WindowAggregate
 
 __all__ = ["DEVICE_EVIDENCE", "Detector", "DetectorThresholds", "finding_id"]
@@ -168,9 +168,7 @@ class Detector:
         at = (agg.node, agg.device_index, agg.kernel, agg.config_id)
         series = self._series.get(at)
         if series is None:
-            if len(self._series) >= PER_STREAM_ENTRIES:
-                self._series.clear()
-            series = self._series[at] = _Series.of(agg)
+            series = remember(self._series, at, _Series.of(agg))
         return series
 
     def _judge(self, agg: WindowAggregate, series: _Series) -> tuple[Classification, Evidence, str]:
