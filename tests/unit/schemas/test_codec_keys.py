@@ -25,6 +25,8 @@ from kernelstream.schemas.errors import SchemaError
         b'{"id":"n:0","a":1,"a" :2}',
         # what orjson writes of the objects parsed, but for the repeated key
         orjson.dumps({"id": "n:0/k", "e": {"x": 1.5}})[:-1] + b',"id":"n:1/k"}',
+        # the same past 4 KiB, where the keys are counted before the text is written back
+        orjson.dumps({"id": "n:0/k", "pad": "x" * 5000})[:-1] + b',"id":"n:1/k"}',
     ],
 )
 def test_a_repeated_key_is_refused(text: bytes) -> None:
@@ -44,6 +46,8 @@ def test_a_repeated_key_is_refused(text: bytes) -> None:
         b'{"s":"say \\":\\"","a":1}',  # an escaped quote before a colon
         # exactly what orjson writes of the objects parsed, colons in strings
         orjson.dumps({"id": "n:0/k", "e": {"x": 1.5, "s": "a: b"}, "l": [{"k": 1}]}),
+        # the same past 4 KiB (the keys counted first, then the text written back)
+        orjson.dumps({"id": "n:0/k", "pad": "a: b" * 1500, "l": [{"k": 1}]}),
     ],
 )
 def test_unique_keys_pass(text: bytes) -> None:
