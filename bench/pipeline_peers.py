@@ -532,6 +532,11 @@ def _stage_lines(r: dict[str, Any], ceil: dict[str, float]) -> list[str]:
             f"{k} {stage[k] / windows * 1e6:.0f}" for k in ("close", "emit") if k in stage
         )
         ceiling_us = inp["launches"] / ceil[wire] / messages * 1e6
+        # the worker's whole time per message (its median rate); what the steps leave of
+        # it ran between them: the findings reader and its stages, the producer's sends,
+        # the fetcher's requests, the event loop
+        total_us = inp["launches"] / r[name]["median_per_s"] / messages * 1e6
+        between = total_us - sum(stage.values()) / messages * 1e6
         engine = ""
         last = rounds[-1]
         if last.get("batches"):
@@ -542,7 +547,8 @@ def _stage_lines(r: dict[str, Any], ceil: dict[str, float]) -> list[str]:
                 f"{stops or 'none'})"
             )
         out.append(
-            f"{name}, window stage by step, us per message: {per_msg} (per window: {per_win}); "
+            f"{name}, window stage by step, us per message: {per_msg}, between the steps "
+            f"{between:.1f}; {total_us:.1f} in all (per window: {per_win}); "
             f"the {wire} ceiling: {ceiling_us:.1f} us per message in all{engine}"
         )
     return out

@@ -64,9 +64,14 @@ def test_the_window_stage_is_split_by_step_per_message_and_per_window() -> None:
     stages = {"fetch": 0.1, "decode": 0.2, "window": 0.1, "close": 0.3, "emit": 0.4}
     r = {
         "input": {"messages": 1000, "reference_windows": 100, "launches": 200_000},
-        "worker_binary": {"rounds": [{"stage_s": stages}, {"stage_s": stages}]},
+        # 200,000 launches at 160,000 a second: 1.25 s, 1,250 us a message, 1,100 in steps
+        "worker_binary": {
+            "rounds": [{"stage_s": stages}, {"stage_s": stages}],
+            "median_per_s": 160_000.0,
+        },
     }
     [line] = _stage_lines(r, {"binary": 20e6})
     assert "fetch 100.0, decode 200.0, window 100.0, close 300.0, emit 400.0" in line
+    assert "between the steps 150.0; 1250.0 in all" in line
     assert "(per window: close 3000, emit 4000)" in line
     assert line.endswith("the binary ceiling: 10.0 us per message in all")
