@@ -185,6 +185,55 @@ def test_a_repeated_key_is_refused_as_before(raw: bytes) -> None:
     assert got.value.code == "duplicate_key"
 
 
+_OPTIONAL = b',"samples":[],"host_gap_us":null,"host_waited":null,"copies":null}'
+
+
+@pytest.mark.parametrize(
+    ("tail", "fast"),
+    [
+        (_OPTIONAL, True),  # every optional field, empty
+        (b"}", True),  # none of them
+        (b',"host_waited":null}', True),
+        (_OPTIONAL[:-1] + b',"kernel":"evil"}', False),  # a batch field again, after
+        (_OPTIONAL[:-1] + b',"copies":null}', False),  # an optional field twice
+        (_OPTIONAL[:-1] + b',"extra":1}', False),  # a field the record does not have
+        (b',"samples":[{"t":1.5}]}', False),  # device samples: the model's path
+    ],
+)
+def test_the_fields_after_the_columns_are_judged_as_the_orjson_path_does(
+    tail: bytes, fast: bool
+) -> None:
+    """The simdjson path counts the keys after ``seq_start`` and looks up the ones it
+    may take; a repeated, unknown or missing one sends the batch to the orjson path."""
+    from kernelstream.schemas.columnar import _simd_parts
+
+    raw = orjson.dumps(_BASE)
+    assert raw.endswith(_OPTIONAL)
+    raw = raw[: -len(_OPTIONAL)] + tail
+    assert (_simd_parts(raw) is not None) == fast
+    _equal(verdict(decode_launch_columns, raw), _orjson_verdict(raw))
+
+
+@pytest.mark.parametrize(
+    ("column", "replacement"),
+    [
+        (b'"ok":', b'"okay":'),  # a needed column missing, an unknown key in its place
+        (b'"ok":[1,0]', b'"duration_us":[3.0,4.0]'),  # one column twice, one missing
+        (b'"seq_start":0,', b'"seq_start":0,"seq_start":1,'),
+    ],
+)
+def test_a_missing_or_repeated_column_leaves_the_simdjson_path(
+    column: bytes, replacement: bytes
+) -> None:
+    from kernelstream.schemas.columnar import _simd_parts
+
+    raw = orjson.dumps(_BASE)
+    assert raw.count(column) == 1
+    raw = raw.replace(column, replacement)
+    assert _simd_parts(raw) is None
+    _equal(verdict(decode_launch_columns, raw), _orjson_verdict(raw))
+
+
 def _orjson_verdict(raw: bytes) -> LaunchColumns | SchemaError:
     """What the decoder gave before simdjson (and gives where that path declines)."""
     from kernelstream.schemas.columnar import _orjson_columns
