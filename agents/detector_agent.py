@@ -97,7 +97,8 @@ class InlineDetector:
         if host is not None:
             found = transfer_findings(host, device_spec_for_name(agg.device_model), agg.config)
             out += [
-                (r.classification, encode(r)) for r in finding_records(agg, found, finding_id(agg))
+                (r.classification, encode(r))
+                for r in finding_records(agg, found, self.detector.finding_id(agg))
             ]
         return out
 

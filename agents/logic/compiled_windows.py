@@ -44,7 +44,7 @@ from kernelstream.agents.logic.windowing import (
     _KeyState,
     _meta,
     build_window,
-    duration_stats,
+    window_figures,
     window_template,
 )
 from kernelstream.schemas import WindowAggregate, native
@@ -155,9 +155,8 @@ class CompiledWindows:
         templates = self._templates
         out = []
         for _, window, config_id, meta, failures, late, seq_min, seq_max, got, cols in rows:
-            if got is None:  # no launch that ran: NumPy decides, as duration_stats does
-                count, stats = duration_stats([cols[0]], [cols[1]], size)
-                figures = WindowFigures.of(stats)
+            if got is None:  # no launch that ran: NumPy decides, as window_figures does
+                count, figures = window_figures([cols[0]], [cols[1]], size)
             else:
                 count, total, mean, std, idle, p50, p95, d_min, d_max = got
                 figures = WindowFigures.compiled(

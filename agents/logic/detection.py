@@ -162,6 +162,10 @@ class Detector:
             summary=summary,
         )
 
+    def finding_id(self, agg: WindowAggregate) -> str:
+        """:func:`finding_id` of ``agg``, from its series' names kept here."""
+        return self._series_of(agg).finding_id(agg)
+
     def _series_of(self, agg: WindowAggregate) -> _Series:
         """The names of ``agg``'s stream and configuration (kept: a stream's windows
         are named alike every second)."""

@@ -792,18 +792,14 @@ class InOrderRun:
 
 
 def _aggregate_acc(acc: _Acc, window: int, config_id: str, size_s: float) -> WindowAggregate:
-    count, stats = duration_stats(acc.t_end, acc.duration_us, size_s)
-    return _build(
-        acc.meta,
+    count, figures = window_figures(acc.t_end, acc.duration_us, size_s)
+    return build_window(
+        window_template(acc.meta),
         config_id,
         window,
         size_s,
-        count,
-        acc.failures,
-        acc.late_accepted,
-        stats,
-        acc.seq_min,
-        acc.seq_max,
+        (count, acc.failures, acc.late_accepted, acc.seq_min, acc.seq_max),
+        figures,
         acc.device.fields() if acc.device else None,
     )
 
@@ -819,6 +815,15 @@ def duration_stats(
     has it and it can promise NumPy's exact result; else :func:`duration_stats_numpy`.
     Both give the same numbers, bit for bit.
     """
+    count, figures = window_figures(t_chunks, d_chunks, size_s)
+    return count, figures.as_stats()
+
+
+def window_figures(
+    t_chunks: list[Any], d_chunks: list[Any], size_s: float
+) -> tuple[int, WindowFigures]:
+    """:func:`duration_stats` as the figures a window record takes (:func:`build_window`),
+    without a dict of them in between on the compiled pass."""
     core = native.core
     if core is not None:
         try:
@@ -828,8 +833,9 @@ def duration_stats(
         if got is not None:
             count, total, mean, std, idle, (p50, p95), d_min, d_max = got
             figures = WindowFigures.compiled(total, mean, std, idle, p50, p95, d_min, d_max, size_s)
-            return count, figures.as_stats()
-    return duration_stats_numpy(t_chunks, d_chunks, size_s)
+            return count, figures
+    count, stats = duration_stats_numpy(t_chunks, d_chunks, size_s)
+    return count, WindowFigures.of(stats)
 
 
 def busy_fraction(total_us: float, size_s: float) -> float:
@@ -1001,7 +1007,8 @@ def _build(
     seq_max: int,
     device: Mapping[str, Any] | None = None,
 ) -> WindowAggregate:
-    """The window record of ``stats`` (:func:`duration_stats`'s) and ``meta``'s batches."""
+    """The window record of ``stats`` (:func:`duration_stats`'s) and ``meta``'s batches
+    (the per-launch reference's)."""
     return build_window(
         window_template(meta),
         config_id,

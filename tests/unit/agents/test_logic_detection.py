@@ -101,7 +101,7 @@ def test_under_utilization_reports_every_cause() -> None:
 def test_finding_is_deterministic_and_carries_measurement() -> None:
     a, b = Detector().classify(agg()), Detector().classify(agg())
     assert a == b
-    assert a.id == "n1:0/k/block=128/10.000000" == finding_id(agg())
+    assert a.id == "n1:0/k/block=128/10.000000" == finding_id(agg()) == Detector().finding_id(agg())
     assert (a.count, a.failures, a.duration_mean_us) == (100, 0, 100.0)
 
 
