@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kernelstream.agents.context import dead_letter_key, dead_letter_record
+from kernelstream.agents.first_offset import seek_to_first
 from kernelstream.agents.logic.reconfiguration import outcome_record
 from kernelstream.agents.retry_log import RetryLog
 from kernelstream.schemas import Recommendation, SchemaError, decode, encode
@@ -107,7 +108,7 @@ class RecommendationInbox:
                 part = partition_for_key(self.settings.node_id.encode(), list(parts))
                 tp = TopicPartition(topic, part)
                 consumer.assign([tp])
-                await consumer.seek_to_beginning(tp)
+                seek_to_first(consumer, [tp])
                 self._consumer, self._tp = consumer, tp
                 self.ready.set()
                 self._retry_log.recovered()
@@ -149,7 +150,7 @@ class RecommendationInbox:
         consumer.assign([*kept, tp])
         for old, pos in positions.items():
             consumer.seek(old, pos)  # assign() forgets where the kept ones were
-        await consumer.seek_to_beginning(tp)
+        seek_to_first(consumer, [tp])
         log.warning(
             "%s now has %d partitions: node %s reads partition %d too (its key moved there)",
             topic,

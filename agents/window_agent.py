@@ -73,6 +73,7 @@ from mode import Service
 
 from kernelstream.agents.context import RecordEvent, WorkerContext, partition_lag
 from kernelstream.agents.detector_agent import InlineDetector
+from kernelstream.agents.first_offset import seek_to_first
 from kernelstream.agents.logic.compiled_windows import TAKE_OVER, CompiledWindows, Taken
 from kernelstream.agents.logic.errors import SnapshotError
 from kernelstream.agents.logic.ingest import (
@@ -988,6 +989,7 @@ class WindowIngest(Service):
                 self._next[tp] = committed or 0
                 if committed is None:
                     self._uncommitted.add(tp)
+                    seek_to_first(self._consumer, [tp])  # not the broker's "beginning"
                 self._keys_of[tp] = set()
                 self._dirty.add(tp)
                 try:
@@ -1115,6 +1117,7 @@ async def _read_states(ingest: WindowIngest, partitions: set[int]) -> dict[int, 
     consumer = AIOKafkaConsumer(
         bootstrap_servers=ingest.bootstrap,
         enable_auto_commit=False,
+        auto_offset_reset="earliest",
         **ingest.settings.kafka_client_kwargs(),
     )
     await consumer.start()
@@ -1122,7 +1125,7 @@ async def _read_states(ingest: WindowIngest, partitions: set[int]) -> dict[int, 
     try:
         tps = [TopicPartition(topic, p) for p in partitions]
         consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
+        seek_to_first(consumer, tps)
         pending = set(partitions)
         deadline = time.monotonic() + 30.0
         while pending and time.monotonic() < deadline:

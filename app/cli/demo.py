@@ -297,11 +297,9 @@ async def _follow(
 ) -> None:
     from aiokafka import AIOKafkaConsumer
 
+    from kernelstream.agents.first_offset import assign_from_first
+
     consumer = AIOKafkaConsumer(
-        settings.topic_windows,
-        settings.topic_findings,
-        settings.topic_reconfig,
-        settings.topic_deadletter,
         bootstrap_servers=bootstrap,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
@@ -309,6 +307,16 @@ async def _follow(
     )
     await consumer.start()
     try:
+        # From offset 0: the embedded broker's "beginning" can be one too high.
+        await assign_from_first(
+            consumer,
+            (
+                settings.topic_windows,
+                settings.topic_findings,
+                settings.topic_reconfig,
+                settings.topic_deadletter,
+            ),
+        )
         while not stop.is_set():
             batch = await consumer.getmany(timeout_ms=200)
             for msgs in batch.values():

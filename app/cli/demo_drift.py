@@ -127,9 +127,9 @@ def _alert_line(a: Alert, t0: float) -> str:
 async def _follow(settings: Settings, bootstrap: str, out: DriftOutcome, timeout_s: float) -> None:
     from aiokafka import AIOKafkaConsumer
 
+    from kernelstream.agents.first_offset import assign_from_first
+
     consumer = AIOKafkaConsumer(
-        settings.topic_alerts,
-        settings.topic_findings,
         bootstrap_servers=bootstrap,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
@@ -138,6 +138,8 @@ async def _follow(settings: Settings, bootstrap: str, out: DriftOutcome, timeout
     await consumer.start()
     deadline = time.monotonic() + timeout_s
     try:
+        # From offset 0: the embedded broker's "beginning" can be one too high.
+        await assign_from_first(consumer, (settings.topic_alerts, settings.topic_findings))
         while not out.done() and time.monotonic() < deadline:
             batch = await consumer.getmany(timeout_ms=200)
             for msgs in batch.values():

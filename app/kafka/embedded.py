@@ -13,7 +13,10 @@ record gone once the topic is created). Clients that cached the old metadata
 produce exactly such requests, so after a restart the topics must exist before
 any producer reaches the broker: :meth:`EmbeddedBroker.create_topic` talks to the
 listener directly, and ``advertised_port`` lets a test put a gate (a TCP proxy)
-between the clients and the broker.
+between the clients and the broker. And where two producers write a fresh partition's
+first records at once, it can answer the partition's beginning offset one too high:
+readers that need a partition whole start at offset 0
+(:mod:`kernelstream.agents.first_offset`).
 """
 
 from __future__ import annotations

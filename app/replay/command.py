@@ -276,25 +276,28 @@ class KafkaSource:
     async def _fetch_one(self, topic: str, partition: int, offset: int) -> Any:
         tp = self._tp(topic, partition)
         self._consumer.seek(tp, offset)
-        # Short polls: an empty answer with a high watermark at or below ``offset`` says
-        # "nothing there" at once, where one long poll would wait out its timeout.
+        # Short polls: an empty answer with a high watermark at or below where the
+        # consumer reads (``offset``, or the log's start it was reset to) says "nothing
+        # there" at once, where one long poll would wait out its timeout.
         deadline = time.monotonic() + _FETCH_TRIES * _FETCH_TIMEOUT_MS / 1000.0
         while time.monotonic() < deadline:
             got = await self._consumer.getmany(tp, timeout_ms=50, max_records=1)
             if got.get(tp):
                 return got[tp][0]
             hw = self._consumer.highwater(tp)
-            if hw is not None and hw <= offset:
+            if hw is not None and hw <= max(offset, await self._consumer.position(tp)):
                 return None
         return None
 
     async def bounds(self, topic: str, partition: int) -> tuple[int, int]:
         tp = self._tp(topic, partition)
-        # Beginning offsets are right on the embedded broker (it deletes nothing) and on
-        # Kafka; end offsets come from a fetch's high watermark, never from ListOffsets.
-        first = (await self._consumer.beginning_offsets([tp]))[tp]
-        msg = await self._fetch_one(topic, partition, first)
+        # From offset 0, not the broker's beginning offset, which the embedded broker can
+        # answer one too high (kernelstream.agents.first_offset); on Kafka a log whose
+        # start was deleted resets the fetch to it. End offsets come from a fetch's high
+        # watermark, never from ListOffsets.
+        msg = await self._fetch_one(topic, partition, 0)
         if msg is None:
+            first = (await self._consumer.beginning_offsets([tp]))[tp]
             return first, first
         end = int(self._consumer.highwater(tp) or msg.offset + 1)
         end = max(end, msg.offset + 1)

@@ -10,6 +10,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from kernelstream.agents.first_offset import assign_from_first
 from kernelstream.schemas import SchemaError, decode_any
 
 
@@ -24,12 +25,16 @@ class TopicReader:
 
     async def __aenter__(self) -> TopicReader:
         self._consumer = AIOKafkaConsumer(
-            *self.topics,
             bootstrap_servers=self.bootstrap,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
         )
         await self._consumer.start()
+        try:  # from offset 0: the embedded broker's "beginning" can be one too high
+            await assign_from_first(self._consumer, self.topics)
+        except BaseException:
+            await self._consumer.stop()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:

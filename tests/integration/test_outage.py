@@ -166,7 +166,7 @@ def _where(
         (s, *at) for (key, s), at in placed.items() if key == stream and abs(s - seq) < 60
     )
     holes = {
-        part: sorted(set(range(min(offsets[part]), max(offsets[part]) + 1)) - offsets[part])[:10]
+        part: sorted(set(range(max(offsets[part]) + 1)) - offsets[part])[:10]
         for part in {p for _, p, _ in near}
     }
     return f"batches near it (seq, partition, offset): {near}; unseen offsets: {holes}"

@@ -1,0 +1,59 @@
+"""Reading a partition from its first record: offset 0, not the broker's "beginning".
+
+A consumer that starts at a partition's beginning asks the broker where its log starts
+(ListOffsets, what ``auto_offset_reset="earliest"`` and ``seek_to_beginning`` do). The
+embedded broker (Tansu, memory storage) can answer one too high: when the first records
+of a fresh partition come from two producers at once (two nodes' launch batches, the
+burst after an outage), the log's start becomes the offset of whichever write finished
+first. Measured: 4 producers writing the first record of 30 fresh topics together, 3
+topics answered a beginning of 1 while a fetch at offset 0 returned that record; a
+consumer starting at the beginning skips it, silently (a CI run of the outage test lost
+one launch batch that way).
+
+So the consumers that must read a partition whole seek to offset 0. On Apache Kafka,
+whose log start moves only when records are deleted (retention, DeleteRecords), a
+fetch at 0 of such a log is answered OffsetOutOfRange and the consumer's reset
+(``auto_offset_reset="earliest"``, which these consumers must have) takes it to the
+log's start: where ``seek_to_beginning`` would have gone, one round trip later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["assign_from_first", "seek_to_first"]
+
+
+def seek_to_first(consumer: Any, tps: Iterable[Any]) -> None:
+    """Position an ``earliest``-resetting aiokafka consumer at each partition's first
+    record (offset 0, or the log's start where records before it were deleted)."""
+    for tp in tps:
+        consumer.seek(tp, 0)
+
+
+async def assign_from_first(
+    consumer: Any, topics: Iterable[str], timeout_s: float = 30.0
+) -> list[Any]:
+    """Assign every partition of ``topics`` to a started consumer (no group) and seek
+    each to its first record; return them. Waits up to ``timeout_s`` for the topics'
+    metadata; a topic still without partitions then raises ``LookupError``."""
+    from aiokafka import TopicPartition
+
+    topics = list(topics)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        parts = {t: consumer.partitions_for_topic(t) for t in topics}
+        missing = [t for t, p in parts.items() if not p]
+        if not missing:
+            break
+        if time.monotonic() > deadline:
+            raise LookupError(f"no partitions for {missing} after {timeout_s:.0f} s")
+        await consumer._client.force_metadata_update()
+        await asyncio.sleep(0.1)
+    tps = [TopicPartition(t, p) for t in topics for p in sorted(parts[t])]
+    consumer.assign(tps)
+    seek_to_first(consumer, tps)
+    return tps
