@@ -49,6 +49,7 @@ from aiokafka.errors import ConsumerStoppedError, KafkaError
 from mode import Service
 
 from kernelstream.agents.context import RecordEvent, WorkerContext, partition_lag
+from kernelstream.agents.first_offset import seek_to_first
 from kernelstream.schemas import Finding
 
 __all__ = ["STAGE", "FindingStage", "FindingsReader", "owned_findings", "register"]
@@ -203,9 +204,12 @@ class FindingsReader(Service):
             self._next = {tp: n for tp, n in self._next.items() if tp in want}
             self._committed = {tp: n for tp, n in self._committed.items() if tp in want}
             for tp in want - set(self._next):
-                # where reading starts (the committed offset, else the earliest): the lag
-                # is known before the first record
+                # where reading starts (the committed offset, else the first record, not
+                # the broker's "beginning": agents.first_offset): the lag is known before
+                # the first record
                 try:
+                    if await asyncio.wait_for(self._consumer.committed(tp), 10.0) is None:
+                        seek_to_first(self._consumer, [tp])
                     at = await asyncio.wait_for(self._consumer.position(tp), 10.0)
                     self._next[tp] = self._committed[tp] = at
                 except (KafkaError, TimeoutError) as ex:

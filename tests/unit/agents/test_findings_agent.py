@@ -20,9 +20,14 @@ from tests.unit.agents.test_window_agent_failures import Topic
 class _Consumer:
     """What the reader uses of an aiokafka consumer: its assignment and commits."""
 
-    def __init__(self, assigned: set[TopicPartition] | None = None) -> None:
+    def __init__(
+        self, assigned: set[TopicPartition] | None = None, uncommitted: int | None = None
+    ) -> None:
         self.assigned = set(assigned or ())
         self.commits: list[dict[TopicPartition, int]] = []
+        # the partition the group never committed, and where the broker says its log begins
+        self.uncommitted, self.beginning = uncommitted, 1
+        self.seeks: dict[TopicPartition, int] = {}
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)
@@ -36,8 +41,17 @@ class _Consumer:
     def highwater(self, tp: TopicPartition) -> int:
         return 10
 
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return None if tp.partition == self.uncommitted else 3
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks[tp] = offset
+
     async def position(self, tp: TopicPartition) -> int:
-        return 3  # a committed offset
+        if tp in self.seeks:
+            return self.seeks[tp]
+        # a committed offset, else the reset's: the broker's beginning
+        return self.beginning if tp.partition == self.uncommitted else 3
 
 
 class _Stage:
@@ -127,5 +141,20 @@ def test_the_reader_follows_the_app_groups_reconfig_partitions_and_commits_on_re
         await reader.on_assigned({tp("ks.reconfig", 0), tp("ks.reconfig", 1)})
         assert consumer.assigned == {tp("ks.findings", 0), tp("ks.findings", 1)}
         assert len(consumer.commits) == 1  # nothing new to commit
+
+    asyncio.run(run())
+
+
+def test_a_partition_without_a_committed_offset_is_read_from_its_first_record() -> None:
+    # The embedded broker can say a fresh partition begins at 1 while offset 0 holds a
+    # finding (agents.first_offset): the reader starts at 0, not at the broker's beginning.
+    consumer = _Consumer(set(), uncommitted=1)
+    reader, _ = _reader([_Stage()], consumer)
+    tp = findings_agent.TopicPartition
+
+    async def run() -> None:
+        await reader.on_assigned({tp("ks.reconfig", 0), tp("ks.reconfig", 1)})
+        assert consumer.seeks == {tp("ks.findings", 1): 0}  # the committed one is not moved
+        assert reader.lag() == {("ks.findings", 0): 7, ("ks.findings", 1): 10}
 
     asyncio.run(run())
