@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kernelstream.agents.latency import WINDOW_BUCKETS_S, LatencyHistogram
 from kernelstream.agents.logic.sequencing import SeqLimits
-from kernelstream.agents.own_findings import OwnFindings
 from kernelstream.agents.publish import BatchPublisher
 from kernelstream.kernels.transfers import host_declared
 from kernelstream.schemas import DeadLetter, LaunchBatch, Record, SchemaError, decode, encode
@@ -290,8 +289,6 @@ class WorkerContext:
     # The Faust app whose producer :meth:`send` uses; None (unit tests) sends through
     # the topic objects themselves.
     app: Any = None
-    # The findings this worker published, for its findings reader to take back undecoded.
-    own_findings: OwnFindings = field(default_factory=OwnFindings)
     _known: dict[tuple[str, tuple[int, ...]], bool] = field(default_factory=dict, repr=False)
     _config_check: ConfigCheck | None = field(default=None, repr=False)
     # (id of a decoded header's configuration, message key) -> that configuration, for

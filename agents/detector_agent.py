@@ -32,7 +32,7 @@ from kernelstream.agents.context import WorkerContext
 from kernelstream.agents.logic.detection import Detector, finding_id
 from kernelstream.agents.logic.transfers import TransferWindows, finding_records, transfer_findings
 from kernelstream.kernels.devices import device_spec_for_name
-from kernelstream.schemas import Finding, WindowAggregate, encode
+from kernelstream.schemas import WindowAggregate, encode
 from kernelstream.schemas.columnar import LaunchColumns
 from kernelstream.schemas.keys import group_key
 from kernelstream.schemas.records import Classification
@@ -91,20 +91,15 @@ class InlineDetector:
     def _findings_wire(self, agg: WindowAggregate) -> list[tuple[str, bytes]]:
         """The window's roofline finding, then those of its host side (if it has one),
         as (classification, record bytes); the roofline finding's bytes are written
-        without its record (:meth:`Finding.wire_of_window`). Each is kept for this
-        worker's findings reader (:mod:`agents.own_findings`)."""
-        own = self.ctx.own_findings
-        classification, parts = self.detector.classify_parts(agg)
-        value = Finding.wire_of_window(agg, **parts)
-        own.put(value, (agg, parts))
-        out: list[tuple[str, bytes]] = [(classification, value)]
+        without its record (:meth:`Detector.classify_wire`)."""
+        out: list[tuple[str, bytes]] = [self.detector.classify_wire(agg)]
         host = self.transfers.close(agg)
         if host is not None:
             found = transfer_findings(host, device_spec_for_name(agg.device_model), agg.config)
-            for r in finding_records(agg, found, self.detector.finding_id(agg)):
-                value = encode(r)
-                own.put(value, r)
-                out.append((r.classification, value))
+            out += [
+                (r.classification, encode(r))
+                for r in finding_records(agg, found, self.detector.finding_id(agg))
+            ]
         return out
 
     def _group_key(self, agg: WindowAggregate) -> bytes:

@@ -264,7 +264,6 @@ class FindingsReader(Service):
         assignment = set(self._consumer.assignment()) if self._consumer is not None else None
         burst: list[tuple[Any, Finding]] = []
         taken = 0
-        own = self.ctx.own_findings
         for tp, msgs in fetched.items():
             if assignment is not None and tp not in assignment:
                 continue
@@ -274,10 +273,7 @@ class FindingsReader(Service):
                     continue
                 taken += 1
                 event = RecordEvent(msg)
-                # one this worker published (agents.own_findings), else checked and decoded
-                finding = own.take(msg.value)
-                if finding is None:
-                    finding = await self.ctx.decode(STAGE, event, Finding)
+                finding = await self.ctx.decode(STAGE, event, Finding)
                 if finding is not None:
                     burst.append((event, finding))
             if msgs:

@@ -503,17 +503,15 @@ class Finding(Record):
         classification: Classification,
         evidence: dict[str, float | int | str | bool],
         summary: str,
-        written: bool = False,
     ) -> Finding:
         """The finding ``classification`` of window ``agg``: its identity and measurement.
 
         ``agg`` is a record (valid), so only ``evidence`` is checked: numbers finite. Their
         sum is finite when they are (where the sum overflows, validation decides).
-        ``written``: :meth:`wire_of_window` wrote these parts, so that check was made.
         """
         fields = _finding_fields(agg, id, classification, evidence, summary)
         del fields["schema"]  # (the record's default)
-        if written or _finite_evidence(evidence):
+        if _finite_evidence(evidence):
             return cls.computed(fields)
         return cls(**fields)  # raises on a number that is not finite
 

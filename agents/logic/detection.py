@@ -152,20 +152,15 @@ class Detector:
         """:meth:`classify`'s classification and the finding's record bytes
         (``encode(classify(agg))``), without building the record: what publishing it
         takes (:meth:`Finding.wire_of_window`)."""
-        classification, parts = self.classify_parts(agg)
-        return classification, Finding.wire_of_window(agg, **parts)
-
-    def classify_parts(self, agg: WindowAggregate) -> tuple[Classification, dict[str, Any]]:
-        """:meth:`classify`'s classification and the keyword arguments of
-        :meth:`Finding.of_window` (and :meth:`Finding.wire_of_window`) for ``agg``."""
         series = self._series_of(agg)
         classification, evidence, summary = self._judge(agg, series)
-        return classification, {
-            "id": series.finding_id(agg),
-            "classification": classification,
-            "evidence": evidence,
-            "summary": summary,
-        }
+        return classification, Finding.wire_of_window(
+            agg,
+            id=series.finding_id(agg),
+            classification=classification,
+            evidence=evidence,
+            summary=summary,
+        )
 
     def finding_id(self, agg: WindowAggregate) -> str:
         """:func:`finding_id` of ``agg``, from its series' names kept here."""

@@ -118,10 +118,6 @@ def test_extreme_launch_batches_through_window_agent_tuner_and_forecaster(seed: 
     windows = [decode(v, WindowAggregate) for v in topics["windows"].sent]
     findings = [decode(v, Finding) for v in topics["findings"].sent]
     assert len(windows) >= 30 and len(findings) >= len(windows)
-    # what this worker's findings reader takes back undecoded (agents.own_findings) is
-    # what decoding the published bytes gives
-    own = ctx.own_findings
-    assert [own.take(bytes(v)) for v in topics["findings"].sent] == findings
 
     tuner, forecaster = tuner_from_settings(settings), forecaster_from_settings(settings)
     todo = [(f.id, f, get_workload(f.workload, tuple(f.problem_size)).space) for f in findings]
