@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 
 from kernelstream.agents.first_offset import assign_from_first
+from kernelstream.app.replay.command import KafkaSource
 from kernelstream.app.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -85,6 +86,9 @@ async def _concurrent_first_writes(bootstrap: str, n_topics: int) -> None:
                 f"{t}: read offsets {sorted(got)} of {PRODUCERS} acknowledged "
                 f"(the broker's beginning offset: {beginning})"
             )
+            if beginning > 0:  # replay's range of the partition starts at its first record
+                async with KafkaSource(bootstrap) as source:
+                    assert await source.bounds(t, 0) == (0, PRODUCERS)
         print(f"{high} of {n_topics} fresh partitions answered a beginning offset above 0")
     finally:
         for p in producers:
@@ -116,6 +120,8 @@ async def _deleted_start(bootstrap: str) -> None:
     beginning, got = await _read_all(bootstrap, topic, 2)
     assert beginning == 3
     assert got == [3, 4]  # offset 0 is gone: the reset takes the reader to the log's start
+    async with KafkaSource(bootstrap) as source:  # replay's range of the partition
+        assert await source.bounds(topic, 0) == (3, 5)
 
 
 def test_a_reader_from_the_first_record_starts_where_deletion_left_the_log(
