@@ -187,6 +187,8 @@ async def watch_topic(
     """Print matching records of ``topic`` until ``limit`` or interruption; return the count."""
     from aiokafka import AIOKafkaConsumer
 
+    from kernelstream.agents.first_offset import seek_to_first
+
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=settings.bootstrap,
@@ -201,25 +203,43 @@ async def watch_topic(
         await consumer.stop()  # else aiokafka reports an unclosed consumer
         raise
     shown = 0
+    started: set[Any] = set()  # partitions sought to their first record
     try:
-        async for msg in consumer:
-            try:
-                rec = decode_any(msg.value).to_wire()
-            except SchemaError as exc:
-                print(
-                    f"# undecodable record at {msg.topic}[{msg.partition}]@{msg.offset}: {exc}",
-                    file=out,
-                )
-                continue
-            if not matches(rec, node, kernel):
-                continue
-            if as_json:
-                print(orjson.dumps(rec).decode(), file=out, flush=True)
-            else:
-                print("\n".join(table.lines(rec)), file=out, flush=True)
-            shown += 1
-            if limit is not None and shown >= limit:
-                break
+        while limit is None or shown < limit:
+            if from_beginning and (new := consumer.assignment() - started):
+                # From offset 0, not the broker's "beginning", which the embedded broker
+                # can answer one too high (kernelstream.agents.first_offset); records
+                # fetched from there before this seek are dropped by the consumer.
+                seek_to_first(consumer, new)
+                started |= new
+            for msgs in (await consumer.getmany(timeout_ms=500)).values():
+                for msg in msgs:
+                    if limit is not None and shown >= limit:
+                        break
+                    shown += _show(msg, node, kernel, as_json, table, out)
     finally:
         await consumer.stop()
     return shown
+
+
+def _show(
+    msg: Any,
+    node: str | None,
+    kernel: str | None,
+    as_json: bool,
+    table: TableFormatter,
+    out: TextIO,
+) -> int:
+    """Print ``msg`` if it passes the filters; 1 if it was shown."""
+    try:
+        rec = decode_any(msg.value).to_wire()
+    except SchemaError as exc:
+        print(f"# undecodable record at {msg.topic}[{msg.partition}]@{msg.offset}: {exc}", file=out)
+        return 0
+    if not matches(rec, node, kernel):
+        return 0
+    if as_json:
+        print(orjson.dumps(rec).decode(), file=out, flush=True)
+    else:
+        print("\n".join(table.lines(rec)), file=out, flush=True)
+    return 1

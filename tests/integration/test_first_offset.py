@@ -9,15 +9,20 @@ to that start.
 from __future__ import annotations
 
 import asyncio
+import io
 import uuid
 
+import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 
 from kernelstream.agents.first_offset import assign_from_first
+from kernelstream.app.cli.watch import watch_topic
 from kernelstream.app.replay.command import KafkaSource
 from kernelstream.app.settings import Settings
+from kernelstream.schemas import encode
+from tests.integration.test_watch import recommendation
 
 pytestmark = pytest.mark.integration
 
@@ -130,3 +135,51 @@ def test_a_reader_from_the_first_record_starts_where_deletion_left_the_log(
     if engine == "tansu":
         pytest.skip("the embedded broker does not implement DeleteRecords (drops the connection)")
     asyncio.run(_deleted_start(str(settings.bootstrap)))
+
+
+async def _watch_from_first(settings: Settings, n_topics: int) -> None:
+    """``watch --from-beginning`` shows a partition's first record where the broker's
+    beginning is one too high: the first of ``n_topics`` fresh partitions written by
+    several producers at once whose broker answers so (else the last)."""
+    bootstrap = str(settings.bootstrap)
+    run = uuid.uuid4().hex[:8]
+    topics = [f"watch-{run}-{i}" for i in range(n_topics)]
+    await _create(bootstrap, topics)
+    producers = [
+        AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all") for _ in range(PRODUCERS)
+    ]
+    asker = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    # records of the size the first test writes (a reason of 2 kB), which hit more often
+    recs = [
+        recommendation(f"n{k}", "matmul", k).model_copy(update={"reason": "r" * 2000})
+        for k in range(PRODUCERS)
+    ]
+    for client in (*producers, asker):
+        await client.start()
+    try:
+        for p in producers:
+            for t in topics:
+                await p.client._wait_on_metadata(t)
+        for t in topics:
+            await asyncio.gather(
+                *(
+                    p.send_and_wait(t, encode(r), key=r.node.encode(), partition=0)
+                    for p, r in zip(producers, recs, strict=True)
+                )
+            )
+            tp = TopicPartition(t, 0)
+            if (await asker.beginning_offsets([tp]))[tp] > 0:
+                print(f"{t}: the broker answers a beginning offset above 0")
+                break
+    finally:
+        for client in (*producers, asker):
+            await client.stop()
+    out = io.StringIO()
+    watching = watch_topic(settings, t, from_beginning=True, as_json=True, limit=PRODUCERS, out=out)
+    assert await asyncio.wait_for(watching, 30) == PRODUCERS
+    shown = sorted(orjson.loads(line)["id"] for line in out.getvalue().splitlines())
+    assert shown == sorted(r.id for r in recs)
+
+
+def test_watch_from_the_beginning_shows_the_first_record(settings: Settings, engine: str) -> None:
+    asyncio.run(_watch_from_first(settings, 800 if engine == "tansu" else 1))
