@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["assign_from_first", "seek_to_first"]
+__all__ = ["assign_from_first", "partitions_of", "seek_to_first"]
 
 
 def seek_to_first(consumer: Any, tps: Iterable[Any]) -> None:
@@ -34,26 +34,36 @@ def seek_to_first(consumer: Any, tps: Iterable[Any]) -> None:
         consumer.seek(tp, 0)
 
 
-async def assign_from_first(
+async def partitions_of(
     consumer: Any, topics: Iterable[str], timeout_s: float = 30.0
-) -> list[Any]:
-    """Assign every partition of ``topics`` to a started consumer (no group) and seek
-    each to its first record; return them. Waits up to ``timeout_s`` for the topics'
-    metadata; a topic still without partitions then raises ``LookupError``."""
-    from aiokafka import TopicPartition
-
+) -> dict[str, list[int]]:
+    """Each of ``topics``' partition numbers, as a started consumer's metadata has them,
+    refreshed until every topic has some; after ``timeout_s`` a topic still without
+    partitions raises ``LookupError``."""
     topics = list(topics)
     deadline = time.monotonic() + timeout_s
     while True:
         parts = {t: consumer.partitions_for_topic(t) for t in topics}
         missing = [t for t, p in parts.items() if not p]
         if not missing:
-            break
+            return {t: sorted(p) for t, p in parts.items()}
         if time.monotonic() > deadline:
-            raise LookupError(f"no partitions for {missing} after {timeout_s:.0f} s")
+            raise LookupError(
+                f"no partitions for {missing} after {timeout_s:.0f} s; were they created?"
+            )
         await consumer._client.force_metadata_update()
         await asyncio.sleep(0.1)
-    tps = [TopicPartition(t, p) for t in topics for p in sorted(parts[t])]
+
+
+async def assign_from_first(
+    consumer: Any, topics: Iterable[str], timeout_s: float = 30.0
+) -> list[Any]:
+    """Assign every partition of ``topics`` to a started consumer (no group) and seek
+    each to its first record; return them (:func:`partitions_of` waits for them)."""
+    from aiokafka import TopicPartition
+
+    parts = await partitions_of(consumer, topics, timeout_s)
+    tps = [TopicPartition(t, p) for t, ps in parts.items() for p in ps]
     consumer.assign(tps)
     seek_to_first(consumer, tps)
     return tps

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kernelstream.agents.context import dead_letter_key, dead_letter_record
-from kernelstream.agents.first_offset import seek_to_first
+from kernelstream.agents.first_offset import partitions_of, seek_to_first
 from kernelstream.agents.logic.reconfiguration import outcome_record
 from kernelstream.agents.retry_log import RetryLog
 from kernelstream.schemas import Recommendation, SchemaError, decode, encode
@@ -96,16 +96,8 @@ class RecommendationInbox:
             )
             try:
                 await consumer.start()
-                parts = None
-                for _ in range(50):
-                    parts = consumer.partitions_for_topic(topic)
-                    if parts:
-                        break
-                    await consumer._client.force_metadata_update()
-                    await asyncio.sleep(0.1)
-                if not parts:
-                    raise SchemaError(f"topic {topic!r} has no partitions; was it created?")
-                part = partition_for_key(self.settings.node_id.encode(), list(parts))
+                parts = (await partitions_of(consumer, [topic], timeout_s=5.0))[topic]
+                part = partition_for_key(self.settings.node_id.encode(), parts)
                 tp = TopicPartition(topic, part)
                 consumer.assign([tp])
                 seek_to_first(consumer, [tp])
