@@ -25,12 +25,14 @@ another worker loses the host-side findings of its open windows, never its launc
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import get_args
 
 from kernelstream.agents.context import WorkerContext
 from kernelstream.agents.logic.detection import Detector, finding_id
 from kernelstream.agents.logic.transfers import TransferWindows, finding_records, transfer_findings
+from kernelstream.agents.logic.written import Written
 from kernelstream.kernels.devices import device_spec_for_name
 from kernelstream.schemas import WindowAggregate, encode
 from kernelstream.schemas.columnar import LaunchColumns
@@ -58,8 +60,9 @@ class InlineDetector:
         """Take the host side of a batch the window agent accepted."""
         self.transfers.add(cols)
 
-    async def on_windows(self, aggs: list[WindowAggregate]) -> None:
-        """Publish the findings of windows the window agent published, in their order.
+    async def on_windows(self, aggs: Sequence[WindowAggregate | Written]) -> None:
+        """Publish the findings of windows the window agent published, in their order;
+        a window the compiled engine wrote (:class:`Written`) comes with its finding.
 
         Classifying is pure: should it fail on a window in a way nothing foresaw, the
         window is dead-lettered (``internal_error``, stage ``detector``) and the
@@ -70,6 +73,10 @@ class InlineDetector:
         items: list[tuple[bytes, bytes]] = []
         counters = self.ctx.counters
         for agg in aggs:
+            if isinstance(agg, Written):
+                counters[_COUNTED[agg.classification]] += 1
+                items.append((agg.group, agg.finding))
+                continue
             try:
                 found = self._findings_wire(agg)
             except Exception as ex:
@@ -81,7 +88,7 @@ class InlineDetector:
                     "internal_error",
                 )
                 continue
-            key = self._group_key(agg)
+            key = self.group_key(agg)
             for classification, value in found:
                 counters[_COUNTED[classification]] += 1
                 items.append((key, value))
@@ -102,7 +109,13 @@ class InlineDetector:
             ]
         return out
 
-    def _group_key(self, agg: WindowAggregate) -> bytes:
+    def writable(self, agg: WindowAggregate) -> bool:
+        """Whether the compiled engine may write the findings of ``agg``'s series from
+        now on: not while a host-side summary of its stream is open (the engine's writer
+        knows only the roofline finding)."""
+        return not self.transfers.holds(agg.stream_key)
+
+    def group_key(self, agg: WindowAggregate) -> bytes:
         """The findings' message key of ``agg``'s fleet group (cached: a worker sees a few)."""
         at = (agg.device_model, agg.workload, tuple(agg.problem_size))
         key = self._group_keys.get(at)

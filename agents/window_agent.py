@@ -62,7 +62,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,7 @@ from kernelstream.agents.logic.ingest import (
 )
 from kernelstream.agents.logic.snapshot_codec import pack_parts, unpack
 from kernelstream.agents.logic.windowing import Windower, WindowSpec
+from kernelstream.agents.logic.written import Written
 from kernelstream.agents.window_checkpoints import CheckpointStore
 from kernelstream.agents.window_consumer import EarlyConsumer
 from kernelstream.schemas import LaunchBatch, SchemaError, WindowAggregate, encode, native
@@ -228,6 +229,9 @@ class WindowAgentStats:
     # and why it handed the others to the Python path, by reason.
     compiled_batches: int = 0
     compiled_stops: dict[str, int] = field(default_factory=dict)
+    # Windows the compiled engine wrote with their findings (agents.logic.written), of
+    # ``windows``.
+    written_windows: int = 0
     # Where the agent's loop spends its time, seconds by stage, from the first batch on
     # (perf_counter twice per stage per batch: ~0.1 ns per launch). fetch = aiokafka
     # getmany with data (decompression included); decode = orjson + validation into
@@ -265,6 +269,9 @@ class WindowIngest(Service):
         # The steady streams' state in compiled code, where the install has it.
         self.compiled = CompiledWindows.of(windower)
         self.detector = detector
+        if self.compiled is not None and detector is not None:
+            # the engine writes the windows of the series the detector has judged
+            self.compiled.learning = True
         self._early = early
         self._make_consumer = make_consumer
         self._state_partitions = state_partitions
@@ -281,7 +288,8 @@ class WindowIngest(Service):
         self._dirty: set[Any] = set()  # tps whose state changed since their checkpoint
         self._checkpointed_at = 0.0
         self._writing: asyncio.Future[None] | None = None  # a checkpoint being written
-        self._held: list[WindowAggregate] = []  # closed by this poll, not yet published
+        # closed by this poll, not yet published
+        self._held: list[WindowAggregate | Written] = []
         # Idleness (:meth:`tick`): per partition, the last two fetch-response stamps
         # seen (ms) and the time up to which it was read whole.
         self._stamps: dict[Any, tuple[int | None, int | None]] = {}
@@ -795,18 +803,33 @@ class WindowIngest(Service):
             self.ctx.counters["launches.duplicate"] += len(step.verdict.cols)
         await self.ctx.dead_letter("window", step.item, step.verdict.reason, step.code)
 
-    async def publish(self, aggs: list[WindowAggregate]) -> None:
-        """The windows (one record each, keyed by stream), then their findings."""
+    async def publish(self, aggs: Sequence[WindowAggregate | Written]) -> None:
+        """The windows (one record each, keyed by stream), then their findings; those the
+        compiled engine wrote (:class:`~agents.logic.written.Written`) as it wrote them.
+        Then the engine learns the series of the windows it left to Python
+        (:meth:`CompiledWindows.learn`)."""
         stats, ctx = self.stats, self.ctx
+        records, launches = [], 0
+        for agg in aggs:
+            if isinstance(agg, Written):
+                records.append((agg.key, agg.window))
+                launches += agg.launches
+                stats.written_windows += 1
+            else:
+                records.append((agg.stream_key.encode(), encode(agg)))
+                launches += agg.count + agg.failures
         stats.windows += len(aggs)
-        stats.launches_in_windows += sum(agg.count + agg.failures for agg in aggs)
+        stats.launches_in_windows += launches
         ctx.counters["windows.out"] += len(aggs)
-        await ctx.send_many("windows", [(agg.stream_key.encode(), encode(agg)) for agg in aggs])
+        await ctx.send_many("windows", records)
         now = time.time()
         for agg in aggs:
             ctx.window_latency.observe(now - agg.window_end)
         if self.detector is not None:
             await self.detector.on_windows(aggs)
+            if self.compiled is not None:
+                d = self.detector
+                self.compiled.learn(d.detector, d.group_key, d.writable)
 
     async def tick(self) -> None:
         """Idle flushes (a timer): they change the state, so the next checkpoint has them.

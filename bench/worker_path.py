@@ -223,6 +223,7 @@ def agent_pass(messages: list[bytes], keys: list[bytes]) -> dict[str, Any]:
         "stage_s": dict(ingest.stats.stage_s),
         "windows": sinks["windows"].records,
         "windows_digest": sinks["windows"].digest.hexdigest(),
+        "findings_digest": sinks["findings"].digest.hexdigest(),
         "findings": sinks["findings"].records,
         "dead_letters": sinks["deadletter"].records,
     }
@@ -343,7 +344,8 @@ def measure(
             "us_per_message": best["seconds"] / len(messages) * 1e6,
             "rounds_s": [r["seconds"] for r in numpy_runs],
             "same_windows": all(
-                r["windows_digest"] == agent_runs[0]["windows_digest"]
+                (r["windows_digest"], r["findings_digest"])
+                == (agent_runs[0]["windows_digest"], agent_runs[0]["findings_digest"])
                 for r in [*agent_runs, *numpy_runs]
             ),
         }
@@ -494,7 +496,8 @@ def numpy_lines(a: dict[str, Any], n: dict[str, Any], messages: int) -> str:
         f"passes): {n['us_per_message']:.1f} us per "
         f"message; NumPy / compiled, round by round: median {statistics.median(ratios):.2f}x "
         f"({ratios[0]:.2f}-{ratios[-1]:.2f}); us per message, NumPy -> compiled: {per_msg}; "
-        f"windows published byte for byte the same: {'yes' if n['same_windows'] else 'NO'}"
+        f"windows and findings published byte for byte the same: "
+        f"{'yes' if n['same_windows'] else 'NO'}"
     )
 
 

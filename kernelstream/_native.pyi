@@ -35,6 +35,10 @@ _Row = tuple[
     tuple[_F64, _F64] | None,
 ]
 
+# A window of a series the engine writes (write_as): (stream key, window record, group
+# key, classification, finding, window end, launches)
+_WrittenRow = tuple[bytes, bytes, bytes, str, bytes, float, int]
+
 class WindowEngine:
     def __init__(
         self,
@@ -75,4 +79,36 @@ class WindowEngine:
         oldest: float,
         newest: float,
         max_bytes: int,
-    ) -> tuple[int, int, list[_Row], str | None]: ...
+    ) -> tuple[int, int, list[_Row | _WrittenRow], str | None]: ...
+    def write_as(
+        self, stream_key: str, meta: int, config_id: str, writer: SeriesWriter
+    ) -> bool: ...
+    def writing(self) -> int: ...
+
+# (literal, escaped for a JSON string; field code; format code; precision)
+_Template = list[tuple[bytes, int, int, int]]
+
+class SeriesWriter:
+    def __init__(
+        self,
+        *,
+        key: bytes,
+        group: bytes,
+        window: list[bytes],
+        roofline: tuple[float, float, float, float, float, bool, bool],
+        finding: tuple[bytes, bytes],
+        evidence: tuple[bytes, bytes, bytes],
+        templates: list[tuple[str, _Template]],
+        balanced: _Template,
+        static_causes: list[bytes],
+        busy_cause: _Template,
+        thresholds: tuple[float, float, float, float, float, float, int, float],
+        baseline: tuple[float, int],
+        plus_exponent: bool,
+    ) -> None: ...
+    def write(
+        self,
+        window: int,
+        counts: tuple[int, int, int, int],
+        stats: tuple[int, float, float, float, float, float, float, float, float],
+    ) -> tuple[bytes, str, bytes] | None: ...

@@ -27,6 +27,7 @@ the statistics those of :func:`~agents.logic.windowing.duration_stats`, bit for 
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
@@ -35,6 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 
+from kernelstream.agents.logic.detection import Detector
 from kernelstream.agents.logic.windowing import (
     Windower,
     WindowFigures,
@@ -47,11 +49,20 @@ from kernelstream.agents.logic.windowing import (
     window_figures,
     window_template,
 )
-from kernelstream.schemas import WindowAggregate, native
+from kernelstream.agents.logic.written import UnwritableError, Written, series_writer
+from kernelstream.schemas import WindowAggregate, encode, native
 from kernelstream.schemas.columnar import LaunchColumns
 from kernelstream.schemas.records import MAX_DURATION_BITS
 
 __all__ = ["HELD_BACK", "TAKE_OVER", "CompiledWindows", "Taken"]
+
+log = logging.getLogger(__name__)
+
+# A written window's row from the engine: (stream key, record, group key, classification,
+# finding, window end, launches) (:class:`Written`); any other row has ten fields.
+_WRITTEN_ROW = len(Written._fields)
+# Series kept on the Python path at most (then forgotten, and tried again).
+MAX_UNWRITABLE = 4096
 
 #: Why the engine stopped at a message the caller may hand it after decoding it.
 TAKE_OVER = frozenset({"unregistered", "not_held"})
@@ -84,7 +95,7 @@ class Taken(NamedTuple):
 
     taken: int
     launches: int
-    closed: list[WindowAggregate]
+    closed: list[WindowAggregate | Written]
     stop: str | None
 
 
@@ -102,6 +113,11 @@ class CompiledWindows:
         self._meta_index: dict[bytes, int] = {}
         self._templates: list[WindowTemplate] = []  # the window records' (by the same index)
         windower.held_elsewhere = self.open_windows
+        # windows built from the engine's rows since the last learn(), while someone learns
+        self.learning = False  # (set by a window agent that calls learn())
+        self._fresh: list[tuple[WindowAggregate, int, int, tuple[int, int, int, int], Any]] = []
+        # (stream, meta index, config id) of series the engine cannot write as Python does
+        self._unwritable: set[tuple[str, int, str]] = set()
 
     @classmethod
     def of(cls, windower: Windower) -> CompiledWindows | None:
@@ -149,12 +165,17 @@ class CompiledWindows:
         engine was not given (where :meth:`poll` would stop, ``unregistered``)."""
         return self.engine.unregistered(values, keys, start)
 
-    def _records(self, rows: list[Any]) -> list[WindowAggregate]:
-        """The window records of the engine's closed windows (``_aggregate_acc``'s)."""
+    def _records(self, rows: list[Any]) -> list[WindowAggregate | Written]:
+        """The window records of the engine's closed windows (``_aggregate_acc``'s), or,
+        of a series it writes (:meth:`learn`), what it wrote (:class:`Written`)."""
         size = self.windower.spec.size_s
         templates = self._templates
-        out = []
-        for _, window, config_id, meta, failures, late, seq_min, seq_max, got, cols in rows:
+        out: list[WindowAggregate | Written] = []
+        for row in rows:
+            if len(row) == _WRITTEN_ROW:
+                out.append(Written._make(row))
+                continue
+            stream, window, config_id, meta, failures, late, seq_min, seq_max, got, cols = row
             if got is None:  # no launch that ran: NumPy decides, as window_figures does
                 count, figures = window_figures([cols[0]], [cols[1]], size)
             else:
@@ -163,9 +184,66 @@ class CompiledWindows:
                     total, mean, std, idle, p50, p95, d_min, d_max, size
                 )
             counts = (count, failures, late, seq_min, seq_max)
-            out.append(build_window(templates[meta], config_id, window, size, counts, figures))
+            agg = build_window(templates[meta], config_id, window, size, counts, figures)
+            out.append(agg)
+            if got is None or not self.learning:
+                continue
+            if (stream, meta, config_id) not in self._unwritable:
+                self._fresh.append((agg, meta, window, (failures, late, seq_min, seq_max), got))
         self.windower.metrics.windows_emitted += len(out)
         return out
+
+    # -- windows and findings written here ------------------------------------------
+
+    def learn(
+        self,
+        detector: Detector,
+        group_of: Callable[[WindowAggregate], bytes],
+        writable: Callable[[WindowAggregate], bool],
+    ) -> None:
+        """Hand the engine a writer (:func:`agents.logic.written.series_writer`) for each
+        series of the windows it closed since the last call that ``detector`` has just
+        judged and frozen the baseline of: the engine writes its later windows and their
+        findings itself. ``group_of``: a window's findings message key; ``writable``:
+        whether the series' findings may be written so (its stream has no host-side
+        summary open, which the engine's writer does not know). A writer is kept
+        only where it wrote the window it was learnt from as the Python path did (else
+        the series stays on the Python path, logged once)."""
+        fresh, self._fresh = self._fresh, []
+        size = self.windower.spec.size_s
+        for agg, meta, window, counts, got in fresh:
+            series = (agg.stream_key, meta, agg.config_id)
+            if series in self._unwritable or not writable(agg):
+                continue
+            try:
+                writer = series_writer(agg, self._templates[meta], detector, group_of(agg), size)
+                if writer is None:
+                    continue  # the baseline is still forming
+                wrote = writer.write(window, counts, got)
+                if wrote is None:
+                    continue  # this window is the Python path's: the next one
+                record, classification, finding = wrote
+                if (record, (classification, finding)) != (
+                    encode(agg),
+                    detector.classify_wire(agg),
+                ):
+                    raise UnwritableError("the engine wrote the window or its finding otherwise")
+            except UnwritableError as ex:
+                if len(self._unwritable) >= MAX_UNWRITABLE:
+                    self._unwritable.clear()
+                self._unwritable.add(series)
+                log.warning(
+                    "the windows of %s with %s stay on the Python path: %s",
+                    agg.stream_key,
+                    agg.config_id,
+                    ex,
+                )
+                continue
+            self.engine.write_as(agg.stream_key, meta, agg.config_id, writer)
+
+    def writing(self) -> int:
+        """The series of the streams held whose windows the engine writes."""
+        return int(self.engine.writing())
 
     # -- handing streams over -----------------------------------------------------
 

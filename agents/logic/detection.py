@@ -26,13 +26,59 @@ from kernelstream.agents.logic.ratios import finite_ratio
 from kernelstream.schemas.keys import remember
 from kernelstream.schemas.records import Classification, Finding, WindowAggregate
 
-__all__ = ["DEVICE_EVIDENCE", "Detector", "DetectorThresholds", "finding_id"]
+__all__ = [
+    "CAUSES",
+    "DEVICE_EVIDENCE",
+    "SUMMARIES",
+    "Detector",
+    "DetectorThresholds",
+    "finding_id",
+    "roofline_evidence",
+]
 
 #: Window fields of the device samples copied into every finding's evidence.
 DEVICE_EVIDENCE = ("sm_clock_mean_mhz", "mem_used_max_bytes")
 
 _SNAPSHOT_VERSION = 1
 Evidence = dict[str, float | int | str | bool]
+
+#: Each verdict's summary, a ``str.format`` template of the window's figures and the
+#: names of its series (``what``). The compiled writer renders the same templates
+#: (:mod:`agents.logic.written`).
+SUMMARIES: dict[str, str] = {
+    "no_launch": "{what} had no successful launch ({failures} failed).",
+    "regression": "{what} takes {mean:.1f} us, {ratio:.2f}x its own baseline of {base:.1f} us.",
+    "launch_bound": (
+        "{what} runs {mean:.1f} us per launch, under {factor:g}x the {overhead:.1f} us "
+        "launch overhead."
+    ),
+    "roofline_unknown": (
+        "{what} runs {mean:.1f} us per launch; the roofline is unknown (no datasheet peaks "
+        "of {device_model} in kernels/devices.py, or a kernel declared without flops and "
+        "bytes), so the window is not placed on it (its duration still guides the tuner)."
+    ),
+    "memory_efficient": "{what} is memory-bound and reaches {bw:.0%} of peak bandwidth.",
+    "compute_bound": "{what} is compute-bound at {flops:.0%} of peak FLOP/s.",
+    "under_utilization": (
+        "{what} leaves the device under-used ({causes}) at {roof:.0%} of its roof."
+    ),
+    "memory_bottleneck": (
+        "{what} is memory-bound but reaches only {bw:.0%} of peak bandwidth (arithmetic "
+        "intensity {intensity:.2f} FLOP/B)."
+    ),
+    "balanced": (
+        "{what} is near neither roof ({bw:.0%} of bandwidth, {flops:.0%} of FLOP/s) with no "
+        "sign of under-use."
+    ),
+}
+
+#: The causes of under-use a summary lists, in this order.
+CAUSES: dict[str, str] = {
+    "waves": "{waves:.2f} waves: too few blocks for the SMs",
+    "tail": "tail effect: last of {waves:.2f} waves is {tail:.0%} full",
+    "occupancy": "occupancy {occupancy:.0%} (registers and shared memory: {source})",
+    "busy": "busy {busy:.0%} with {idle:.1f} us gaps",
+}
 
 
 @dataclass(frozen=True)
@@ -176,7 +222,7 @@ class Detector:
         return series
 
     def _judge(self, agg: WindowAggregate, series: _Series) -> tuple[Classification, Evidence, str]:
-        evidence = _roofline_evidence(agg)
+        evidence = roofline_evidence(agg)
         classification, summary = self._regression(agg, evidence, series) or self._classify(
             agg, evidence, series.what
         )
@@ -208,9 +254,8 @@ class Detector:
         ratio = finite_ratio(agg.duration_mean_us, base.mean_us)
         evidence["regression_ratio"] = ratio
         if ratio > th.regression_factor:
-            return "regression", (
-                f"{series.what} takes {agg.duration_mean_us:.1f} us, {ratio:.2f}x its own "
-                f"baseline of {base.mean_us:.1f} us."
+            return "regression", SUMMARIES["regression"].format(
+                what=series.what, mean=agg.duration_mean_us, ratio=ratio, base=base.mean_us
             )
         return None
 
@@ -218,63 +263,69 @@ class Detector:
         self, agg: WindowAggregate, ev: Evidence, what: str
     ) -> tuple[Classification, str]:
         th = self.thresholds
+        mean = agg.duration_mean_us
         if agg.count == 0:
-            return "balanced", f"{what} had no successful launch ({agg.failures} failed)."
-        if agg.duration_mean_us < th.launch_bound_factor * agg.launch_overhead_us:
-            return "launch_bound", (
-                f"{what} runs {agg.duration_mean_us:.1f} us per launch, under "
-                f"{th.launch_bound_factor:g}x the {agg.launch_overhead_us:.1f} us launch overhead."
+            return "balanced", SUMMARIES["no_launch"].format(what=what, failures=agg.failures)
+        if mean < th.launch_bound_factor * agg.launch_overhead_us:
+            return "launch_bound", SUMMARIES["launch_bound"].format(
+                what=what, mean=mean, factor=th.launch_bound_factor, overhead=agg.launch_overhead_us
             )
         if not ev["roofline_known"]:
-            return "roofline_unknown", (
-                f"{what} runs {agg.duration_mean_us:.1f} us per launch; the roofline is "
-                f"unknown (no datasheet peaks of {agg.device_model} in kernels/devices.py, or "
-                "a kernel declared without flops and bytes), so the window is not placed on "
-                "it (its duration still guides the tuner)."
+            return "roofline_unknown", SUMMARIES["roofline_unknown"].format(
+                what=what, mean=mean, device_model=agg.device_model
             )
         memory_side = bool(ev["memory_bound"])
-        if memory_side and agg.bw_fraction >= th.efficient_bw_fraction:
-            return "memory_efficient", (
-                f"{what} is memory-bound and reaches {agg.bw_fraction:.0%} of peak bandwidth."
-            )
-        if not memory_side and agg.flops_fraction >= th.compute_bound_flops_fraction:
-            return "compute_bound", (
-                f"{what} is compute-bound at {agg.flops_fraction:.0%} of peak FLOP/s."
-            )
-        causes = self._underuse_causes(agg, ev)
+        bw, flops = agg.bw_fraction, agg.flops_fraction
+        if memory_side and bw >= th.efficient_bw_fraction:
+            return "memory_efficient", SUMMARIES["memory_efficient"].format(what=what, bw=bw)
+        if not memory_side and flops >= th.compute_bound_flops_fraction:
+            return "compute_bound", SUMMARIES["compute_bound"].format(what=what, flops=flops)
+        causes = self.fixed_causes(agg, ev)
+        if agg.busy_fraction < th.low_busy_fraction and agg.idle_gap_mean_us > (
+            th.idle_gap_ratio * mean
+        ):
+            causes.append(CAUSES["busy"].format(busy=agg.busy_fraction, idle=agg.idle_gap_mean_us))
         ev["underuse_causes"] = ",".join(causes)
         if causes:
-            return "under_utilization", (
-                f"{what} leaves the device under-used ({'; '.join(causes)}) at "
-                f"{max(agg.bw_fraction, agg.flops_fraction):.0%} of its roof."
+            return "under_utilization", SUMMARIES["under_utilization"].format(
+                what=what, causes="; ".join(causes), roof=max(bw, flops)
             )
         if memory_side:
-            return "memory_bottleneck", (
-                f"{what} is memory-bound but reaches only {agg.bw_fraction:.0%} of peak "
-                f"bandwidth (arithmetic intensity {agg.arithmetic_intensity:.2f} FLOP/B)."
+            return "memory_bottleneck", SUMMARIES["memory_bottleneck"].format(
+                what=what, bw=bw, intensity=agg.arithmetic_intensity
             )
-        return "balanced", (
-            f"{what} is near neither roof ({agg.bw_fraction:.0%} of bandwidth, "
-            f"{agg.flops_fraction:.0%} of FLOP/s) with no sign of under-use."
-        )
+        return "balanced", SUMMARIES["balanced"].format(what=what, bw=bw, flops=flops)
 
-    def _underuse_causes(self, agg: WindowAggregate, ev: Evidence) -> list[str]:
+    def fixed_causes(self, agg: WindowAggregate, ev: Evidence) -> list[str]:
+        """The causes of under-use that a window's configuration alone decides (waves,
+        the tail wave, occupancy: the same for every window of it), in the order the
+        summary gives them; the busy share (:data:`CAUSES` ``busy``) may follow."""
         th = self.thresholds
         causes = []
         tail = float(ev["tail_fraction"])
         if agg.waves < th.min_waves:
-            causes.append(f"{agg.waves:.2f} waves: too few blocks for the SMs")
+            causes.append(CAUSES["waves"].format(waves=agg.waves))
         elif agg.waves < th.tail_max_waves and 0 < tail < th.tail_fraction:
-            causes.append(f"tail effect: last of {agg.waves:.2f} waves is {tail:.0%} full")
+            causes.append(CAUSES["tail"].format(waves=agg.waves, tail=tail))
         if agg.occupancy < th.min_occupancy:
-            src = ev["occupancy_source"]
-            causes.append(f"occupancy {agg.occupancy:.0%} (registers and shared memory: {src})")
-        if (
-            agg.busy_fraction < th.low_busy_fraction
-            and agg.idle_gap_mean_us > th.idle_gap_ratio * agg.duration_mean_us
-        ):
-            causes.append(f"busy {agg.busy_fraction:.0%} with {agg.idle_gap_mean_us:.1f} us gaps")
+            causes.append(
+                CAUSES["occupancy"].format(occupancy=agg.occupancy, source=ev["occupancy_source"])
+            )
         return causes
+
+    def series_names(self, agg: WindowAggregate) -> tuple[str, str, str]:
+        """How the windows of ``agg``'s stream and configuration are named: in a
+        finding's summary, its id (without the window's start) and its baseline's key."""
+        return tuple(self._series_of(agg))  # type: ignore[return-value]
+
+    def frozen_baseline(self, agg: WindowAggregate) -> tuple[float, int] | None:
+        """The regression baseline of ``agg``'s stream and configuration (its mean and
+        the windows it holds) once it no longer changes, else None: from then on the
+        detector's verdicts on its windows depend on nothing it keeps but this."""
+        base = self._baselines.get(self._series_of(agg).baseline_key)
+        if base is None or base.windows < self.thresholds.baseline_windows:
+            return None
+        return base.mean_us, base.windows
 
     # -- state ----------------------------------------------------------------
 
@@ -302,7 +353,8 @@ class Detector:
         return self
 
 
-def _roofline_evidence(agg: WindowAggregate) -> Evidence:
+def roofline_evidence(agg: WindowAggregate) -> Evidence:
+    """The evidence every finding of ``agg`` starts with, in its order."""
     known = agg.roofline_known
     ridge = finite_ratio(agg.peak_gflops, agg.peak_gbs) if known else 0.0
     return {

@@ -458,6 +458,10 @@ class TransferWindows:
         w = math.floor((agg.window_start + self.size_s / 2) / self.size_s)
         return self._open.pop((agg.stream_key, agg.config_id, w), None)
 
+    def holds(self, stream_key: str) -> bool:
+        """Whether a summary of ``stream_key`` is open (a scan: for the rare caller)."""
+        return any(key[0] == stream_key for key in self._open)
+
     def __len__(self) -> int:
         return len(self._open)
 

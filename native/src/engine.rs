@@ -37,6 +37,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
+use crate::written::SeriesWriter;
 use crate::{plain, stats};
 
 // The binary launch-batch layout (`schemas/binary.py`): a 32-byte head, then the header.
@@ -137,6 +138,9 @@ struct Stream {
     open: BTreeMap<(i64, u32), Acc>,
     // received launches in the poll being windowed (its windows are closed after it)
     touched: bool,
+    // (meta index, configuration index) -> the writer of its windows and findings, where
+    // the caller gave one (`write_as`); forgotten when the stream is given back
+    written: HashMap<(usize, u32), Py<SeriesWriter>>,
 }
 
 /// One steady message, checked, before it changes any state.
@@ -393,7 +397,39 @@ impl WindowEngine {
         let s = &mut self.streams[self.slot_of_stream[stream_key]];
         s.held = false;
         s.open.clear();
+        s.written.clear();
         Some(state)
+    }
+
+    /// From now on, write the windows of `stream_key` of per-batch fields `meta` and
+    /// configuration `config_id`, and their findings, with `writer` (closed windows come
+    /// out as written rows). False (nothing kept) where the engine does not hold the
+    /// stream. Until the stream is given back.
+    fn write_as(
+        &mut self,
+        stream_key: &str,
+        meta: usize,
+        config_id: String,
+        writer: Py<SeriesWriter>,
+    ) -> bool {
+        let Some(&slot) = self.slot_of_stream.get(stream_key) else {
+            return false;
+        };
+        if !self.streams[slot].held {
+            return false;
+        }
+        let config = self.config(config_id);
+        self.streams[slot].written.insert((meta, config), writer);
+        true
+    }
+
+    /// The series of the streams held that the engine writes the windows of.
+    fn writing(&self) -> usize {
+        self.streams
+            .iter()
+            .filter(|s| s.held)
+            .map(|s| s.written.len())
+            .sum()
     }
 
     /// `stream_key`'s state copied (for a checkpoint); the engine keeps holding it.
@@ -481,7 +517,7 @@ impl WindowEngine {
         oldest: f64,
         newest: f64,
         max_bytes: usize,
-    ) -> PyResult<(usize, usize, Vec<Row<'py>>, Option<&'static str>)> {
+    ) -> PyResult<(usize, usize, Vec<Bound<'py, PyAny>>, Option<&'static str>)> {
         if values.len() != keys.len() || start > values.len() {
             return Err(pyo3::exceptions::PyValueError::new_err(
                 "one key per message, and a start within them",
@@ -525,7 +561,7 @@ impl WindowEngine {
         let mut rows = Vec::new();
         for slot in touched {
             self.streams[slot].touched = false;
-            self.close(py, slot, &mut rows);
+            self.close(py, slot, &mut rows)?;
         }
         Ok((taken, launches, rows, stop))
     }
@@ -545,6 +581,7 @@ impl WindowEngine {
             seq_hi: -1,
             open: BTreeMap::new(),
             touched: false,
+            written: HashMap::default(),
         });
         self.slot_of_stream
             .insert(stream_key, self.streams.len() - 1);
@@ -728,7 +765,16 @@ impl WindowEngine {
 
     /// `Windower.poll_key`: the stream's windows its watermark completes, sorted by
     /// (window, config id).
-    fn close<'py>(&mut self, py: Python<'py>, slot: usize, rows: &mut Vec<Row<'py>>) {
+    ///
+    /// A window of a series the caller gave a writer for (`write_as`) comes out written:
+    /// (stream key, window record, group key, classification, finding, window end,
+    /// launches), where the writer gives its bytes; any other as a `Row`.
+    fn close<'py>(
+        &mut self,
+        py: Python<'py>,
+        slot: usize,
+        rows: &mut Vec<Bound<'py, PyAny>>,
+    ) -> PyResult<()> {
         let (size, lateness) = (self.size, self.lateness);
         let stream = &mut self.streams[slot];
         let watermark = stream.max_t - self.out_of_orderness;
@@ -764,13 +810,34 @@ impl WindowEngine {
                     s.max,
                 )
             });
+            if let (Some(stats), Some(writer)) = (got, stream.written.get(&(acc.meta, c))) {
+                let writer = writer.get();
+                let counts = (acc.failures, acc.late_accepted, acc.seq_min, acc.seq_max);
+                if let Some((record, class, finding)) = writer.written(w, counts, stats) {
+                    let end = (w + 1) as f64 * size;
+                    rows.push(
+                        (
+                            writer.key.clone_ref(py),
+                            PyBytes::new(py, &record),
+                            writer.group.clone_ref(py),
+                            class,
+                            PyBytes::new(py, &finding),
+                            end,
+                            stats.0 as i64 + acc.failures,
+                        )
+                            .into_pyobject(py)?
+                            .into_any(),
+                    );
+                    continue;
+                }
+            }
             let cols = if got.is_none() {
                 let (t, d) = acc.joined(py);
                 Some((PyArray1::from_vec(py, t), PyArray1::from_vec(py, d)))
             } else {
                 None
             };
-            rows.push((
+            let row: Row<'py> = (
                 stream.key.clone(),
                 w,
                 configs[c as usize].clone(),
@@ -781,7 +848,9 @@ impl WindowEngine {
                 acc.seq_max,
                 got,
                 cols,
-            ));
+            );
+            rows.push(row.into_pyobject(py)?.into_any());
         }
+        Ok(())
     }
 }

@@ -22,6 +22,7 @@
 use std::cell::RefCell;
 
 mod engine;
+mod written;
 
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
@@ -553,5 +554,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(window_stats, m)?)?;
     m.add_function(wrap_pyfunction!(plain_many, m)?)?;
     m.add_class::<engine::WindowEngine>()?;
+    m.add_class::<written::SeriesWriter>()?;
     Ok(())
 }

@@ -23,7 +23,7 @@ from kernelstream.agents.logic.windowing import Windower, make_example_batch
 from kernelstream.agents.window_agent import WindowIngest, window_spec
 from kernelstream.app.settings import Settings
 from kernelstream.kernels import get_workload
-from kernelstream.schemas import DeadLetter, LaunchBatch, decode, encode, native
+from kernelstream.schemas import DeadLetter, Finding, LaunchBatch, decode, encode, native
 from kernelstream.schemas.binary import encode_launch_batch
 
 pytestmark = pytest.mark.skipif(native.core is None, reason=native.describe())
@@ -67,7 +67,8 @@ def _messages(seed: int) -> list[SimpleNamespace]:
     """Several streams' messages, interleaved, mostly the next binary batch of their
     stream; mixed in: JSON batches, resent copies, overlaps and gaps, launches out of
     completion order, too late, on window edges, failures, configuration changes, device
-    samples, a tombstone, bytes that are no batch and a value that is not a bytes object."""
+    samples, host telemetry, a tombstone, bytes that are no batch and a value that is not
+    a bytes object."""
     rng = random.Random(seed)
     configs = _configs()
     nodes = [f"n{i}" for i in range(5)]
@@ -101,6 +102,10 @@ def _messages(seed: int) -> list[SimpleNamespace]:
             config[node] = rng.choice(configs)  # the tuner moved it
         elif roll < 0.18:
             kw["samples"] = [{"t": t[0], "sm_clock_mhz": 1410.0, "mem_used_bytes": 1e9}]
+        elif roll < 0.21:  # host telemetry: the host side's findings of its windows
+            kw["schema"] = "ks.launch_batch/2"
+            kw["host_gap_us"] = [rng.uniform(0.0, 3000.0) for _ in range(n)]
+            kw["host_waited"] = [rng.choice([0, 1]) for _ in range(n)]
         ok = [0 if rng.random() < 0.03 else 1 for _ in range(n)]
         start = seq[node] + (rng.choice([-5, 7]) if roll > 0.97 else 0)
         batch = _batch(node, t, max(0, start), config[node], ok=ok, **kw)
@@ -195,6 +200,7 @@ def _run(
         "stops": ingest.stats.compiled_stops,
         "batches": ingest.stats.batches,
         "engine_failed": ingest.ctx.counters["window.engine_failed"],
+        "written": ingest.stats.written_windows,
     }
 
 
@@ -206,6 +212,11 @@ def test_the_engine_publishes_what_the_python_path_publishes(seed: int, poll: in
     engine = _run(msgs, poll, compiled=True)
     assert engine.pop("compiled_batches") > engine["batches"] // 2  # the engine did most
     python.pop("compiled_batches")
+    # the engine wrote windows and findings of the series the detector had judged (in
+    # the polls after it judged them: none where one poll holds every message)
+    assert (engine.pop("written") > 0) is (poll < len(msgs)) and python.pop("written") == 0
+    classes = {decode(v, Finding).classification for v in python["findings"]}
+    assert classes & {"host_sync", "transfer_bound", "pageable_copies", "no_overlap"}
     stops = engine.pop("stops")
     python.pop("stops")
     assert set(stops) <= TAKE_OVER | HELD_BACK and stops["unregistered"] and stops["sequence"]
@@ -221,6 +232,7 @@ def test_streams_given_back_and_taken_again_change_nothing() -> None:
     for run in (engine, python):
         run.pop("compiled_batches")
         run.pop("stops")
+    assert engine.pop("written") > 0 and python.pop("written") == 0
     assert engine == python
 
 

@@ -1,0 +1,470 @@
+//! A closed window's record and its finding, written as bytes (`SeriesWriter`).
+//!
+//! Once the Python detector has judged a few windows of one (stream, configuration) and
+//! its regression baseline is frozen, every later window of it is judged by rules whose
+//! inputs are the window's figures and constants of the series: the record's fields but
+//! its figures, the device's roofline, the detector's thresholds, the baseline, the
+//! summaries' texts. `agents/logic/written.py` hands those constants over, already
+//! rendered where they are text (JSON fragments, escaped strings, the summaries' templates
+//! with the series' own fields filled in), and the engine then writes the window record
+//! and the finding of each window it closes without a Python object per window: the bytes
+//! `schemas.codec.encode` and `Detector.classify_wire` give, figure for figure (the same
+//! operations in the same order), each float as orjson writes it.
+//!
+//! The Python detector stays the reference. A window the writer cannot promise the same
+//! bytes for (a figure that is not finite, or so large that the evidence's sum could
+//! overflow, a window without a launch that ran) is left to it (`write` gives None), and
+//! the tests hold the two equal on the same windows.
+
+use std::io::Write;
+
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+/// Fields a summary's template reads from the window (`agents.logic.written.FIELDS`).
+const FIELD_NONE: u8 = 0;
+const FIELD_MEAN: u8 = 1;
+const FIELD_RATIO: u8 = 2;
+const FIELD_BW: u8 = 3;
+const FIELD_FLOPS: u8 = 4;
+const FIELD_ROOF: u8 = 5;
+const FIELD_CAUSES: u8 = 6;
+const FIELD_BUSY: u8 = 7;
+const FIELD_IDLE: u8 = 8;
+
+/// How a field is formatted: as is (`""`), `.Nf` or `.N%`.
+const SPEC_PLAIN: u8 = 0;
+const SPEC_FIXED: u8 = 1;
+const SPEC_PERCENT: u8 = 2;
+
+/// A template: (literal text, already escaped for a JSON string; the field after it;
+/// its format; its precision), in order.
+type Template = Vec<(Vec<u8>, u8, u8, usize)>;
+
+/// The classifications the writer gives, in the order of its templates.
+const CLASSES: [&str; 7] = [
+    "regression",
+    "launch_bound",
+    "roofline_unknown",
+    "memory_efficient",
+    "compute_bound",
+    "under_utilization",
+    "memory_bottleneck",
+];
+const BALANCED: &str = "balanced";
+
+/// Above this a figure is left to the Python detector: the evidence's floats (about
+/// twenty) then cannot sum past the largest float, which the detector's finiteness check
+/// would see (`schemas.records._finite_evidence`).
+const LARGE: f64 = 1e300;
+
+/// The window's figures the rules and the records read.
+struct Figures {
+    window_start: f64,
+    window_end: f64,
+    count: i64,
+    failures: i64,
+    mean: f64,
+    p95: f64,
+    bw: f64,
+    flops: f64,
+    busy: f64,
+    idle: f64,
+    ratio: f64,
+    roof: f64,
+    causes: Vec<Vec<u8>>,
+}
+
+/// The window record and the finding of one (stream, configuration), written from the
+/// figures of each of its windows.
+#[pyclass(module = "kernelstream._native", frozen)]
+pub struct SeriesWriter {
+    pub key: Py<PyBytes>,
+    pub group: Py<PyBytes>,
+    // the window record: fragments around its figures (WINDOW_SLOTS of written.py)
+    window: Vec<Vec<u8>>,
+    bytes_moved: f64,
+    flops: f64,
+    peak_gbs: f64,
+    peak_gflops: f64,
+    size: f64,
+    roofline_known: bool,
+    memory_bound: bool,
+    // the finding: up to the id's window start, then up to the record's window start
+    head: Vec<u8>,
+    mid: Vec<u8>,
+    // the evidence: its first field, then the series' own fields after the figures
+    evidence_head: Vec<u8>,
+    evidence_mid: Vec<u8>,
+    evidence_tail: Vec<u8>,
+    templates: Vec<Template>,
+    balanced: Template,
+    static_causes: Vec<Vec<u8>>,
+    busy_cause: Template,
+    // thresholds
+    efficient_bw: f64,
+    compute_bound_flops: f64,
+    low_busy: f64,
+    idle_gap_ratio: f64,
+    launch_bound: f64,
+    regression_factor: f64,
+    min_launches: i64,
+    launch_overhead: f64,
+    baseline: (f64, i64),
+    plus_exponent: bool,
+}
+
+#[pymethods]
+impl SeriesWriter {
+    /// The constants of one series (`agents.logic.written.series_writer` builds them).
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (
+        *, key, group, window, roofline, finding, evidence, templates, balanced,
+        static_causes, busy_cause, thresholds, baseline, plus_exponent
+    ))]
+    fn new(
+        key: Py<PyBytes>,
+        group: Py<PyBytes>,
+        window: Vec<Vec<u8>>,
+        roofline: (f64, f64, f64, f64, f64, bool, bool),
+        finding: (Vec<u8>, Vec<u8>),
+        evidence: (Vec<u8>, Vec<u8>, Vec<u8>),
+        templates: Vec<(String, Template)>,
+        balanced: Template,
+        static_causes: Vec<Vec<u8>>,
+        busy_cause: Template,
+        thresholds: (f64, f64, f64, f64, f64, f64, i64, f64),
+        baseline: (f64, i64),
+        plus_exponent: bool,
+    ) -> PyResult<Self> {
+        if window.len() != WINDOW_SLOTS + 1 {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "a window record has {} fragments around its figures, not {}",
+                WINDOW_SLOTS + 1,
+                window.len()
+            )));
+        }
+        let mut ordered = Vec::with_capacity(CLASSES.len());
+        for name in CLASSES {
+            let Some((_, t)) = templates.iter().find(|(n, _)| n == name) else {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "no summary template for {name}"
+                )));
+            };
+            ordered.push(t.clone());
+        }
+        let (bytes_moved, flops, peak_gbs, peak_gflops, size, roofline_known, memory_bound) =
+            roofline;
+        let (
+            efficient_bw,
+            compute_bound_flops,
+            low_busy,
+            idle_gap_ratio,
+            launch_bound,
+            regression_factor,
+            min_launches,
+            launch_overhead,
+        ) = thresholds;
+        Ok(SeriesWriter {
+            key,
+            group,
+            window,
+            bytes_moved,
+            flops,
+            peak_gbs,
+            peak_gflops,
+            size,
+            roofline_known,
+            memory_bound,
+            head: finding.0,
+            mid: finding.1,
+            evidence_head: evidence.0,
+            evidence_mid: evidence.1,
+            evidence_tail: evidence.2,
+            templates: ordered,
+            balanced,
+            static_causes,
+            busy_cause,
+            efficient_bw,
+            compute_bound_flops,
+            low_busy,
+            idle_gap_ratio,
+            launch_bound,
+            regression_factor,
+            min_launches,
+            launch_overhead,
+            baseline,
+            plus_exponent,
+        })
+    }
+
+    /// The window record, the classification and the finding of window `window` of the
+    /// series, of these counts (launches that ran, failed, accepted late, lowest and
+    /// highest sequence number) and statistics (`window_stats`'s: count, total, mean,
+    /// std, idle gap, p50, p95, min, max); None where the Python detector decides.
+    #[allow(clippy::type_complexity)]
+    fn write<'py>(
+        &self,
+        py: Python<'py>,
+        window: i64,
+        counts: (i64, i64, i64, i64),
+        stats: (usize, f64, f64, f64, f64, f64, f64, f64, f64),
+    ) -> Option<(Bound<'py, PyBytes>, &'static str, Bound<'py, PyBytes>)> {
+        let (record, class, finding) = self.written(window, counts, stats)?;
+        Some((PyBytes::new(py, &record), class, PyBytes::new(py, &finding)))
+    }
+}
+
+/// Figures of a window record, in its fields' order (`WINDOW_SLOTS` of written.py).
+const WINDOW_SLOTS: usize = 19;
+
+impl SeriesWriter {
+    /// `write`, as bytes.
+    pub fn written(
+        &self,
+        window: i64,
+        counts: (i64, i64, i64, i64),
+        stats: (usize, f64, f64, f64, f64, f64, f64, f64, f64),
+    ) -> Option<(Vec<u8>, &'static str, Vec<u8>)> {
+        let (failures, late, seq_min, seq_max) = counts;
+        let (count, total, mean, std, idle, p50, p95, d_min, d_max) = stats;
+        let count = count as i64;
+        if count == 0 {
+            return None; // "had no successful launch": the Python detector's
+        }
+        // build_window's figures, the same operations in the same order
+        let gbs = finite_ratio(self.bytes_moved, mean * 1e3);
+        let gflops = finite_ratio(self.flops, mean * 1e3);
+        let busy = total * 1e-6 / self.size;
+        let bw = finite_ratio(gbs, self.peak_gbs);
+        let flops_fraction = finite_ratio(gflops, self.peak_gflops);
+        let window_start = window as f64 * self.size;
+        let window_end = (window + 1) as f64 * self.size;
+        let floats = [
+            window_start,
+            window_end,
+            mean,
+            p50,
+            p95,
+            d_min,
+            d_max,
+            std,
+            busy,
+            idle,
+            gbs,
+            gflops,
+            bw,
+            flops_fraction,
+        ];
+        if !floats.iter().all(|x| x.is_finite() && x.abs() <= LARGE) {
+            return None;
+        }
+        let mut record = Vec::with_capacity(1200);
+        let w = &self.window;
+        let mut slot = 0;
+        let mut next = |out: &mut Vec<u8>| {
+            out.extend_from_slice(&w[slot]);
+            slot += 1;
+        };
+        next(&mut record);
+        self.float(&mut record, window_start);
+        next(&mut record);
+        self.float(&mut record, window_end);
+        for n in [count, failures, late] {
+            next(&mut record);
+            int(&mut record, n);
+        }
+        for x in [mean, p50, p95, d_min, d_max, std, busy, idle, gbs, gflops, bw, flops_fraction] {
+            next(&mut record);
+            self.float(&mut record, x);
+        }
+        for n in [seq_min, seq_max] {
+            next(&mut record);
+            int(&mut record, n);
+        }
+        next(&mut record);
+        debug_assert_eq!(slot, WINDOW_SLOTS + 1);
+
+        let mut f = Figures {
+            window_start,
+            window_end,
+            count,
+            failures,
+            mean,
+            p95,
+            bw,
+            flops: flops_fraction,
+            busy,
+            idle,
+            ratio: 0.0,
+            roof: if bw >= flops_fraction { bw } else { flops_fraction },
+            causes: Vec::new(),
+        };
+        let (class, finding) = self.finding(&mut f)?;
+        Some((record, class, finding))
+    }
+
+    /// The finding of a window (`Detector._judge`, then `Finding.wire_of_window`).
+    fn finding(&self, f: &mut Figures) -> Option<(&'static str, Vec<u8>)> {
+        let mut ev = Vec::with_capacity(700);
+        ev.extend_from_slice(&self.evidence_head);
+        ev.extend_from_slice(b",\"count\":");
+        int(&mut ev, f.count);
+        ev.extend_from_slice(b",\"failures\":");
+        int(&mut ev, f.failures);
+        for (name, x) in [
+            (&b",\"mean_us\":"[..], f.mean),
+            (b",\"p95_us\":", f.p95),
+            (b",\"bw_fraction\":", f.bw),
+            (b",\"flops_fraction\":", f.flops),
+        ] {
+            ev.extend_from_slice(name);
+            self.float(&mut ev, x);
+        }
+        ev.extend_from_slice(&self.evidence_mid);
+        ev.extend_from_slice(b",\"busy_fraction\":");
+        self.float(&mut ev, f.busy);
+        ev.extend_from_slice(b",\"idle_gap_mean_us\":");
+        self.float(&mut ev, f.idle);
+        ev.extend_from_slice(&self.evidence_tail);
+
+        // Detector._regression, with the baseline frozen
+        let mut class = None;
+        if f.count >= self.min_launches {
+            let (base_mean, base_windows) = self.baseline;
+            f.ratio = finite_ratio(f.mean, base_mean);
+            if f.ratio > LARGE {
+                return None;
+            }
+            ev.extend_from_slice(b",\"baseline_us\":");
+            self.float(&mut ev, base_mean);
+            ev.extend_from_slice(b",\"baseline_windows\":");
+            int(&mut ev, base_windows);
+            ev.extend_from_slice(b",\"regression_ratio\":");
+            self.float(&mut ev, f.ratio);
+            if f.ratio > self.regression_factor {
+                class = Some(0);
+            }
+        }
+        // Detector._classify
+        let class = match class {
+            Some(c) => c,
+            None if f.mean < self.launch_bound * self.launch_overhead => 1,
+            None if !self.roofline_known => 2,
+            None if self.memory_bound && f.bw >= self.efficient_bw => 3,
+            None if !self.memory_bound && f.flops >= self.compute_bound_flops => 4,
+            None => {
+                f.causes = self.static_causes.clone();
+                if f.busy < self.low_busy && f.idle > self.idle_gap_ratio * f.mean {
+                    let mut cause = Vec::new();
+                    self.render(&mut cause, &self.busy_cause, f);
+                    f.causes.push(cause);
+                }
+                ev.extend_from_slice(b",\"underuse_causes\":\"");
+                ev.extend_from_slice(&f.causes.join(&b","[..]));
+                ev.push(b'"');
+                if !f.causes.is_empty() {
+                    5
+                } else if self.memory_bound {
+                    6
+                } else {
+                    7
+                }
+            }
+        };
+        let (name, template) = if class == 7 {
+            (BALANCED, &self.balanced)
+        } else {
+            (CLASSES[class], &self.templates[class])
+        };
+
+        let mut out = Vec::with_capacity(1300);
+        out.extend_from_slice(&self.head);
+        write!(out, "{:.6}", f.window_start).ok()?;
+        out.extend_from_slice(&self.mid);
+        self.float(&mut out, f.window_start);
+        out.extend_from_slice(b",\"window_end\":");
+        self.float(&mut out, f.window_end);
+        out.extend_from_slice(b",\"classification\":\"");
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\",\"evidence\":");
+        out.extend_from_slice(&ev);
+        out.extend_from_slice(b"},\"summary\":\"");
+        self.render(&mut out, template, f);
+        out.extend_from_slice(b"\",\"count\":");
+        int(&mut out, f.count);
+        out.extend_from_slice(b",\"failures\":");
+        int(&mut out, f.failures);
+        out.extend_from_slice(b",\"duration_mean_us\":");
+        self.float(&mut out, f.mean);
+        out.push(b'}');
+        Some((name, out))
+    }
+
+    /// A summary's template with the window's fields, as `str.format` gives it.
+    fn render(&self, out: &mut Vec<u8>, template: &Template, f: &Figures) {
+        for (literal, field, spec, precision) in template {
+            out.extend_from_slice(literal);
+            let x = match *field {
+                FIELD_NONE => continue,
+                FIELD_CAUSES => {
+                    out.extend_from_slice(&f.causes.join(&b"; "[..]));
+                    continue;
+                }
+                FIELD_MEAN => f.mean,
+                FIELD_RATIO => f.ratio,
+                FIELD_BW => f.bw,
+                FIELD_FLOPS => f.flops,
+                FIELD_ROOF => f.roof,
+                FIELD_BUSY => f.busy,
+                FIELD_IDLE => f.idle,
+                _ => unreachable!("templates are checked where they are built"),
+            };
+            let _ = match *spec {
+                SPEC_FIXED => write!(out, "{:.*}", *precision, x),
+                SPEC_PERCENT => write!(out, "{:.*}%", *precision, x * 100.0),
+                _ => {
+                    self.float(out, x);
+                    Ok(())
+                }
+            };
+        }
+    }
+
+    /// `x` as orjson writes a float: the shortest digits that read back as `x`, with
+    /// `e+` before a positive exponent where this orjson writes one.
+    fn float(&self, out: &mut Vec<u8>, x: f64) {
+        let mut buf = ryu::Buffer::new();
+        let s = buf.format_finite(x).as_bytes();
+        match s.iter().position(|&b| b == b'e') {
+            Some(e) if self.plus_exponent && s.get(e + 1) != Some(&b'-') => {
+                out.extend_from_slice(&s[..=e]);
+                out.push(b'+');
+                out.extend_from_slice(&s[e + 1..]);
+            }
+            _ => out.extend_from_slice(s),
+        }
+    }
+}
+
+fn int(out: &mut Vec<u8>, n: i64) {
+    let _ = write!(out, "{n}");
+}
+
+/// `agents.logic.ratios.finite_ratio`.
+fn finite_ratio(num: f64, den: f64) -> f64 {
+    if den > 0.0 {
+        let q = num / den;
+        if f64::MAX < q {
+            f64::MAX
+        } else {
+            q
+        }
+    } else {
+        0.0
+    }
+}
+
+/// `SPEC_PLAIN` is the third format (a plain float, as orjson writes it).
+const _: () = assert!(SPEC_PLAIN == 0);

@@ -1,0 +1,202 @@
+"""The compiled engine's writer of windows and findings (agents.logic.written,
+native/src/written.rs) writes the bytes the Python path writes: the window record
+``encode`` gives and the finding ``Detector.classify_wire`` gives, for windows of every
+verdict, figures from the tiniest to the absurd, and names that JSON must escape; a window
+it cannot promise that for is left to the Python path; a series it would write otherwise
+stays on the Python path."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from kernelstream.agents.logic.compiled_windows import CompiledWindows
+from kernelstream.agents.logic.detection import Detector, DetectorThresholds
+from kernelstream.agents.logic.windowing import (
+    Windower,
+    WindowFigures,
+    WindowSpec,
+    _meta,
+    build_window,
+    make_example_batch,
+    window_template,
+)
+from kernelstream.agents.logic.written import UnwritableError, series_writer
+from kernelstream.schemas import WindowAggregate, encode, native
+
+pytestmark = pytest.mark.skipif(native.core is None, reason=native.describe())
+
+_SIZE = 1.0
+_GROUP = b"A100|saxpy|1048576"
+_CONFIG = "block=128"
+
+
+def _meta_of(rng: random.Random, node: str = "n1", **over: Any) -> dict[str, Any]:
+    meta = _meta(make_example_batch([1.0], [5.0], [1], node=node))
+    meta.update(
+        occupancy=rng.choice([0.1, 0.5, 1.0]),
+        waves=rng.choice([0.3, 1.2, 2.25, 3.9, 18.96]),
+        launch_overhead_us=rng.choice([0.0, 3.0, 40.0]),
+        bytes_moved=rng.choice([0.0, 8e6, 1e12]),
+        flops=rng.choice([0.0, 2e6, 1e15]),
+        peak_gbs=rng.choice([0.0, 2039.0]) if rng.random() < 0.2 else 2039.0,
+        peak_gflops=19500.0,
+        resources_source=rng.choice([None, "nvrtc 12.9 sm_80", 'odd "source" \\ é']),
+    )
+    meta.update(over)
+    return meta
+
+
+def _stats(rng: random.Random, mean_scale: float) -> tuple[Any, ...]:
+    count = rng.choice([1, 5, 10, 11, 999, 26_667])
+    mean = rng.choice([mean_scale, mean_scale * rng.uniform(0.5, 2.0), 0.25, 1.5e-7, 3.6e9])
+    d_min, d_max = mean * rng.uniform(0.1, 1.0), mean * rng.uniform(1.0, 5.0)
+    total = mean * count
+    idle = rng.choice([0.0, mean * rng.uniform(0.5, 10.0), 1e-9])
+    return (count, total, mean, mean * 0.1, idle, mean, d_max * 0.9, d_min, d_max)
+
+
+def _python_window(
+    template: Any, config_id: str, window: int, counts: tuple[int, ...], got: tuple[Any, ...]
+) -> WindowAggregate:
+    count, total, mean, std, idle, p50, p95, d_min, d_max = got
+    figures = WindowFigures.compiled(total, mean, std, idle, p50, p95, d_min, d_max, _SIZE)
+    failures, late, seq_min, seq_max = counts
+    return build_window(
+        template, config_id, window, _SIZE, (count, failures, late, seq_min, seq_max), figures
+    )
+
+
+def _frozen(detector: Detector, template: Any, config_id: str, mean: float) -> None:
+    """Judge the series' first windows (of enough launches), which freeze its baseline."""
+    for w in range(detector.thresholds.baseline_windows):
+        got = (20, 20 * mean, mean, 0.0, 0.0, mean, mean, mean, mean)
+        window = 1_700_000_000 + w
+        detector.classify(_python_window(template, config_id, window, (0, 0, 0, 19), got))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_writer_writes_what_the_python_path_writes(seed: int) -> None:
+    rng = random.Random(seed)
+    classes: Counter[str] = Counter()
+    nodes = ["n1", 'quote"node', "back\\slash", "tab\tnewline\n", "ünïcødé ✓", "ctl\x01"]
+    for i in range(150):
+        meta = _meta_of(rng, node=rng.choice(nodes))
+        template = window_template(meta)
+        config_id = _CONFIG if rng.random() < 0.8 else 'block=128,"x"=\\'
+        thresholds = DetectorThresholds(
+            efficient_bw_fraction=rng.choice([0.0, 0.6, 0.9]),
+            low_busy_fraction=rng.choice([0.5, 1.0, 1e9]),
+        )
+        detector = Detector(thresholds)
+        base = rng.choice([5.0, 500.0, 6673.125])
+        _frozen(detector, template, config_id, base)
+        for j in range(8):
+            got = _stats(rng, base * rng.choice([0.5, 1.0, 1.3, 3.0]))
+            window = rng.choice([1_700_000_100 + j, 1_795_920_591, 0, 7])
+            counts = (rng.choice([0, 3]), rng.choice([0, 2]), rng.randrange(10**6), 10**6 + j)
+            agg = _python_window(template, config_id, window, counts, got)
+            writer = series_writer(agg, template, detector, _GROUP, _SIZE)
+            assert writer is not None
+            wrote = writer.write(window, counts, got)
+            assert wrote is not None, (i, j, got)
+            record, classification, finding = wrote
+            assert record == encode(agg)
+            assert (classification, finding) == detector.classify_wire(agg)
+            classes[classification] += 1
+    every = {
+        "regression",
+        "launch_bound",
+        "memory_efficient",
+        "under_utilization",
+        "memory_bottleneck",
+        "balanced",
+    }
+    if seed == 0:
+        assert every | {"roofline_unknown", "compute_bound"} <= set(classes), classes
+    else:
+        assert len(classes) >= 5, classes
+
+
+def test_figures_it_cannot_promise_are_left_to_the_python_path() -> None:
+    rng = random.Random(7)
+    meta = _meta_of(rng, launch_overhead_us=3.0)
+    template = window_template(meta)
+    detector = Detector()
+    _frozen(detector, template, _CONFIG, 50.0)
+    ok = (10, 500.0, 50.0, 1.0, 0.0, 50.0, 50.0, 50.0, 50.0)
+    agg = _python_window(template, _CONFIG, 5, (0, 0, 0, 9), ok)
+    writer = series_writer(agg, template, detector, _GROUP, _SIZE)
+    assert writer.write(5, (0, 0, 0, 9), ok) is not None
+    for got in [
+        (0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),  # no launch that ran
+        (10, 500.0, 50.0, math.nan, 0.0, 50.0, 50.0, 50.0, 50.0),
+        (10, math.inf, 50.0, 1.0, 0.0, 50.0, 50.0, 50.0, 50.0),
+        (10, 500.0, 50.0, 1.0, 1e301, 50.0, 50.0, 50.0, 50.0),  # an absurd idle gap
+        (10, 500.0, 1e-310, 1.0, 0.0, 50.0, 50.0, 50.0, 50.0),  # quotients past the largest
+    ]:
+        assert writer.write(5, (0, 0, 0, 9), got) is None, got
+
+
+def test_no_writer_before_the_baseline_is_frozen_nor_for_absurd_constants() -> None:
+    rng = random.Random(8)
+    meta = _meta_of(rng)
+    template = window_template(meta)
+    detector = Detector()
+    got = (20, 1000.0, 50.0, 0.0, 0.0, 50.0, 50.0, 50.0, 50.0)
+    agg = _python_window(template, _CONFIG, 3, (0, 0, 0, 19), got)
+    for _ in range(detector.thresholds.baseline_windows):
+        assert series_writer(agg, template, detector, _GROUP, _SIZE) is None
+        detector.classify(agg)
+    assert series_writer(agg, template, detector, _GROUP, _SIZE) is not None
+    absurd = window_template(_meta_of(rng, bytes_moved=1e305))
+    agg = _python_window(absurd, _CONFIG, 3, (0, 0, 0, 19), got)
+    _frozen(detector, absurd, _CONFIG, 50.0)
+    with pytest.raises(UnwritableError):
+        series_writer(agg, absurd, detector, _GROUP, _SIZE)
+
+
+class _Otherwise(Detector):
+    """A detector whose findings differ from what the writer it hands over writes."""
+
+    def classify_wire(self, agg: WindowAggregate) -> tuple[Any, bytes]:
+        classification, value = super().classify_wire(agg)
+        return classification, value[:-1] + b',"x":1}'
+
+
+def test_a_series_written_otherwise_stays_on_the_python_path(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    windower = Windower(WindowSpec(size_s=_SIZE))
+    compiled = CompiledWindows.of(windower)
+    assert compiled is not None
+    compiled.learning = True
+    rng = random.Random(9)
+    meta = _meta_of(rng)
+    compiled._index(meta)  # the engine's meta index 0
+    template = compiled._templates[0]
+    detector = _Otherwise()
+    _frozen(detector, template, _CONFIG, 50.0)
+    got = (20, 1000.0, 50.0, 0.0, 0.0, 50.0, 50.0, 50.0, 50.0)
+    agg = _python_window(template, _CONFIG, 3, (0, 0, 0, 19), got)
+    compiled.engine.adopt(agg.stream_key, -math.inf, -math.inf, None, -1, [])
+    compiled._fresh.append((agg, 0, 3, (0, 0, 0, 19), got))
+    with caplog.at_level(logging.WARNING):
+        compiled.learn(detector, lambda _: _GROUP, lambda _: True)
+    assert compiled.writing() == 0
+    assert "stay on the Python path" in caplog.text
+    # the same series, judged as the writer writes: handed over
+    compiled._unwritable.clear()
+    compiled._fresh.append((agg, 0, 3, (0, 0, 0, 19), got))
+    plain = Detector()
+    _frozen(plain, template, _CONFIG, 50.0)
+    compiled.learn(plain, lambda _: _GROUP, lambda _: True)
+    assert compiled.writing() == 1
+    # given back (a message the engine does not take): the writer is forgotten
+    compiled.release([agg.stream_key])
+    assert compiled.writing() == 0
