@@ -13,10 +13,12 @@ those constants to the engine (:func:`series_writer`), rendered as far as they a
   Python path built;
 * the finding's JSON around its window start, and the evidence's fields that are the
   series' own;
-* each summary's template (:data:`~agents.logic.detection.SUMMARIES`) with the series'
-  names and constants filled in, the window's figures left as fields;
+* the series' names and numbers the summaries give (escaped where they are text);
 * the causes of under-use that the configuration alone decides;
-* the thresholds and the frozen baseline.
+* the frozen baseline;
+* the detector's rules, shared by its writers (:func:`_rules`, built once): its
+  thresholds and each summary's template (:data:`~agents.logic.detection.SUMMARIES`)
+  with the window's figures and the series' names as fields.
 
 The engine then gives each window of the series it closes as a :class:`Written`: the
 record's and the finding's bytes, those :func:`schemas.codec.encode` and
@@ -40,11 +42,12 @@ from kernelstream.agents.logic.detection import (
     CAUSES,
     SUMMARIES,
     Detector,
+    DetectorThresholds,
     roofline_evidence,
 )
 from kernelstream.agents.logic.windowing import WindowTemplate
 from kernelstream.schemas import WindowAggregate
-from kernelstream.schemas.records import Finding, _finding_fields
+from kernelstream.schemas.records import Finding
 
 __all__ = ["WINDOW_SLOTS", "UnwritableError", "Written", "series_writer"]
 
@@ -91,7 +94,14 @@ _FIELDS = {
     "causes": 6,
     "busy": 7,
     "idle": 8,
+    "what": 9,
+    "device_model": 10,
+    "overhead": 11,
+    "intensity": 12,
+    "base": 13,
 }
+# the fields that are text (written as they are, escaped), not numbers
+_TEXT_FIELDS = frozenset({"causes", "what", "device_model"})
 _FIXED, _PERCENT = 1, 2
 _SPEC = re.compile(r"\.(\d+)([f%])")
 
@@ -99,10 +109,38 @@ _SPEC = re.compile(r"\.(\d+)([f%])")
 # floats then cannot sum past the largest float).
 _LARGE = 1e300
 
-# A figure's marker (minus its slot) in a record written to find where the figure goes:
-# a record's figures are never negative, and a marker found inside a JSON string would
-# stand after an escaped quote, which the key before it excludes.
-_MARKER = -(1 << 53)
+# Each figure's marker in a record written to find where the figures go (a record's
+# figures are never negative): the writer cuts the record at each marker after its key.
+# Inside a JSON string a key's quote stands escaped, so only the record's own keys are
+# found; a name holding a marker elsewhere (a configuration value) shows in the check of
+# the written window, and the series stays on the Python path.
+_MARKERS = {name: -(1 << 53) - i for i, name in enumerate(WINDOW_SLOTS)}
+
+# The fields a finding shares with its window record, between the finding's id and its
+# window start, in the same order (the writer cuts them from the record).
+_SHARED = (
+    "node",
+    "device_index",
+    "device_model",
+    "kernel",
+    "workload",
+    "problem_size",
+    "config",
+    "config_id",
+)
+
+
+def _between(fields: Iterable[str], first: str, last: str) -> tuple[str, ...]:
+    names = list(fields)
+    return tuple(names[names.index(first) + 1 : names.index(last)])
+
+
+# Whether the records still share those fields so (a record changed otherwise: no writer)
+_SHARED_HOLDS = (
+    _between(Finding.model_fields, "id", "window_start")
+    == _between(WindowAggregate.model_fields, "schema_", "window_start")
+    == _SHARED
+)
 
 # Whether this orjson writes a positive exponent with its sign (1e+16; older ones: 1e16).
 _PLUS_EXPONENT = orjson.dumps(1e16) == b"1e+16"
@@ -143,53 +181,68 @@ def series_writer(
     core = native.core
     if core is None or not hasattr(core, "SeriesWriter"):
         raise UnwritableError("the compiled module has no writer")
+    if not _SHARED_HOLDS:
+        raise UnwritableError("a finding no longer shares its window record's fields")
     baseline = detector.frozen_baseline(agg)
     if baseline is None:
         return None
-    th = detector.thresholds
-    what, id_prefix, _ = detector.series_names(agg)
-    ev = roofline_evidence(agg)
-    named = {
-        "what": what,
-        "factor": th.launch_bound_factor,
-        "overhead": agg.launch_overhead_us,
-        "device_model": agg.device_model,
-        "intensity": agg.arithmetic_intensity,
-        "base": baseline[0],
-    }
+    numbers = (agg.launch_overhead_us, agg.arithmetic_intensity)
     constants = (
+        *numbers,
         baseline[0],
         template.bytes_moved,
         template.flops,
         template.peak_gbs,
         template.peak_gflops,
-        agg.launch_overhead_us,
     )
     if not all(abs(x) <= _LARGE for x in constants):
         raise UnwritableError("a constant of the series is not finite or absurdly large")
-    return core.SeriesWriter(
-        key=agg.stream_key.encode(),
-        group=group,
-        window=_window_fragments(agg),
-        roofline=(
-            template.bytes_moved,
-            template.flops,
-            template.peak_gbs,
-            template.peak_gflops,
-            size_s,
-            bool(ev["roofline_known"]),
-            bool(ev["memory_bound"]),
-        ),
-        finding=_finding_fragments(agg, id_prefix),
-        evidence=_evidence_fragments(ev),
+    what, id_prefix, _ = detector.series_names(agg)
+    ev = roofline_evidence(agg)
+    window = _marked_window(agg)
+    schema = b'{"schema":' + orjson.dumps(WindowAggregate.SCHEMA) + b","
+    if not window.startswith(schema):
+        raise UnwritableError("the window record does not start with its schema")
+    head = window[len(schema) : window.find(b'"window_start":')]
+    try:
+        return core.SeriesWriter(
+            key=agg.stream_key.encode(),
+            group=group,
+            rules=_rules(core, detector.thresholds),
+            window=window,
+            roofline=(
+                template.bytes_moved,
+                template.flops,
+                template.peak_gbs,
+                template.peak_gflops,
+                size_s,
+                bool(ev["roofline_known"]),
+                bool(ev["memory_bound"]),
+            ),
+            finding=_finding_fragments(head, id_prefix),
+            evidence=_evidence_fragments(ev),
+            static_causes=[_escaped(c) for c in detector.fixed_causes(agg, ev)],
+            names=(_escaped(what), _escaped(agg.device_model)),
+            numbers=numbers,
+            baseline=baseline,
+        )
+    except ValueError as ex:  # the record's figures not where the writer cuts it
+        raise UnwritableError(str(ex)) from ex
+
+
+@functools.cache
+def _rules(core: Any, th: DetectorThresholds) -> Any:
+    """The engine's rules of a detector of thresholds ``th`` (one per detector's
+    thresholds: every writer of it shares them)."""
+    named = {"factor": th.launch_bound_factor}
+    return core.Rules(
         templates=[
             (name, _compiled(text, named))
             for name, text in SUMMARIES.items()
             if name not in ("no_launch", "balanced")
         ],
         balanced=_compiled(SUMMARIES["balanced"], named),
-        static_causes=[_escaped(c) for c in detector.fixed_causes(agg, ev)],
-        busy_cause=_compiled(CAUSES["busy"], {}),
+        busy_cause=_compiled(CAUSES["busy"], named),
         thresholds=(
             th.efficient_bw_fraction,
             th.compute_bound_flops_fraction,
@@ -198,10 +251,11 @@ def series_writer(
             th.launch_bound_factor,
             th.regression_factor,
             th.min_launches,
-            agg.launch_overhead_us,
         ),
-        baseline=baseline,
         plus_exponent=_PLUS_EXPONENT,
+        window_markers=[
+            (b'"' + name.encode() + b'":', b"%d" % marker) for name, marker in _MARKERS.items()
+        ],
     )
 
 
@@ -215,45 +269,26 @@ def _members(items: Iterable[tuple[str, Any]]) -> bytes:
     return orjson.dumps(dict(items))[1:-1]
 
 
-def _window_fragments(agg: WindowAggregate) -> list[bytes]:
-    """The window record's JSON (``encode(agg)``) around its figures: the record written
-    with a marker in place of each figure, cut at the markers."""
+def _marked_window(agg: WindowAggregate) -> bytes:
+    """The window record's JSON (``encode(agg)``) with each figure's marker in its place
+    (the writer cuts it there)."""
     state = dict(agg.__dict__)
     if next(iter(state), None) != "schema_" or agg.device_samples is not None:
         raise UnwritableError("not a plain window record")
-    order = [name for name in state if name in _SLOTS]
-    if tuple(order) != WINDOW_SLOTS:
-        raise UnwritableError(f"the window record's figures are not in the writer's order: {order}")
-    for i, name in enumerate(WINDOW_SLOTS):
-        state[name] = _MARKER - i
-    out = b'{"schema"' + orjson.dumps(state)[len(b'{"schema_"') :]
-    fragments, at = [], 0
-    for i, name in enumerate(WINDOW_SLOTS):
-        key = b'"' + name.encode() + b'":'
-        found = out.find(key + b"%d" % (_MARKER - i), at)
-        if found < 0:
-            raise UnwritableError(f"the window record's {name} was not found where it is written")
-        fragments.append(out[at : found + len(key)])
-        at = found + len(key) + len(b"%d" % (_MARKER - i))
-    fragments.append(out[at:])
-    return fragments
+    for name, marker in _MARKERS.items():
+        if name not in state:
+            raise UnwritableError(f"a window record without its {name}")
+        state[name] = marker
+    return b'{"schema"' + orjson.dumps(state)[len(b'{"schema_"') :]
 
 
-def _finding_fragments(agg: WindowAggregate, id_prefix: str) -> tuple[bytes, bytes]:
+def _finding_fragments(shared: bytes, id_prefix: str) -> tuple[bytes, bytes]:
     """The finding's JSON up to its id's window start, then from there up to its
-    ``window_start`` figure."""
-    fields = _finding_fields(agg, id_prefix, "balanced", {}, "", copy=False)
-    names = list(fields)
-    if names[:2] != ["schema", "id"] or "window_start" not in names:
-        raise UnwritableError(f"the finding's fields are not in the writer's order: {names}")
+    ``window_start`` figure. Between the id and the window start a finding has the window
+    record's fields between its schema and its window start (:data:`_SHARED`), in the
+    same order: ``shared`` is their JSON, cut from the window record."""
     head = b'{"schema":' + orjson.dumps(Finding.SCHEMA) + b',"id":"' + _escaped(id_prefix)
-    between = names[2 : names.index("window_start")]
-    tail = names[names.index("window_start") :]
-    expected = ["window_start", "window_end", "classification", "evidence", "summary"]
-    if tail != [*expected, "count", "failures", "duration_mean_us"]:
-        raise UnwritableError(f"the finding's fields are not in the writer's order: {names}")
-    mid = b'",' + _members((n, fields[n]) for n in between) + b',"window_start":'
-    return head, mid
+    return head, b'",' + shared + b'"window_start":'
 
 
 def _evidence_fragments(ev: Mapping[str, Any]) -> tuple[bytes, bytes, bytes]:
@@ -286,9 +321,10 @@ def _parsed(text: str) -> list[tuple[str, str | None, str | None, str | None]]:
 
 
 def _compiled(text: str, named: Mapping[str, Any]) -> Template:
-    """A summary's template as the engine renders it: (literal, escaped; the window's
-    figure after it, by code; its format; its precision), with the series' own fields
-    (``named``) filled in the literals as ``str.format`` fills them."""
+    """A summary's template as the engine renders it: (literal, escaped; the field after
+    it, by code: a figure of the window or a name or number of its series; its format;
+    its precision), with the detector's constants (``named``) filled in the literals as
+    ``str.format`` fills them."""
     out: Template = []
     literal = ""
     for text_part, field, spec, conversion in _parsed(text):
@@ -303,9 +339,9 @@ def _compiled(text: str, named: Mapping[str, Any]) -> Template:
         code = _FIELDS.get(field)
         if code is None:
             raise UnwritableError(f"a summary's field the engine does not know: {field!r}")
-        if field == "causes":
+        if field in _TEXT_FIELDS:
             if spec:
-                raise UnwritableError(f"a format for the causes: {text!r}")
+                raise UnwritableError(f"a format for a text field: {text!r}")
             out.append((_escaped(literal), code, 0, 0))
         else:
             m = _SPEC.fullmatch(spec or "")

@@ -404,7 +404,8 @@ impl WindowEngine {
     /// From now on, write the windows of `stream_key` of per-batch fields `meta` and
     /// configuration `config_id`, and their findings, with `writer` (closed windows come
     /// out as written rows). False (nothing kept) where the engine does not hold the
-    /// stream. Until the stream is given back.
+    /// stream. Until the stream is given back, or another series of it is handed a writer
+    /// while this one has no window open.
     fn write_as(
         &mut self,
         stream_key: &str,
@@ -419,7 +420,14 @@ impl WindowEngine {
             return false;
         }
         let config = self.config(config_id);
-        self.streams[slot].written.insert((meta, config), writer);
+        let s = &mut self.streams[slot];
+        // A stream's configurations change (the tuner's moves): the writers of those with
+        // no window open go, so a stream keeps a writer or two, not one per configuration
+        // it ever ran (one that comes back is learnt again after its next window).
+        let open = &s.open;
+        s.written
+            .retain(|&(m, c), _| open.iter().any(|(&(_, oc), acc)| oc == c && acc.meta == m));
+        s.written.insert((meta, config), writer);
         true
     }
 

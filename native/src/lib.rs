@@ -554,6 +554,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(window_stats, m)?)?;
     m.add_function(wrap_pyfunction!(plain_many, m)?)?;
     m.add_class::<engine::WindowEngine>()?;
+    m.add_class::<written::Rules>()?;
     m.add_class::<written::SeriesWriter>()?;
     Ok(())
 }

@@ -31,6 +31,12 @@ const FIELD_ROOF: u8 = 5;
 const FIELD_CAUSES: u8 = 6;
 const FIELD_BUSY: u8 = 7;
 const FIELD_IDLE: u8 = 8;
+// the series' own: its names (escaped text) and numbers
+const FIELD_WHAT: u8 = 9;
+const FIELD_DEVICE_MODEL: u8 = 10;
+const FIELD_OVERHEAD: u8 = 11;
+const FIELD_INTENSITY: u8 = 12;
+const FIELD_BASE: u8 = 13;
 
 /// How a field is formatted: as is (`""`), `.Nf` or `.N%`.
 const SPEC_PLAIN: u8 = 0;
@@ -75,12 +81,100 @@ struct Figures {
     causes: Vec<Vec<u8>>,
 }
 
+/// What the writers of one detector share: its thresholds, the summaries' templates and
+/// how this orjson writes a float.
+#[pyclass(module = "kernelstream._native", frozen)]
+pub struct Rules {
+    templates: Vec<Template>,
+    balanced: Template,
+    busy_cause: Template,
+    efficient_bw: f64,
+    compute_bound_flops: f64,
+    low_busy: f64,
+    idle_gap_ratio: f64,
+    launch_bound: f64,
+    regression_factor: f64,
+    min_launches: i64,
+    plus_exponent: bool,
+    // each figure's key and marker in a window record written with markers for figures
+    window_markers: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+#[pymethods]
+impl Rules {
+    /// A detector's rules (`agents.logic.written.rules` builds them): the summary
+    /// template of each classification but `balanced`, that of `balanced`, the busy
+    /// cause's; the thresholds (efficient bandwidth, compute-bound FLOP/s, low busy share,
+    /// idle gap ratio, launch-bound factor, regression factor, minimum launches); whether
+    /// a positive exponent is written with its sign; the key and the marker of each
+    /// figure of a window record, in order (`SeriesWriter` cuts the record there).
+    #[new]
+    #[pyo3(signature = (
+        *, templates, balanced, busy_cause, thresholds, plus_exponent, window_markers
+    ))]
+    fn new(
+        templates: Vec<(String, Template)>,
+        balanced: Template,
+        busy_cause: Template,
+        thresholds: (f64, f64, f64, f64, f64, f64, i64),
+        plus_exponent: bool,
+        window_markers: Vec<(Vec<u8>, Vec<u8>)>,
+    ) -> PyResult<Self> {
+        if window_markers.len() != WINDOW_SLOTS {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "a window record has {WINDOW_SLOTS} figures, not {}",
+                window_markers.len()
+            )));
+        }
+        let mut ordered = Vec::with_capacity(CLASSES.len());
+        for name in CLASSES {
+            let Some((_, t)) = templates.iter().find(|(n, _)| n == name) else {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "no summary template for {name}"
+                )));
+            };
+            ordered.push(t.clone());
+        }
+        for t in ordered.iter().chain([&balanced, &busy_cause]) {
+            if let Some(&(_, field, spec, _)) = t.iter().find(|p| p.1 > FIELD_BASE || p.2 > 2) {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "a template field {field} or format {spec} the writer does not know"
+                )));
+            }
+        }
+        let (
+            efficient_bw,
+            compute_bound_flops,
+            low_busy,
+            idle_gap_ratio,
+            launch_bound,
+            regression_factor,
+            min_launches,
+        ) = thresholds;
+        Ok(Rules {
+            templates: ordered,
+            balanced,
+            busy_cause,
+            efficient_bw,
+            compute_bound_flops,
+            low_busy,
+            idle_gap_ratio,
+            launch_bound,
+            regression_factor,
+            min_launches,
+            plus_exponent,
+            window_markers,
+        })
+    }
+}
+
 /// The window record and the finding of one (stream, configuration), written from the
 /// figures of each of its windows.
 #[pyclass(module = "kernelstream._native", frozen)]
 pub struct SeriesWriter {
     pub key: Py<PyBytes>,
     pub group: Py<PyBytes>,
+    rules: Py<Rules>,
     // the window record: fragments around its figures (WINDOW_SLOTS of written.py)
     window: Vec<Vec<u8>>,
     bytes_moved: f64,
@@ -97,78 +191,51 @@ pub struct SeriesWriter {
     evidence_head: Vec<u8>,
     evidence_mid: Vec<u8>,
     evidence_tail: Vec<u8>,
-    templates: Vec<Template>,
-    balanced: Template,
     static_causes: Vec<Vec<u8>>,
-    busy_cause: Template,
-    // thresholds
-    efficient_bw: f64,
-    compute_bound_flops: f64,
-    low_busy: f64,
-    idle_gap_ratio: f64,
-    launch_bound: f64,
-    regression_factor: f64,
-    min_launches: i64,
+    // the series' names in the summaries (escaped) and numbers
+    what: Vec<u8>,
+    device_model: Vec<u8>,
     launch_overhead: f64,
+    intensity: f64,
     baseline: (f64, i64),
-    plus_exponent: bool,
 }
 
 #[pymethods]
 impl SeriesWriter {
-    /// The constants of one series (`agents.logic.written.series_writer` builds them).
+    /// The constants of one series (`agents.logic.written.series_writer` builds them);
+    /// `window`: its window record written with each figure's marker (`Rules`) in place
+    /// of the figure, where each is found once, after its key, in order (else a
+    /// ValueError: the caller leaves the series to Python).
     #[new]
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (
-        *, key, group, window, roofline, finding, evidence, templates, balanced,
-        static_causes, busy_cause, thresholds, baseline, plus_exponent
+        *, key, group, rules, window, roofline, finding, evidence, static_causes, names,
+        numbers, baseline
     ))]
     fn new(
         key: Py<PyBytes>,
         group: Py<PyBytes>,
-        window: Vec<Vec<u8>>,
+        rules: Py<Rules>,
+        window: &[u8],
         roofline: (f64, f64, f64, f64, f64, bool, bool),
         finding: (Vec<u8>, Vec<u8>),
         evidence: (Vec<u8>, Vec<u8>, Vec<u8>),
-        templates: Vec<(String, Template)>,
-        balanced: Template,
         static_causes: Vec<Vec<u8>>,
-        busy_cause: Template,
-        thresholds: (f64, f64, f64, f64, f64, f64, i64, f64),
+        names: (Vec<u8>, Vec<u8>),
+        numbers: (f64, f64),
         baseline: (f64, i64),
-        plus_exponent: bool,
     ) -> PyResult<Self> {
-        if window.len() != WINDOW_SLOTS + 1 {
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "a window record has {} fragments around its figures, not {}",
-                WINDOW_SLOTS + 1,
-                window.len()
-            )));
-        }
-        let mut ordered = Vec::with_capacity(CLASSES.len());
-        for name in CLASSES {
-            let Some((_, t)) = templates.iter().find(|(n, _)| n == name) else {
-                return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                    "no summary template for {name}"
-                )));
-            };
-            ordered.push(t.clone());
-        }
+        let window = cut(window, &rules.get().window_markers).ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(
+                "the window record's figures are not where the writer puts them",
+            )
+        })?;
         let (bytes_moved, flops, peak_gbs, peak_gflops, size, roofline_known, memory_bound) =
             roofline;
-        let (
-            efficient_bw,
-            compute_bound_flops,
-            low_busy,
-            idle_gap_ratio,
-            launch_bound,
-            regression_factor,
-            min_launches,
-            launch_overhead,
-        ) = thresholds;
         Ok(SeriesWriter {
             key,
             group,
+            rules,
             window,
             bytes_moved,
             flops,
@@ -182,27 +249,19 @@ impl SeriesWriter {
             evidence_head: evidence.0,
             evidence_mid: evidence.1,
             evidence_tail: evidence.2,
-            templates: ordered,
-            balanced,
             static_causes,
-            busy_cause,
-            efficient_bw,
-            compute_bound_flops,
-            low_busy,
-            idle_gap_ratio,
-            launch_bound,
-            regression_factor,
-            min_launches,
-            launch_overhead,
+            what: names.0,
+            device_model: names.1,
+            launch_overhead: numbers.0,
+            intensity: numbers.1,
             baseline,
-            plus_exponent,
         })
     }
 
     /// The window record, the classification and the finding of window `window` of the
-    /// series, of these counts (launches that ran, failed, accepted late, lowest and
-    /// highest sequence number) and statistics (`window_stats`'s: count, total, mean,
-    /// std, idle gap, p50, p95, min, max); None where the Python detector decides.
+    /// series, of these counts (launches that failed, accepted late, lowest and highest
+    /// sequence number) and statistics (`window_stats`'s: count, total, mean, std, idle
+    /// gap, p50, p95, min, max); None where the Python detector decides.
     #[allow(clippy::type_complexity)]
     fn write<'py>(
         &self,
@@ -275,7 +334,20 @@ impl SeriesWriter {
             next(&mut record);
             int(&mut record, n);
         }
-        for x in [mean, p50, p95, d_min, d_max, std, busy, idle, gbs, gflops, bw, flops_fraction] {
+        for x in [
+            mean,
+            p50,
+            p95,
+            d_min,
+            d_max,
+            std,
+            busy,
+            idle,
+            gbs,
+            gflops,
+            bw,
+            flops_fraction,
+        ] {
             next(&mut record);
             self.float(&mut record, x);
         }
@@ -298,7 +370,11 @@ impl SeriesWriter {
             busy,
             idle,
             ratio: 0.0,
-            roof: if bw >= flops_fraction { bw } else { flops_fraction },
+            roof: if bw >= flops_fraction {
+                bw
+            } else {
+                flops_fraction
+            },
             causes: Vec::new(),
         };
         let (class, finding) = self.finding(&mut f)?;
@@ -307,6 +383,7 @@ impl SeriesWriter {
 
     /// The finding of a window (`Detector._judge`, then `Finding.wire_of_window`).
     fn finding(&self, f: &mut Figures) -> Option<(&'static str, Vec<u8>)> {
+        let r = self.rules.get();
         let mut ev = Vec::with_capacity(700);
         ev.extend_from_slice(&self.evidence_head);
         ev.extend_from_slice(b",\"count\":");
@@ -331,7 +408,7 @@ impl SeriesWriter {
 
         // Detector._regression, with the baseline frozen
         let mut class = None;
-        if f.count >= self.min_launches {
+        if f.count >= r.min_launches {
             let (base_mean, base_windows) = self.baseline;
             f.ratio = finite_ratio(f.mean, base_mean);
             if f.ratio > LARGE {
@@ -343,22 +420,22 @@ impl SeriesWriter {
             int(&mut ev, base_windows);
             ev.extend_from_slice(b",\"regression_ratio\":");
             self.float(&mut ev, f.ratio);
-            if f.ratio > self.regression_factor {
+            if f.ratio > r.regression_factor {
                 class = Some(0);
             }
         }
         // Detector._classify
         let class = match class {
             Some(c) => c,
-            None if f.mean < self.launch_bound * self.launch_overhead => 1,
+            None if f.mean < r.launch_bound * self.launch_overhead => 1,
             None if !self.roofline_known => 2,
-            None if self.memory_bound && f.bw >= self.efficient_bw => 3,
-            None if !self.memory_bound && f.flops >= self.compute_bound_flops => 4,
+            None if self.memory_bound && f.bw >= r.efficient_bw => 3,
+            None if !self.memory_bound && f.flops >= r.compute_bound_flops => 4,
             None => {
                 f.causes = self.static_causes.clone();
-                if f.busy < self.low_busy && f.idle > self.idle_gap_ratio * f.mean {
+                if f.busy < r.low_busy && f.idle > r.idle_gap_ratio * f.mean {
                     let mut cause = Vec::new();
-                    self.render(&mut cause, &self.busy_cause, f);
+                    self.render(&mut cause, &r.busy_cause, f);
                     f.causes.push(cause);
                 }
                 ev.extend_from_slice(b",\"underuse_causes\":\"");
@@ -374,9 +451,9 @@ impl SeriesWriter {
             }
         };
         let (name, template) = if class == 7 {
-            (BALANCED, &self.balanced)
+            (BALANCED, &r.balanced)
         } else {
-            (CLASSES[class], &self.templates[class])
+            (CLASSES[class], &r.templates[class])
         };
 
         let mut out = Vec::with_capacity(1300);
@@ -408,6 +485,14 @@ impl SeriesWriter {
             out.extend_from_slice(literal);
             let x = match *field {
                 FIELD_NONE => continue,
+                FIELD_WHAT => {
+                    out.extend_from_slice(&self.what);
+                    continue;
+                }
+                FIELD_DEVICE_MODEL => {
+                    out.extend_from_slice(&self.device_model);
+                    continue;
+                }
                 FIELD_CAUSES => {
                     out.extend_from_slice(&f.causes.join(&b"; "[..]));
                     continue;
@@ -419,6 +504,9 @@ impl SeriesWriter {
                 FIELD_ROOF => f.roof,
                 FIELD_BUSY => f.busy,
                 FIELD_IDLE => f.idle,
+                FIELD_OVERHEAD => self.launch_overhead,
+                FIELD_INTENSITY => self.intensity,
+                FIELD_BASE => self.baseline.0,
                 _ => unreachable!("templates are checked where they are built"),
             };
             let _ = match *spec {
@@ -438,7 +526,7 @@ impl SeriesWriter {
         let mut buf = ryu::Buffer::new();
         let s = buf.format_finite(x).as_bytes();
         match s.iter().position(|&b| b == b'e') {
-            Some(e) if self.plus_exponent && s.get(e + 1) != Some(&b'-') => {
+            Some(e) if self.rules.get().plus_exponent && s.get(e + 1) != Some(&b'-') => {
                 out.extend_from_slice(&s[..=e]);
                 out.push(b'+');
                 out.extend_from_slice(&s[e + 1..]);
@@ -446,6 +534,31 @@ impl SeriesWriter {
             _ => out.extend_from_slice(s),
         }
     }
+}
+
+/// `record` cut around its markers: the fragments before, between and after them, each
+/// marker found after its key, in order; None where one is not.
+fn cut(record: &[u8], markers: &[(Vec<u8>, Vec<u8>)]) -> Option<Vec<Vec<u8>>> {
+    let mut out = Vec::with_capacity(markers.len() + 1);
+    let mut at = 0;
+    for (key, marker) in markers {
+        let needle = [&key[..], &marker[..]].concat();
+        let found = at + find(&record[at..], &needle)?;
+        let end = found + needle.len();
+        // the marker whole, not the start of a longer number (one found in a name, where
+        // a record's own text holds it, shows in the check the caller makes)
+        if !matches!(record.get(end), Some(b',' | b'}')) {
+            return None;
+        }
+        out.push(record[at..found + key.len()].to_vec());
+        at = end;
+    }
+    out.push(record[at..].to_vec());
+    Some(out)
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 fn int(out: &mut Vec<u8>, n: i64) {

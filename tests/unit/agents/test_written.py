@@ -13,6 +13,7 @@ import random
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import pytest
 
 from kernelstream.agents.logic.compiled_windows import CompiledWindows
@@ -200,3 +201,31 @@ def test_a_series_written_otherwise_stays_on_the_python_path(
     # given back (a message the engine does not take): the writer is forgotten
     compiled.release([agg.stream_key])
     assert compiled.writing() == 0
+
+
+def test_a_stream_keeps_the_writers_of_its_open_configurations_only() -> None:
+    """The tuner moves a stream from one configuration to the next: the writers of those
+    with no window open go when another is handed one (learnt again if it comes back)."""
+    windower = Windower(WindowSpec(size_s=_SIZE))
+    compiled = CompiledWindows.of(windower)
+    assert compiled is not None
+    rng = random.Random(10)
+    meta = _meta_of(rng)
+    compiled._index(meta)
+    template = compiled._templates[0]
+    detector = Detector()
+    _frozen(detector, template, _CONFIG, 50.0)
+    got = (20, 1000.0, 50.0, 0.0, 0.0, 50.0, 50.0, 50.0, 50.0)
+    agg = _python_window(template, _CONFIG, 3, (0, 0, 0, 19), got)
+    writer = series_writer(agg, template, detector, _GROUP, _SIZE)
+    engine = compiled.engine
+    t = np.array([3.5])
+    one_open = [(4, "block=64", 0, t, t, 0, 0, 20, 20)]
+    engine.adopt(agg.stream_key, 3.5, 3.5, None, 20, one_open)
+    assert engine.write_as(agg.stream_key, 0, "block=64", writer)  # its window is open
+    assert engine.write_as(agg.stream_key, 0, _CONFIG, writer)
+    assert engine.writing() == 2
+    for config in ("block=256", "block=512", "block=1024"):  # none of them open
+        assert engine.write_as(agg.stream_key, 0, config, writer)
+        assert engine.writing() == 2  # block=64's (open) and the newest's
+    assert not engine.write_as("a stream it does not hold", 0, _CONFIG, writer)
