@@ -271,7 +271,7 @@ class WindowIngest(Service):
         self.detector = detector
         if self.compiled is not None and detector is not None:
             # the engine writes the windows of the series the detector has judged
-            self.compiled.learning = True
+            self.compiled.learning = self.compiled.can_write
         self._early = early
         self._make_consumer = make_consumer
         self._state_partitions = state_partitions
@@ -829,7 +829,12 @@ class WindowIngest(Service):
             await self.detector.on_windows(aggs)
             if self.compiled is not None:
                 d = self.detector
-                self.compiled.learn(d.detector, d.group_key, d.writable)
+                try:
+                    self.compiled.learn(d.detector, d.group_key, d.writable)
+                except BaseException as ex:  # a Rust panic is a BaseException
+                    if not _engine_error(ex):
+                        raise
+                    self._engine_failed(ex)
 
     async def tick(self) -> None:
         """Idle flushes (a timer): they change the state, so the next checkpoint has them.

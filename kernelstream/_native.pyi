@@ -88,23 +88,31 @@ class WindowEngine:
 # (literal, escaped for a JSON string; field code; format code; precision)
 _Template = list[tuple[bytes, int, int, int]]
 
+class Rules:
+    def __init__(
+        self,
+        *,
+        templates: list[tuple[str, _Template]],
+        balanced: _Template,
+        busy_cause: _Template,
+        thresholds: tuple[float, float, float, float, float, float, int],
+        plus_exponent: bool,
+        window_markers: list[tuple[bytes, bytes]],
+    ) -> None: ...
+
 class SeriesWriter:
     def __init__(
         self,
         *,
         key: bytes,
         group: bytes,
-        window: list[bytes],
-        roofline: tuple[float, float, float, float, float, bool, bool],
+        rules: Rules,
+        window: bytes,
+        roofline: tuple[float, float, float, float, float, float, float, float, float],
         finding: tuple[bytes, bytes],
-        evidence: tuple[bytes, bytes, bytes],
-        templates: list[tuple[str, _Template]],
-        balanced: _Template,
+        names: tuple[bytes, bytes, bytes],
         static_causes: list[bytes],
-        busy_cause: _Template,
-        thresholds: tuple[float, float, float, float, float, float, int, float],
         baseline: tuple[float, int],
-        plus_exponent: bool,
     ) -> None: ...
     def write(
         self,

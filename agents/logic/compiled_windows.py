@@ -63,6 +63,12 @@ log = logging.getLogger(__name__)
 _WRITTEN_ROW = len(Written._fields)
 # Series kept on the Python path at most (then forgotten, and tried again).
 MAX_UNWRITABLE = 4096
+# Writers checked against the Python path before they are handed over (the window they
+# were learnt from, judged again): the first this many of a worker, then one in this many
+# (a check costs about two windows judged in Python; the tests hold the two equal on
+# windows of every kind, and a writer's constants come from the same code for every
+# series).
+CHECK_FIRST = CHECK_EVERY = 16
 
 #: Why the engine stopped at a message the caller may hand it after decoding it.
 TAKE_OVER = frozenset({"unregistered", "not_held"})
@@ -118,6 +124,11 @@ class CompiledWindows:
         self._fresh: list[tuple[WindowAggregate, int, int, tuple[int, int, int, int], Any]] = []
         # (stream, meta index, config id) of series the engine cannot write as Python does
         self._unwritable: set[tuple[str, int, str]] = set()
+        self.learnt = 0  # series learn() handed the engine a writer for
+        self.unwritten = 0  # series learn() left on the Python path
+        self._told: set[str] = set()  # the reasons logged
+        # whether this build of the compiled module writes windows (an older one does not)
+        self.can_write = hasattr(core, "SeriesWriter")
 
     @classmethod
     def of(cls, windower: Windower) -> CompiledWindows | None:
@@ -206,38 +217,49 @@ class CompiledWindows:
         judged and frozen the baseline of: the engine writes its later windows and their
         findings itself. ``group_of``: a window's findings message key; ``writable``:
         whether the series' findings may be written so (its stream has no host-side
-        summary open, which the engine's writer does not know). A writer is kept
-        only where it wrote the window it was learnt from as the Python path did (else
-        the series stays on the Python path, logged once)."""
+        summary open, which the engine's writer does not know). The first writers, then
+        one in :data:`CHECK_EVERY`, are kept only where they wrote the window they were
+        learnt from as the Python path did (else the series stays on the Python path;
+        each reason logged once)."""
         fresh, self._fresh = self._fresh, []
         size = self.windower.spec.size_s
         for agg, meta, window, counts, got in fresh:
+            if detector.frozen_baseline(agg) is None:
+                continue  # the baseline is still forming (the tuner's trials: most)
             series = (agg.stream_key, meta, agg.config_id)
             if series in self._unwritable or not writable(agg):
                 continue
             try:
                 writer = series_writer(agg, self._templates[meta], detector, group_of(agg), size)
                 if writer is None:
-                    continue  # the baseline is still forming
-                wrote = writer.write(window, counts, got)
-                if wrote is None:
-                    continue  # this window is the Python path's: the next one
-                record, classification, finding = wrote
-                if (record, (classification, finding)) != (
-                    encode(agg),
-                    detector.classify_wire(agg),
-                ):
-                    raise UnwritableError("the engine wrote the window or its finding otherwise")
+                    continue
+                self.learnt += 1
+                if self.learnt <= CHECK_FIRST or self.learnt % CHECK_EVERY == 0:
+                    # (None: a window the Python path writes; the writer is not judged)
+                    wrote = writer.write(window, counts, got)
+                    if wrote is not None and wrote != (
+                        encode(agg),
+                        *detector.classify_wire(agg),
+                    ):
+                        raise UnwritableError(
+                            "the engine wrote the window or its finding otherwise"
+                        )
             except UnwritableError as ex:
                 if len(self._unwritable) >= MAX_UNWRITABLE:
                     self._unwritable.clear()
                 self._unwritable.add(series)
-                log.warning(
-                    "the windows of %s with %s stay on the Python path: %s",
-                    agg.stream_key,
-                    agg.config_id,
-                    ex,
-                )
+                self.unwritten += 1
+                why = str(ex)
+                if why not in self._told:  # once a reason: it is likely every series'
+                    if len(self._told) < MAX_UNWRITABLE:
+                        self._told.add(why)
+                    log.warning(
+                        "the windows of %s with %s stay on the Python path (and those of "
+                        "any other series for the same reason, counted, not logged): %s",
+                        agg.stream_key,
+                        agg.config_id,
+                        why,
+                    )
                 continue
             self.engine.write_as(agg.stream_key, meta, agg.config_id, writer)
 

@@ -33,7 +33,8 @@ __all__ = [
     "Detector",
     "DetectorThresholds",
     "finding_id",
-    "roofline_evidence",
+    "occupancy_source",
+    "tail_fraction",
 ]
 
 #: Window fields of the device samples copied into every finding's evidence.
@@ -222,7 +223,7 @@ class Detector:
         return series
 
     def _judge(self, agg: WindowAggregate, series: _Series) -> tuple[Classification, Evidence, str]:
-        evidence = roofline_evidence(agg)
+        evidence = _roofline_evidence(agg)
         classification, summary = self._regression(agg, evidence, series) or self._classify(
             agg, evidence, series.what
         )
@@ -280,7 +281,7 @@ class Detector:
             return "memory_efficient", SUMMARIES["memory_efficient"].format(what=what, bw=bw)
         if not memory_side and flops >= th.compute_bound_flops_fraction:
             return "compute_bound", SUMMARIES["compute_bound"].format(what=what, flops=flops)
-        causes = self.fixed_causes(agg, ev)
+        causes = self.fixed_causes(agg)
         if agg.busy_fraction < th.low_busy_fraction and agg.idle_gap_mean_us > (
             th.idle_gap_ratio * mean
         ):
@@ -296,20 +297,20 @@ class Detector:
             )
         return "balanced", SUMMARIES["balanced"].format(what=what, bw=bw, flops=flops)
 
-    def fixed_causes(self, agg: WindowAggregate, ev: Evidence) -> list[str]:
+    def fixed_causes(self, agg: WindowAggregate) -> list[str]:
         """The causes of under-use that a window's configuration alone decides (waves,
         the tail wave, occupancy: the same for every window of it), in the order the
         summary gives them; the busy share (:data:`CAUSES` ``busy``) may follow."""
         th = self.thresholds
         causes = []
-        tail = float(ev["tail_fraction"])
+        tail = tail_fraction(agg)
         if agg.waves < th.min_waves:
             causes.append(CAUSES["waves"].format(waves=agg.waves))
         elif agg.waves < th.tail_max_waves and 0 < tail < th.tail_fraction:
             causes.append(CAUSES["tail"].format(waves=agg.waves, tail=tail))
         if agg.occupancy < th.min_occupancy:
             causes.append(
-                CAUSES["occupancy"].format(occupancy=agg.occupancy, source=ev["occupancy_source"])
+                CAUSES["occupancy"].format(occupancy=agg.occupancy, source=occupancy_source(agg))
             )
         return causes
 
@@ -353,8 +354,9 @@ class Detector:
         return self
 
 
-def roofline_evidence(agg: WindowAggregate) -> Evidence:
-    """The evidence every finding of ``agg`` starts with, in its order."""
+def _roofline_evidence(agg: WindowAggregate) -> Evidence:
+    """The evidence every finding of ``agg`` starts with, in its order (the compiled
+    writer writes the same fields, native/src/written.rs)."""
     known = agg.roofline_known
     ridge = finite_ratio(agg.peak_gflops, agg.peak_gbs) if known else 0.0
     return {
@@ -369,11 +371,20 @@ def roofline_evidence(agg: WindowAggregate) -> Evidence:
         "ridge_point": ridge,
         "memory_bound": agg.arithmetic_intensity < ridge,
         "occupancy": agg.occupancy,
-        # where the registers and shared memory behind the occupancy came from
-        "occupancy_source": agg.resources_source or "estimate",
+        "occupancy_source": occupancy_source(agg),
         "waves": agg.waves,
-        "tail_fraction": agg.waves - math.floor(agg.waves),
+        "tail_fraction": tail_fraction(agg),
         "busy_fraction": agg.busy_fraction,
         "idle_gap_mean_us": agg.idle_gap_mean_us,
         "launch_overhead_us": agg.launch_overhead_us,
     }
+
+
+def occupancy_source(agg: WindowAggregate) -> str:
+    """Where the registers and shared memory behind ``agg``'s occupancy came from."""
+    return agg.resources_source or "estimate"
+
+
+def tail_fraction(agg: WindowAggregate) -> float:
+    """How full the last of ``agg``'s waves of blocks is (0: a whole wave)."""
+    return agg.waves - math.floor(agg.waves)

@@ -11,8 +11,9 @@ those constants to the engine (:func:`series_writer`), rendered as far as they a
 
 * the window record's JSON around its figures (:data:`WINDOW_SLOTS`), from a record the
   Python path built;
-* the finding's JSON around its window start, and the evidence's fields that are the
-  series' own;
+* the finding's JSON around its window start;
+* the roofline's numbers (the engine writes the evidence's fields that are the series'
+  own from them);
 * the series' names and numbers the summaries give (escaped where they are text);
 * the causes of under-use that the configuration alone decides;
 * the frozen baseline;
@@ -43,7 +44,7 @@ from kernelstream.agents.logic.detection import (
     SUMMARIES,
     Detector,
     DetectorThresholds,
-    roofline_evidence,
+    occupancy_source,
 )
 from kernelstream.agents.logic.windowing import WindowTemplate
 from kernelstream.schemas import WindowAggregate
@@ -76,13 +77,6 @@ WINDOW_SLOTS = (
 
 _SLOTS = frozenset(WINDOW_SLOTS)
 
-# The evidence's fields that are the window's figures, in the engine's order: the first
-# six after ``roofline_known``, the last two before ``launch_overhead_us``.
-_EVIDENCE_FIGURES = (
-    ("count", "failures", "mean_us", "p95_us", "bw_fraction", "flops_fraction"),
-    ("busy_fraction", "idle_gap_mean_us"),
-)
-
 # A summary's fields that are the window's figures, by the engine's codes
 # (native/src/written.rs, FIELD_*); any other field is the series' own and is filled in.
 _FIELDS = {
@@ -111,10 +105,10 @@ _LARGE = 1e300
 
 # Each figure's marker in a record written to find where the figures go (a record's
 # figures are never negative): the writer cuts the record at each marker after its key.
-# Inside a JSON string a key's quote stands escaped, so only the record's own keys are
-# found; a name holding a marker elsewhere (a configuration value) shows in the check of
-# the written window, and the series stays on the Python path.
+# A record whose names or values hold a marker's digits anywhere else (a configuration
+# value, a name) stays on the Python path.
 _MARKERS = {name: -(1 << 53) - i for i, name in enumerate(WINDOW_SLOTS)}
+_MARKER_PREFIX = b"-90071992547"  # each marker's digits start so
 
 # The fields a finding shares with its window record, between the finding's id and its
 # window start, in the same order (the writer cuts them from the record).
@@ -186,44 +180,39 @@ def series_writer(
     baseline = detector.frozen_baseline(agg)
     if baseline is None:
         return None
-    numbers = (agg.launch_overhead_us, agg.arithmetic_intensity)
-    constants = (
-        *numbers,
-        baseline[0],
+    roofline = (
         template.bytes_moved,
         template.flops,
         template.peak_gbs,
         template.peak_gflops,
+        size_s,
+        agg.arithmetic_intensity,
+        agg.occupancy,
+        agg.waves,
+        agg.launch_overhead_us,
     )
-    if not all(abs(x) <= _LARGE for x in constants):
-        raise UnwritableError("a constant of the series is not finite or absurdly large")
+    if not all(type(x) is float and abs(x) <= _LARGE for x in (*roofline, baseline[0])):
+        raise UnwritableError("a constant of the series is not a float, finite and not absurd")
     what, id_prefix, _ = detector.series_names(agg)
-    ev = roofline_evidence(agg)
     window = _marked_window(agg)
     schema = b'{"schema":' + orjson.dumps(WindowAggregate.SCHEMA) + b","
     if not window.startswith(schema):
         raise UnwritableError("the window record does not start with its schema")
-    head = window[len(schema) : window.find(b'"window_start":')]
+    shared = window[len(schema) : window.find(b'"window_start":')]
     try:
         return core.SeriesWriter(
             key=agg.stream_key.encode(),
             group=group,
             rules=_rules(core, detector.thresholds),
             window=window,
-            roofline=(
-                template.bytes_moved,
-                template.flops,
-                template.peak_gbs,
-                template.peak_gflops,
-                size_s,
-                bool(ev["roofline_known"]),
-                bool(ev["memory_bound"]),
+            roofline=roofline,
+            finding=_finding_fragments(shared, id_prefix),
+            names=(
+                _escaped(what),
+                _escaped(agg.device_model),
+                _escaped(occupancy_source(agg)),
             ),
-            finding=_finding_fragments(head, id_prefix),
-            evidence=_evidence_fragments(ev),
-            static_causes=[_escaped(c) for c in detector.fixed_causes(agg, ev)],
-            names=(_escaped(what), _escaped(agg.device_model)),
-            numbers=numbers,
+            static_causes=[_escaped(c) for c in detector.fixed_causes(agg)],
             baseline=baseline,
         )
     except ValueError as ex:  # the record's figures not where the writer cuts it
@@ -264,11 +253,6 @@ def _escaped(text: str) -> bytes:
     return orjson.dumps(text)[1:-1]
 
 
-def _members(items: Iterable[tuple[str, Any]]) -> bytes:
-    """``"key":value`` of each item, comma-separated, as orjson writes an object's."""
-    return orjson.dumps(dict(items))[1:-1]
-
-
 def _marked_window(agg: WindowAggregate) -> bytes:
     """The window record's JSON (``encode(agg)``) with each figure's marker in its place
     (the writer cuts it there)."""
@@ -279,7 +263,10 @@ def _marked_window(agg: WindowAggregate) -> bytes:
         if name not in state:
             raise UnwritableError(f"a window record without its {name}")
         state[name] = marker
-    return b'{"schema"' + orjson.dumps(state)[len(b'{"schema_"') :]
+    out = b'{"schema"' + orjson.dumps(state)[len(b'{"schema_"') :]
+    if out.count(_MARKER_PREFIX) != len(_MARKERS):  # a value of the record holds one
+        raise UnwritableError("a value of the window record reads as a figure's marker")
+    return out
 
 
 def _finding_fragments(shared: bytes, id_prefix: str) -> tuple[bytes, bytes]:
@@ -289,29 +276,6 @@ def _finding_fragments(shared: bytes, id_prefix: str) -> tuple[bytes, bytes]:
     same order: ``shared`` is their JSON, cut from the window record."""
     head = b'{"schema":' + orjson.dumps(Finding.SCHEMA) + b',"id":"' + _escaped(id_prefix)
     return head, b'",' + shared + b'"window_start":'
-
-
-def _evidence_fragments(ev: Mapping[str, Any]) -> tuple[bytes, bytes, bytes]:
-    """The evidence's first field, then its fields between the window's figures, then
-    those after them (:data:`_EVIDENCE_FIGURES`)."""
-    names = list(ev)
-    first, second = _EVIDENCE_FIGURES
-    if names[0] != "roofline_known" or tuple(names[1:7]) != first:
-        raise UnwritableError(f"the evidence's fields are not in the writer's order: {names}")
-    at = names.index(second[0])
-    if tuple(names[at : at + 2]) != second:
-        raise UnwritableError(f"the evidence's fields are not in the writer's order: {names}")
-    middle, after = names[7:at], names[at + 2 :]
-    for name in (*middle, *after):
-        value = ev[name]
-        if isinstance(value, float) and not abs(value) <= _LARGE:
-            raise UnwritableError(f"the evidence's {name} is not finite or absurdly large")
-    head = b'{"roofline_known":' + orjson.dumps(ev["roofline_known"])
-    return (
-        head,
-        b"," + _members((n, ev[n]) for n in middle) if middle else b"",
-        b"," + _members((n, ev[n]) for n in after) if after else b"",
-    )
 
 
 @functools.cache

@@ -188,6 +188,7 @@ pub struct SeriesWriter {
     head: Vec<u8>,
     mid: Vec<u8>,
     // the evidence: its first field, then the series' own fields after the figures
+    // (written here, from the roofline's numbers)
     evidence_head: Vec<u8>,
     evidence_mid: Vec<u8>,
     evidence_tail: Vec<u8>,
@@ -209,20 +210,17 @@ impl SeriesWriter {
     #[new]
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (
-        *, key, group, rules, window, roofline, finding, evidence, static_causes, names,
-        numbers, baseline
+        *, key, group, rules, window, roofline, finding, names, static_causes, baseline
     ))]
     fn new(
         key: Py<PyBytes>,
         group: Py<PyBytes>,
         rules: Py<Rules>,
         window: &[u8],
-        roofline: (f64, f64, f64, f64, f64, bool, bool),
+        roofline: (f64, f64, f64, f64, f64, f64, f64, f64, f64),
         finding: (Vec<u8>, Vec<u8>),
-        evidence: (Vec<u8>, Vec<u8>, Vec<u8>),
+        names: (Vec<u8>, Vec<u8>, Vec<u8>),
         static_causes: Vec<Vec<u8>>,
-        names: (Vec<u8>, Vec<u8>),
-        numbers: (f64, f64),
         baseline: (f64, i64),
     ) -> PyResult<Self> {
         let window = cut(window, &rules.get().window_markers).ok_or_else(|| {
@@ -230,9 +228,19 @@ impl SeriesWriter {
                 "the window record's figures are not where the writer puts them",
             )
         })?;
-        let (bytes_moved, flops, peak_gbs, peak_gflops, size, roofline_known, memory_bound) =
-            roofline;
-        Ok(SeriesWriter {
+        let (
+            bytes_moved,
+            flops,
+            peak_gbs,
+            peak_gflops,
+            size,
+            intensity,
+            occupancy,
+            waves,
+            launch_overhead,
+        ) = roofline;
+        let (what, device_model, occupancy_source) = names;
+        let mut w = SeriesWriter {
             key,
             group,
             rules,
@@ -242,20 +250,52 @@ impl SeriesWriter {
             peak_gbs,
             peak_gflops,
             size,
-            roofline_known,
-            memory_bound,
+            roofline_known: false,
+            memory_bound: false,
             head: finding.0,
             mid: finding.1,
-            evidence_head: evidence.0,
-            evidence_mid: evidence.1,
-            evidence_tail: evidence.2,
+            evidence_head: Vec::new(),
+            evidence_mid: Vec::new(),
+            evidence_tail: Vec::new(),
             static_causes,
-            what: names.0,
-            device_model: names.1,
-            launch_overhead: numbers.0,
-            intensity: numbers.1,
+            what,
+            device_model,
+            launch_overhead,
+            intensity,
             baseline,
-        })
+        };
+        // `agents.logic.detection.roofline_evidence`: the series' own fields
+        w.roofline_known = peak_gbs > 0.0 && peak_gflops > 0.0;
+        let ridge = if w.roofline_known {
+            finite_ratio(peak_gflops, peak_gbs)
+        } else {
+            0.0
+        };
+        w.memory_bound = intensity < ridge;
+        let mut head = b"{\"roofline_known\":".to_vec();
+        head.extend_from_slice(if w.roofline_known { b"true" } else { b"false" });
+        let mut mid = Vec::with_capacity(200);
+        for (name, x) in [
+            (&b",\"arithmetic_intensity\":"[..], intensity),
+            (b",\"ridge_point\":", ridge),
+        ] {
+            mid.extend_from_slice(name);
+            w.float(&mut mid, x);
+        }
+        mid.extend_from_slice(b",\"memory_bound\":");
+        mid.extend_from_slice(if w.memory_bound { b"true" } else { b"false" });
+        mid.extend_from_slice(b",\"occupancy\":");
+        w.float(&mut mid, occupancy);
+        mid.extend_from_slice(b",\"occupancy_source\":\"");
+        mid.extend_from_slice(&occupancy_source);
+        mid.extend_from_slice(b"\",\"waves\":");
+        w.float(&mut mid, waves);
+        mid.extend_from_slice(b",\"tail_fraction\":");
+        w.float(&mut mid, waves - waves.floor());
+        let mut tail = b",\"launch_overhead_us\":".to_vec();
+        w.float(&mut tail, launch_overhead);
+        (w.evidence_head, w.evidence_mid, w.evidence_tail) = (head, mid, tail);
+        Ok(w)
     }
 
     /// The window record, the classification and the finding of window `window` of the

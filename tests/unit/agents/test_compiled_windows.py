@@ -17,6 +17,7 @@ import pytest
 
 from kernelstream.agents.context import WorkerContext
 from kernelstream.agents.detector_agent import InlineDetector
+from kernelstream.agents.logic import compiled_windows
 from kernelstream.agents.logic.compiled_windows import HELD_BACK, TAKE_OVER, CompiledWindows
 from kernelstream.agents.logic.snapshot_codec import pack
 from kernelstream.agents.logic.windowing import Windower, make_example_batch
@@ -240,6 +241,24 @@ def test_an_engine_failure_hands_everything_to_python_and_loses_nothing() -> Non
     msgs = _messages(4)
     python = _run(msgs, 16, compiled=False)
     engine = _run(msgs, 16, compiled=True, fail_at=6)
+    assert engine.pop("engine_failed") == 1 and python.pop("engine_failed") == 0
+    for run in (engine, python):
+        run.pop("compiled_batches")
+        run.pop("stops")
+    assert engine == python
+
+
+def test_a_failure_learning_a_writer_hands_everything_to_python_and_loses_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    msgs = _messages(5)
+    python = _run(msgs, 16, compiled=False)
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("a defect in the writer's constants")
+
+    monkeypatch.setattr(compiled_windows, "series_writer", broken)
+    engine = _run(msgs, 16, compiled=True)
     assert engine.pop("engine_failed") == 1 and python.pop("engine_failed") == 0
     for run in (engine, python):
         run.pop("compiled_batches")

@@ -229,3 +229,25 @@ def test_a_stream_keeps_the_writers_of_its_open_configurations_only() -> None:
         assert engine.write_as(agg.stream_key, 0, config, writer)
         assert engine.writing() == 2  # block=64's (open) and the newest's
     assert not engine.write_as("a stream it does not hold", 0, _CONFIG, writer)
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"config": {"block": -(1 << 53)}},  # the first figure's marker, as a value
+        {"config": {"window_start": -(1 << 53)}},  # ... under the figure's own key
+        {"node": 'n"window_start":-9007199254740992,'},
+        {"kernel": "-9007199254741010"},
+    ],
+)
+def test_a_record_holding_a_markers_digits_stays_on_the_python_path(
+    over: dict[str, Any],
+) -> None:
+    meta = _meta_of(random.Random(11), **over)
+    template = window_template(meta)
+    detector = Detector()
+    _frozen(detector, template, _CONFIG, 50.0)
+    got = (20, 1000.0, 50.0, 0.0, 0.0, 50.0, 50.0, 50.0, 50.0)
+    agg = _python_window(template, _CONFIG, 3, (0, 0, 0, 19), got)
+    with pytest.raises(UnwritableError, match="marker"):
+        series_writer(agg, template, detector, _GROUP, _SIZE)
