@@ -255,6 +255,8 @@ async def _system(
         "batches": win.get("batches"),
         "compiled_batches": win.get("compiled_batches"),
         "compiled_stops": win.get("compiled_stops"),
+        "windows": win.get("windows"),
+        "written_windows": win.get("written_windows"),
         **every_stage_figures(win, done),
         "_windows": windows,
     }
@@ -546,6 +548,11 @@ def _stage_lines(r: dict[str, Any], ceil: dict[str, float]) -> list[str]:
                 f"{last['batches']:,} batches (last round; the messages it stopped at, by reason: "
                 f"{stops or 'none'})"
             )
+            if last.get("written_windows") is not None and last.get("windows"):
+                engine += (
+                    f" and wrote {last['written_windows']:,} of its {last['windows']:,} "
+                    "windows with their findings"
+                )
         out.append(
             f"{name}, window stage by step, us per message: {per_msg}, between the steps "
             f"{between:.1f}; {total_us:.1f} in all (per window: {per_win}); "

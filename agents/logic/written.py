@@ -47,7 +47,7 @@ from kernelstream.agents.logic.detection import (
     occupancy_source,
 )
 from kernelstream.agents.logic.windowing import WindowTemplate
-from kernelstream.schemas import WindowAggregate
+from kernelstream.schemas import WindowAggregate, native
 from kernelstream.schemas.records import Finding
 
 __all__ = ["WINDOW_SLOTS", "UnwritableError", "Written", "series_writer"]
@@ -109,6 +109,7 @@ _LARGE = 1e300
 # value, a name) stays on the Python path.
 _MARKERS = {name: -(1 << 53) - i for i, name in enumerate(WINDOW_SLOTS)}
 _MARKER_PREFIX = b"-90071992547"  # each marker's digits start so
+_WINDOW_HEAD = b'{"schema":' + orjson.dumps(WindowAggregate.SCHEMA) + b","
 
 # The fields a finding shares with its window record, between the finding's id and its
 # window start, in the same order (the writer cuts them from the record).
@@ -170,8 +171,6 @@ def series_writer(
     (``template``: its window template; ``group``: its findings' message key), or None
     where the detector's baseline of it is not frozen yet. Raises :class:`UnwritableError`
     where the series' constants cannot be written as the Python path writes them."""
-    from kernelstream.schemas import native  # (the compiled module, where installed)
-
     core = native.core
     if core is None or not hasattr(core, "SeriesWriter"):
         raise UnwritableError("the compiled module has no writer")
@@ -191,19 +190,19 @@ def series_writer(
         agg.waves,
         agg.launch_overhead_us,
     )
-    if not all(type(x) is float and abs(x) <= _LARGE for x in (*roofline, baseline[0])):
-        raise UnwritableError("a constant of the series is not a float, finite and not absurd")
+    for x in (*roofline, baseline[0]):
+        if type(x) is not float or not abs(x) <= _LARGE:
+            raise UnwritableError("a constant of the series is not a float, finite and not absurd")
     what, id_prefix, _ = detector.series_names(agg)
     window = _marked_window(agg)
-    schema = b'{"schema":' + orjson.dumps(WindowAggregate.SCHEMA) + b","
-    if not window.startswith(schema):
+    if not window.startswith(_WINDOW_HEAD):
         raise UnwritableError("the window record does not start with its schema")
-    shared = window[len(schema) : window.find(b'"window_start":')]
+    shared = window[len(_WINDOW_HEAD) : window.find(b'"window_start":')]
     try:
         return core.SeriesWriter(
             key=agg.stream_key.encode(),
             group=group,
-            rules=_rules(core, detector.thresholds),
+            rules=_rules_of(core, detector.thresholds),
             window=window,
             roofline=roofline,
             finding=_finding_fragments(shared, id_prefix),
@@ -217,6 +216,17 @@ def series_writer(
         )
     except ValueError as ex:  # the record's figures not where the writer cuts it
         raise UnwritableError(str(ex)) from ex
+
+
+def _rules_of(core: Any, th: DetectorThresholds) -> Any:
+    """:func:`_rules`, kept per thresholds object (hashing one costs more than a lookup)."""
+    got = _RULES.get(id(th))
+    if got is None or got[0] is not th:
+        got = _RULES[id(th)] = (th, _rules(core, th))
+    return got[1]
+
+
+_RULES: dict[int, tuple[DetectorThresholds, Any]] = {}
 
 
 @functools.cache
@@ -259,10 +269,9 @@ def _marked_window(agg: WindowAggregate) -> bytes:
     state = dict(agg.__dict__)
     if next(iter(state), None) != "schema_" or agg.device_samples is not None:
         raise UnwritableError("not a plain window record")
-    for name, marker in _MARKERS.items():
-        if name not in state:
-            raise UnwritableError(f"a window record without its {name}")
-        state[name] = marker
+    if not _MARKERS.keys() <= state.keys():
+        raise UnwritableError("a window record without the writer's figures")
+    state.update(_MARKERS)
     out = b'{"schema"' + orjson.dumps(state)[len(b'{"schema_"') :]
     if out.count(_MARKER_PREFIX) != len(_MARKERS):  # a value of the record holds one
         raise UnwritableError("a value of the window record reads as a figure's marker")
