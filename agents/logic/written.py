@@ -46,7 +46,7 @@ from kernelstream.agents.logic.detection import (
     DetectorThresholds,
     occupancy_source,
 )
-from kernelstream.agents.logic.windowing import WindowTemplate
+from kernelstream.agents.logic.windowing import _DURATION_STATS, WindowTemplate
 from kernelstream.schemas import WindowAggregate, native
 from kernelstream.schemas.records import Finding
 
@@ -59,12 +59,7 @@ WINDOW_SLOTS = (
     "count",
     "failures",
     "late_accepted",
-    "duration_mean_us",
-    "duration_p50_us",
-    "duration_p95_us",
-    "duration_min_us",
-    "duration_max_us",
-    "duration_std_us",
+    *_DURATION_STATS,  # the duration's mean, p50, p95, min, max and std
     "busy_fraction",
     "idle_gap_mean_us",
     "achieved_gbs",
@@ -111,30 +106,16 @@ _MARKERS = {name: -(1 << 53) - i for i, name in enumerate(WINDOW_SLOTS)}
 _MARKER_PREFIX = b"-90071992547"  # each marker's digits start so
 _WINDOW_HEAD = b'{"schema":' + orjson.dumps(WindowAggregate.SCHEMA) + b","
 
-# The fields a finding shares with its window record, between the finding's id and its
-# window start, in the same order (the writer cuts them from the record).
-_SHARED = (
-    "node",
-    "device_index",
-    "device_model",
-    "kernel",
-    "workload",
-    "problem_size",
-    "config",
-    "config_id",
-)
-
 
 def _between(fields: Iterable[str], first: str, last: str) -> tuple[str, ...]:
     names = list(fields)
     return tuple(names[names.index(first) + 1 : names.index(last)])
 
 
-# Whether the records still share those fields so (a record changed otherwise: no writer)
-_SHARED_HOLDS = (
-    _between(Finding.model_fields, "id", "window_start")
-    == _between(WindowAggregate.model_fields, "schema_", "window_start")
-    == _SHARED
+# Whether a finding has its window record's fields between its id and its window start,
+# in the same order, as the writer takes them from the record (else no writer).
+_SHARED_HOLDS = _between(Finding.model_fields, "id", "window_start") == _between(
+    WindowAggregate.model_fields, "schema_", "window_start"
 )
 
 # Whether this orjson writes a positive exponent with its sign (1e+16; older ones: 1e16).
@@ -281,8 +262,8 @@ def _marked_window(agg: WindowAggregate) -> bytes:
 def _finding_fragments(shared: bytes, id_prefix: str) -> tuple[bytes, bytes]:
     """The finding's JSON up to its id's window start, then from there up to its
     ``window_start`` figure. Between the id and the window start a finding has the window
-    record's fields between its schema and its window start (:data:`_SHARED`), in the
-    same order: ``shared`` is their JSON, cut from the window record."""
+    record's fields between its schema and its window start, in the same order
+    (:data:`_SHARED_HOLDS`): ``shared`` is their JSON, cut from the window record."""
     head = b'{"schema":' + orjson.dumps(Finding.SCHEMA) + b',"id":"' + _escaped(id_prefix)
     return head, b'",' + shared + b'"window_start":'
 

@@ -64,6 +64,13 @@ const BALANCED: &str = "balanced";
 /// would see (`schemas.records._finite_evidence`).
 const LARGE: f64 = 1e300;
 
+/// A figure of a window record.
+#[derive(Clone, Copy)]
+enum Figure {
+    Float(f64),
+    Int(i64),
+}
+
 /// The window's figures the rules and the records read.
 struct Figures {
     window_start: f64,
@@ -340,63 +347,45 @@ impl SeriesWriter {
         let flops_fraction = finite_ratio(gflops, self.peak_gflops);
         let window_start = window as f64 * self.size;
         let window_end = (window + 1) as f64 * self.size;
-        let floats = [
-            window_start,
-            window_end,
-            mean,
-            p50,
-            p95,
-            d_min,
-            d_max,
-            std,
-            busy,
-            idle,
-            gbs,
-            gflops,
-            bw,
-            flops_fraction,
+        use Figure::{Float, Int};
+        // the record's figures, in its fields' order (WINDOW_SLOTS of written.py)
+        let figures = [
+            Float(window_start),
+            Float(window_end),
+            Int(count),
+            Int(failures),
+            Int(late),
+            Float(mean),
+            Float(p50),
+            Float(p95),
+            Float(d_min),
+            Float(d_max),
+            Float(std),
+            Float(busy),
+            Float(idle),
+            Float(gbs),
+            Float(gflops),
+            Float(bw),
+            Float(flops_fraction),
+            Int(seq_min),
+            Int(seq_max),
         ];
-        if !floats.iter().all(|x| x.is_finite() && x.abs() <= LARGE) {
+        let promised = |fig: &Figure| match *fig {
+            Float(x) => x.is_finite() && x.abs() <= LARGE,
+            Int(_) => true,
+        };
+        if !figures.iter().all(promised) {
             return None;
         }
         let mut record = Vec::with_capacity(1200);
-        let w = &self.window;
-        let mut slot = 0;
-        let mut next = |out: &mut Vec<u8>| {
-            out.extend_from_slice(&w[slot]);
-            slot += 1;
-        };
-        next(&mut record);
-        self.float(&mut record, window_start);
-        next(&mut record);
-        self.float(&mut record, window_end);
-        for n in [count, failures, late] {
-            next(&mut record);
-            int(&mut record, n);
+        for (fragment, figure) in self.window.iter().zip(figures) {
+            record.extend_from_slice(fragment);
+            match figure {
+                Float(x) => self.float(&mut record, x),
+                Int(n) => int(&mut record, n),
+            }
         }
-        for x in [
-            mean,
-            p50,
-            p95,
-            d_min,
-            d_max,
-            std,
-            busy,
-            idle,
-            gbs,
-            gflops,
-            bw,
-            flops_fraction,
-        ] {
-            next(&mut record);
-            self.float(&mut record, x);
-        }
-        for n in [seq_min, seq_max] {
-            next(&mut record);
-            int(&mut record, n);
-        }
-        next(&mut record);
-        debug_assert_eq!(slot, WINDOW_SLOTS + 1);
+        record.extend_from_slice(&self.window[WINDOW_SLOTS]);
 
         let mut f = Figures {
             window_start,
