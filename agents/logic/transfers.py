@@ -437,6 +437,7 @@ class TransferWindows:
         self.size_s = size_s
         self.max_open = max_open
         self._open: dict[tuple[str, str, int], TransferSummary] = {}
+        self._of_stream: dict[str, int] = {}  # open summaries per stream
 
     def add(self, cols: LaunchColumns) -> None:
         """Take a batch's host telemetry (a version 1 batch has none: nothing to do)."""
@@ -449,18 +450,31 @@ class TransferWindows:
             if s is None or s.launches == 0:
                 continue
             key = (cols.meta.stream_key, cols.meta.config_id, w)
-            self._open[key] = merge(self._open[key], s) if key in self._open else s
+            if key in self._open:
+                self._open[key] = merge(self._open[key], s)
+            else:
+                self._open[key] = s
+                self._of_stream[key[0]] = self._of_stream.get(key[0], 0) + 1
         while len(self._open) > self.max_open:
-            self._open.pop(next(iter(self._open)))
+            self._forget(next(iter(self._open)))
 
     def close(self, agg: WindowAggregate) -> TransferSummary | None:
         """The summary of the window ``agg`` closes (removed), or None."""
         w = math.floor((agg.window_start + self.size_s / 2) / self.size_s)
-        return self._open.pop((agg.stream_key, agg.config_id, w), None)
+        key = (agg.stream_key, agg.config_id, w)
+        return self._forget(key) if key in self._open else None
 
     def holds(self, stream_key: str) -> bool:
-        """Whether a summary of ``stream_key`` is open (a scan: for the rare caller)."""
-        return any(key[0] == stream_key for key in self._open)
+        """Whether a summary of ``stream_key`` is open."""
+        return stream_key in self._of_stream
+
+    def _forget(self, key: tuple[str, str, int]) -> TransferSummary:
+        left = self._of_stream[key[0]] - 1
+        if left:
+            self._of_stream[key[0]] = left
+        else:
+            del self._of_stream[key[0]]
+        return self._open.pop(key)
 
     def __len__(self) -> int:
         return len(self._open)

@@ -3,7 +3,8 @@
 With small batches a window holds a few messages, and what the window agent did per
 window in Python (the record built, encoded, classified, the finding written) cost more
 than windowing its launches: at 186 launches a message, 24 us a window against the
-binary ceiling's 12 us a message (``docs/performance.md``). Once the
+binary ceiling's 12 us a message (``docs/performance.md``, "Windows and findings written
+in compiled code"). Once the
 :class:`~agents.logic.detection.Detector` has judged a few windows of one (stream,
 configuration) and frozen its regression baseline, its verdict on every later window
 depends only on the window's figures and on constants of the series. This module hands
@@ -23,10 +24,11 @@ those constants to the engine (:func:`series_writer`), rendered as far as they a
 
 The engine then gives each window of the series it closes as a :class:`Written`: the
 record's and the finding's bytes, those :func:`schemas.codec.encode` and
-:meth:`Detector.classify_wire` give. A series is handed over only after the engine wrote
-the window it was learnt from to the same bytes as the Python path did (checked here);
-a window it cannot promise that for (a figure that is not finite or absurdly large, a
-window without a launch that ran) comes back as before, for the Python path.
+:meth:`Detector.classify_wire` give. The first writers of a worker, then one in 16, are
+handed over only after they wrote the window they were learnt from to the same bytes as
+the Python path did (:meth:`CompiledWindows.learn`); a window a writer cannot promise
+that for (a figure that is not finite or absurdly large, a window without a launch that
+ran) comes back as before, for the Python path.
 """
 
 from __future__ import annotations

@@ -36,6 +36,32 @@ def windows(pattern: HostPattern) -> list[tuple[WindowAggregate, list[Finding]]]
     return out
 
 
+def test_which_streams_hold_an_open_summary_is_known_without_a_scan() -> None:
+    """``holds`` (asked each time the compiled engine could take over a stream's
+    findings) follows the summaries added, closed and pushed out by the bound."""
+    spec = WindowSpec(size_s=0.25)
+    windower = Windower(spec)
+    host = TransferWindows(spec.size_s)
+    batches = list(run(HostPattern(64 * MIB, 16 * MIB, pinned=False)))
+    stream = batches[0].meta.stream_key
+    assert not host.holds(stream)
+    for cols in batches:
+        host.add(cols)
+        windower.add_columns(cols, 0.0)
+    assert host.holds(stream) and not host.holds("another stream")
+    aggs = windower.flush_all()
+    for agg in aggs[:-1]:
+        host.close(agg)
+    assert host.holds(stream) == (len(host) > 0)
+    for agg in aggs:
+        host.close(agg)
+    assert len(host) == 0 and not host.holds(stream)
+    bounded = TransferWindows(spec.size_s, max_open=1)
+    for cols in batches:
+        bounded.add(cols)
+    assert len(bounded) == 1 and bounded.holds(stream)
+
+
 def test_every_window_of_a_pageable_one_stream_step_has_its_findings() -> None:
     result = windows(HostPattern(64 * MIB, 16 * MIB, pinned=False))
     assert len(result) >= 4
