@@ -830,7 +830,9 @@ class WindowIngest(Service):
             if self.compiled is not None:
                 d = self.detector
                 try:
-                    self.compiled.learn(d.detector, d.group_key, d.writable)
+                    unwritten = self.compiled.learn(d.detector, d.group_key, d.writable)
+                    if unwritten:
+                        ctx.counters["window.unwritten_series"] += unwritten
                 except BaseException as ex:  # a Rust panic is a BaseException
                     if not _engine_error(ex):
                         raise

@@ -1,4 +1,6 @@
 # Types of the compiled module built from native/ (see kernelstream.schemas.native).
+from collections.abc import Mapping
+
 import numpy as np
 import numpy.typing as npt
 
@@ -95,7 +97,7 @@ class Rules:
         templates: list[tuple[str, _Template]],
         balanced: _Template,
         busy_cause: _Template,
-        thresholds: tuple[float, float, float, float, float, float, int],
+        thresholds: Mapping[str, float],  # DetectorThresholds' fields
         plus_exponent: bool,
         window_markers: list[tuple[bytes, bytes]],
     ) -> None: ...

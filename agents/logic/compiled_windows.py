@@ -125,7 +125,6 @@ class CompiledWindows:
         # (stream, meta index, config id) of series the engine cannot write as Python does
         self._unwritable: set[tuple[str, int, str]] = set()
         self.learnt = 0  # series learn() handed the engine a writer for
-        self.unwritten = 0  # series learn() left on the Python path
         self._told: set[str] = set()  # the reasons logged
         # whether this build of the compiled module writes windows (an older one does not)
         self.can_write = hasattr(core, "SeriesWriter")
@@ -211,7 +210,7 @@ class CompiledWindows:
         detector: Detector,
         group_of: Callable[[WindowAggregate], bytes],
         writable: Callable[[WindowAggregate], bool],
-    ) -> None:
+    ) -> int:
         """Hand the engine a writer (:func:`agents.logic.written.series_writer`) for each
         series of the windows it closed since the last call that ``detector`` has just
         judged and frozen the baseline of: the engine writes its later windows and their
@@ -220,8 +219,9 @@ class CompiledWindows:
         summary open, which the engine's writer does not know). The first writers, then
         one in :data:`CHECK_EVERY`, are kept only where they wrote the window they were
         learnt from as the Python path did (else the series stays on the Python path;
-        each reason logged once)."""
+        each reason logged once). Returns how many series it left on the Python path."""
         fresh, self._fresh = self._fresh, []
+        unwritten = 0
         size = self.windower.spec.size_s
         for agg, meta, window, counts, got in fresh:
             if detector.frozen_baseline(agg) is None:
@@ -248,20 +248,22 @@ class CompiledWindows:
                 if len(self._unwritable) >= MAX_UNWRITABLE:
                     self._unwritable.clear()
                 self._unwritable.add(series)
-                self.unwritten += 1
+                unwritten += 1
                 why = str(ex)
                 if why not in self._told:  # once a reason: it is likely every series'
                     if len(self._told) < MAX_UNWRITABLE:
                         self._told.add(why)
                     log.warning(
                         "the windows of %s with %s stay on the Python path (and those of "
-                        "any other series for the same reason, counted, not logged): %s",
+                        "any other series for the same reason, counted in "
+                        "window.unwritten_series, not logged): %s",
                         agg.stream_key,
                         agg.config_id,
                         why,
                     )
                 continue
             self.engine.write_as(agg.stream_key, meta, agg.config_id, writer)
+        return unwritten
 
     def writing(self) -> int:
         """The series of the streams held whose windows the engine writes."""

@@ -18,7 +18,7 @@ those constants to the engine (:func:`series_writer`), rendered as far as they a
 * the series' names and numbers the summaries give (escaped where they are text);
 * the causes of under-use that the configuration alone decides;
 * the frozen baseline;
-* the detector's rules, shared by its writers (:func:`_rules`, built once): its
+* the detector's rules, shared by its writers (:func:`_rules_of`, built once): its
   thresholds and each summary's template (:data:`~agents.logic.detection.SUMMARIES`)
   with the window's figures and the series' names as fields.
 
@@ -33,6 +33,7 @@ ran) comes back as before, for the Python path.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import string
@@ -202,7 +203,9 @@ def series_writer(
 
 
 def _rules_of(core: Any, th: DetectorThresholds) -> Any:
-    """:func:`_rules`, kept per thresholds object (hashing one costs more than a lookup)."""
+    """The engine's rules of a detector of thresholds ``th``, built once per thresholds
+    object (every writer of the detector shares them; the object kept, so its id is its
+    own)."""
     got = _RULES.get(id(th))
     if got is None or got[0] is not th:
         got = _RULES[id(th)] = (th, _rules(core, th))
@@ -212,10 +215,8 @@ def _rules_of(core: Any, th: DetectorThresholds) -> Any:
 _RULES: dict[int, tuple[DetectorThresholds, Any]] = {}
 
 
-@functools.cache
 def _rules(core: Any, th: DetectorThresholds) -> Any:
-    """The engine's rules of a detector of thresholds ``th`` (one per detector's
-    thresholds: every writer of it shares them)."""
+    """The engine's rules of a detector of thresholds ``th``."""
     named = {"factor": th.launch_bound_factor}
     return core.Rules(
         templates=[
@@ -225,15 +226,7 @@ def _rules(core: Any, th: DetectorThresholds) -> Any:
         ],
         balanced=_compiled(SUMMARIES["balanced"], named),
         busy_cause=_compiled(CAUSES["busy"], named),
-        thresholds=(
-            th.efficient_bw_fraction,
-            th.compute_bound_flops_fraction,
-            th.low_busy_fraction,
-            th.idle_gap_ratio,
-            th.launch_bound_factor,
-            th.regression_factor,
-            th.min_launches,
-        ),
+        thresholds=dataclasses.asdict(th),
         plus_exponent=_PLUS_EXPONENT,
         window_markers=[
             (b'"' + name.encode() + b'":', b"%d" % marker) for name, marker in _MARKERS.items()

@@ -88,6 +88,19 @@ struct Figures {
     causes: Vec<Vec<u8>>,
 }
 
+/// The detector's thresholds the rules read (`DetectorThresholds`, by its field names).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct Thresholds {
+    efficient_bw_fraction: f64,
+    compute_bound_flops_fraction: f64,
+    low_busy_fraction: f64,
+    idle_gap_ratio: f64,
+    launch_bound_factor: f64,
+    regression_factor: f64,
+    min_launches: i64,
+}
+
 /// What the writers of one detector share: its thresholds, the summaries' templates and
 /// how this orjson writes a float.
 #[pyclass(module = "kernelstream._native", frozen)]
@@ -95,13 +108,7 @@ pub struct Rules {
     templates: Vec<Template>,
     balanced: Template,
     busy_cause: Template,
-    efficient_bw: f64,
-    compute_bound_flops: f64,
-    low_busy: f64,
-    idle_gap_ratio: f64,
-    launch_bound: f64,
-    regression_factor: f64,
-    min_launches: i64,
+    th: Thresholds,
     plus_exponent: bool,
     // each figure's key and marker in a window record written with markers for figures
     window_markers: Vec<(Vec<u8>, Vec<u8>)>,
@@ -109,10 +116,9 @@ pub struct Rules {
 
 #[pymethods]
 impl Rules {
-    /// A detector's rules (`agents.logic.written.rules` builds them): the summary
+    /// A detector's rules (`agents.logic.written._rules` builds them): the summary
     /// template of each classification but `balanced`, that of `balanced`, the busy
-    /// cause's; the thresholds (efficient bandwidth, compute-bound FLOP/s, low busy share,
-    /// idle gap ratio, launch-bound factor, regression factor, minimum launches); whether
+    /// cause's; the thresholds (a mapping of `DetectorThresholds`' fields); whether
     /// a positive exponent is written with its sign; the key and the marker of each
     /// figure of a window record, in order (`SeriesWriter` cuts the record there).
     #[new]
@@ -123,7 +129,7 @@ impl Rules {
         templates: Vec<(String, Template)>,
         balanced: Template,
         busy_cause: Template,
-        thresholds: (f64, f64, f64, f64, f64, f64, i64),
+        thresholds: Thresholds,
         plus_exponent: bool,
         window_markers: Vec<(Vec<u8>, Vec<u8>)>,
     ) -> PyResult<Self> {
@@ -149,26 +155,11 @@ impl Rules {
                 )));
             }
         }
-        let (
-            efficient_bw,
-            compute_bound_flops,
-            low_busy,
-            idle_gap_ratio,
-            launch_bound,
-            regression_factor,
-            min_launches,
-        ) = thresholds;
         Ok(Rules {
             templates: ordered,
             balanced,
             busy_cause,
-            efficient_bw,
-            compute_bound_flops,
-            low_busy,
-            idle_gap_ratio,
-            launch_bound,
-            regression_factor,
-            min_launches,
+            th: thresholds,
             plus_exponent,
             window_markers,
         })
@@ -437,7 +428,7 @@ impl SeriesWriter {
 
         // Detector._regression, with the baseline frozen
         let mut class = None;
-        if f.count >= r.min_launches {
+        if f.count >= r.th.min_launches {
             let (base_mean, base_windows) = self.baseline;
             f.ratio = finite_ratio(f.mean, base_mean);
             if f.ratio > LARGE {
@@ -449,20 +440,20 @@ impl SeriesWriter {
             int(&mut ev, base_windows);
             ev.extend_from_slice(b",\"regression_ratio\":");
             self.float(&mut ev, f.ratio);
-            if f.ratio > r.regression_factor {
+            if f.ratio > r.th.regression_factor {
                 class = Some(0);
             }
         }
         // Detector._classify
         let class = match class {
             Some(c) => c,
-            None if f.mean < r.launch_bound * self.launch_overhead => 1,
+            None if f.mean < r.th.launch_bound_factor * self.launch_overhead => 1,
             None if !self.roofline_known => 2,
-            None if self.memory_bound && f.bw >= r.efficient_bw => 3,
-            None if !self.memory_bound && f.flops >= r.compute_bound_flops => 4,
+            None if self.memory_bound && f.bw >= r.th.efficient_bw_fraction => 3,
+            None if !self.memory_bound && f.flops >= r.th.compute_bound_flops_fraction => 4,
             None => {
                 f.causes = self.static_causes.clone();
-                if f.busy < r.low_busy && f.idle > r.idle_gap_ratio * f.mean {
+                if f.busy < r.th.low_busy_fraction && f.idle > r.th.idle_gap_ratio * f.mean {
                     let mut cause = Vec::new();
                     self.render(&mut cause, &r.busy_cause, f);
                     f.causes.push(cause);

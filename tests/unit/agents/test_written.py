@@ -188,7 +188,7 @@ def test_a_series_written_otherwise_stays_on_the_python_path(
     compiled.engine.adopt(agg.stream_key, -math.inf, -math.inf, None, -1, [])
     compiled._fresh.append((agg, 0, 3, (0, 0, 0, 19), got))
     with caplog.at_level(logging.WARNING):
-        compiled.learn(detector, lambda _: _GROUP, lambda _: True)
+        assert compiled.learn(detector, lambda _: _GROUP, lambda _: True) == 1
     assert compiled.writing() == 0
     assert "stay on the Python path" in caplog.text
     # the same series, judged as the writer writes: handed over
