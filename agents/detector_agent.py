@@ -62,7 +62,9 @@ class InlineDetector:
 
     async def on_windows(self, aggs: Sequence[WindowAggregate | Written]) -> None:
         """Publish the findings of windows the window agent published, in their order;
-        a window the compiled engine wrote (:class:`Written`) comes with its finding.
+        a window the compiled engine wrote (:class:`Written`) comes with its finding, and
+        with its series' regression baseline where it fed it (the detector takes it, to
+        judge from there any window of the series the engine leaves to it).
 
         Classifying is pure: should it fail on a window in a way nothing foresaw, the
         window is dead-lettered (``internal_error``, stage ``detector``) and the
@@ -76,6 +78,9 @@ class InlineDetector:
             if isinstance(agg, Written):
                 counters[_COUNTED[agg.classification]] += 1
                 items.append((agg.group, agg.finding))
+                if agg.baseline is not None:  # the window fed its series' baseline
+                    series, windows, launches, sum_us = agg.baseline
+                    self.detector.take_baseline(series, (windows, launches, sum_us))
                 continue
             try:
                 found = self._findings_wire(agg)

@@ -38,8 +38,9 @@ _Row = tuple[
 ]
 
 # A window of a series the engine writes (write_as): (stream key, window record, group
-# key, classification, finding, window end, launches)
-_WrittenRow = tuple[bytes, bytes, bytes, str, bytes, float, int]
+# key, classification, finding, window end, launches, and where the window fed its
+# series' regression baseline, its key and the baseline after it)
+_WrittenRow = tuple[bytes, bytes, bytes, str, bytes, float, int, tuple[str, int, int, float] | None]
 
 class WindowEngine:
     def __init__(
@@ -114,8 +115,11 @@ class SeriesWriter:
         finding: tuple[bytes, bytes],
         names: tuple[bytes, bytes, bytes],
         static_causes: list[bytes],
-        baseline: tuple[float, int],
+        baseline: tuple[int, int, float],  # windows, launches, sum of durations
+        baseline_key: str,
     ) -> None: ...
+    @property
+    def baseline(self) -> tuple[int, int, float]: ...
     def write(
         self,
         window: int,

@@ -212,34 +212,38 @@ class CompiledWindows:
         writable: Callable[[WindowAggregate], bool],
     ) -> int:
         """Hand the engine a writer (:func:`agents.logic.written.series_writer`) for each
-        series of the windows it closed since the last call that ``detector`` has just
-        judged and frozen the baseline of: the engine writes its later windows and their
-        findings itself. ``group_of``: a window's findings message key; ``writable``:
-        whether the series' findings may be written so (its stream has no host-side
-        summary open, which the engine's writer does not know). The first writers, then
-        one in :data:`CHECK_EVERY`, are kept only where they wrote the window they were
-        learnt from as the Python path did (else the series stays on the Python path;
-        each reason logged once). Returns how many series it left on the Python path."""
+        series of the windows it closed since the last call, which ``detector`` has just
+        judged: the engine writes its later windows and their findings itself, and forms
+        its regression baseline on from where the detector left it. ``group_of``: a
+        window's findings message key; ``writable``: whether the series' findings may be
+        written so (its stream has no host-side summary open, which the engine's writer
+        does not know). The first writers, then one in :data:`CHECK_EVERY`, are kept only
+        where a writer of the series wrote the window they were learnt from as the Python
+        path did, from the baseline as it was before that window (else the series stays
+        on the Python path; each reason logged once). Returns how many series it left on
+        the Python path."""
         fresh, self._fresh = self._fresh, []
+        # a series' last window only (two closed in one poll: the baseline is past both)
+        last = {(agg.stream_key, meta, agg.config_id): i for i, (agg, meta, *_) in enumerate(fresh)}
         unwritten = 0
         size = self.windower.spec.size_s
-        for agg, meta, window, counts, got in fresh:
-            if detector.frozen_baseline(agg) is None:
-                continue  # the baseline is still forming (the tuner's trials: most)
-            series = (agg.stream_key, meta, agg.config_id)
+        for series, i in last.items():
+            agg, meta, window, counts, got = fresh[i]
             if series in self._unwritable or not writable(agg):
                 continue
+            template, group = self._templates[meta], group_of(agg)
             try:
-                writer = series_writer(agg, self._templates[meta], detector, group_of(agg), size)
-                if writer is None:
-                    continue
+                baseline = detector.baseline_state(agg)
+                writer = series_writer(agg, template, detector, group, size, baseline)
                 self.learnt += 1
                 if self.learnt <= CHECK_FIRST or self.learnt % CHECK_EVERY == 0:
+                    before = detector.baseline_state(agg, before=True)
+                    probe = series_writer(agg, template, detector, group, size, before)
                     # (None: a window the Python path writes; the writer is not judged)
-                    wrote = writer.write(window, counts, got)
-                    if wrote is not None and wrote != (
-                        encode(agg),
-                        *detector.classify_wire(agg),
+                    wrote = probe.write(window, counts, got)
+                    if wrote is not None and (
+                        wrote != (encode(agg), *detector.classify_wire_as(agg, before))
+                        or probe.baseline != baseline
                     ):
                         raise UnwritableError(
                             "the engine wrote the window or its finding otherwise"

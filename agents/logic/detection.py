@@ -163,11 +163,23 @@ class _Series(NamedTuple):
         return f"{self.id_prefix}{agg.window_start:.6f}"
 
 
+#: A regression baseline as the compiled writer takes and gives it: the windows, launches
+#: and sum of durations (each window's mean times its launches) it was formed from.
+BaselineState = tuple[int, int, float]
+
+
 @dataclass
 class _Baseline:
     windows: int = 0
     count: int = 0
     sum_us: float = 0.0
+    # the window that fed it last (its start) and the state before it (not in snapshots)
+    fed: float | None = None
+    before: BaselineState = (0, 0, 0.0)
+
+    @property
+    def state(self) -> BaselineState:
+        return self.windows, self.count, self.sum_us
 
     @property
     def mean_us(self) -> float:
@@ -246,6 +258,7 @@ class Detector:
         if base is None:  # (not setdefault: its default would be built every window)
             base = self._baselines[key] = _Baseline()
         if base.windows < th.baseline_windows:
+            base.fed, base.before = agg.window_start, base.state
             base.windows += 1
             base.count += agg.count
             base.sum_us += agg.duration_mean_us * agg.count
@@ -319,14 +332,32 @@ class Detector:
         finding's summary, its id (without the window's start) and its baseline's key."""
         return tuple(self._series_of(agg))  # type: ignore[return-value]
 
-    def frozen_baseline(self, agg: WindowAggregate) -> tuple[float, int] | None:
-        """The regression baseline of ``agg``'s stream and configuration (its mean and
-        the windows it holds) once it no longer changes, else None: from then on the
-        detector's verdicts on its windows depend on nothing it keeps but this."""
+    def baseline_state(self, agg: WindowAggregate, *, before: bool = False) -> BaselineState:
+        """The regression baseline of ``agg``'s stream and configuration, after the last
+        window judged (its verdicts on later windows depend on nothing else it keeps);
+        ``before``: as it was before ``agg``, where ``agg`` was the last window to feed it
+        (so that a window judged can be judged again, :meth:`classify_wire_as`)."""
         base = self._baselines.get(self._series_of(agg).baseline_key)
-        if base is None or base.windows < self.thresholds.baseline_windows:
-            return None
-        return base.mean_us, base.windows
+        if base is None:
+            return 0, 0, 0.0
+        if before and base.fed == agg.window_start:
+            return base.before
+        return base.state
+
+    def take_baseline(self, key: str, state: BaselineState) -> None:
+        """The baseline of key ``key`` (:meth:`series_names`' third) as a compiled writer
+        formed it from the windows it judged: the detector judges the series' later
+        windows, where the writer leaves one to it, from there."""
+        self._baselines[key] = _Baseline(*state)
+
+    def classify_wire_as(
+        self, agg: WindowAggregate, baseline: BaselineState
+    ) -> tuple[Classification, bytes]:
+        """:meth:`classify_wire` with the baseline of ``agg``'s series at ``baseline``,
+        on a detector of the same kind and thresholds: this one's state is left as it is."""
+        probe = type(self)(self.thresholds)
+        probe._baselines[self._series_of(agg).baseline_key] = _Baseline(*baseline)
+        return probe.classify_wire(agg)
 
     # -- state ----------------------------------------------------------------
 
@@ -335,7 +366,10 @@ class Detector:
         return {
             "version": _SNAPSHOT_VERSION,
             "thresholds": asdict(self.thresholds),
-            "baselines": {k: asdict(b) for k, b in self._baselines.items()},
+            "baselines": {
+                k: {"windows": b.windows, "count": b.count, "sum_us": b.sum_us}
+                for k, b in self._baselines.items()
+            },
         }
 
     @classmethod

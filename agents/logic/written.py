@@ -4,11 +4,11 @@ With small batches a window holds a few messages, and what the window agent did 
 window in Python (the record built, encoded, classified, the finding written) cost more
 than windowing its launches: at 186 launches a message, 24 us a window against the
 binary ceiling's 12 us a message (``docs/performance.md``, "Windows and findings written
-in compiled code"). Once the
-:class:`~agents.logic.detection.Detector` has judged a few windows of one (stream,
-configuration) and frozen its regression baseline, its verdict on every later window
-depends only on the window's figures and on constants of the series. This module hands
-those constants to the engine (:func:`series_writer`), rendered as far as they are text:
+in compiled code"). Once the :class:`~agents.logic.detection.Detector` has judged a
+window of one (stream, configuration), its verdict on every later window depends only on
+the window's figures, on constants of the series and on the series' regression baseline,
+which forms from its first windows of enough launches. This module hands those to the
+engine (:func:`series_writer`), rendered as far as they are text:
 
 * the window record's JSON around its figures (:data:`WINDOW_SLOTS`), from a record the
   Python path built;
@@ -17,7 +17,11 @@ those constants to the engine (:func:`series_writer`), rendered as far as they a
   own from them);
 * the series' names and numbers the summaries give (escaped where they are text);
 * the causes of under-use that the configuration alone decides;
-* the frozen baseline;
+* the regression baseline as the detector holds it (the writer goes on forming it, and
+  each window that fed it comes with the baseline after it, which the detector takes:
+  :meth:`~agents.logic.detection.Detector.take_baseline`, so a window the writer leaves
+  to the Python path, or a series whose writer is dropped, is judged from the same
+  baseline);
 * the detector's rules, shared by its writers (:func:`_rules_of`, built once): its
   thresholds and each summary's template (:data:`~agents.logic.detection.SUMMARIES`)
   with the window's figures and the series' names as fields.
@@ -45,6 +49,7 @@ import orjson
 from kernelstream.agents.logic.detection import (
     CAUSES,
     SUMMARIES,
+    BaselineState,
     Detector,
     DetectorThresholds,
     occupancy_source,
@@ -138,6 +143,9 @@ class Written(NamedTuple):
     finding: bytes
     window_end: float
     launches: int
+    # where the window fed its series' regression baseline: the baseline's key in the
+    # detector and the baseline after it (windows, launches, sum of durations); else None
+    baseline: tuple[str, int, int, float] | None
 
 
 class UnwritableError(ValueError):
@@ -150,19 +158,19 @@ def series_writer(
     detector: Detector,
     group: bytes,
     size_s: float,
+    baseline: BaselineState,
 ) -> Any:
     """The engine's writer of the windows of ``agg``'s stream and configuration
-    (``template``: its window template; ``group``: its findings' message key), or None
-    where the detector's baseline of it is not frozen yet. Raises :class:`UnwritableError`
-    where the series' constants cannot be written as the Python path writes them."""
+    (``template``: its window template; ``group``: its findings' message key), whose
+    regression baseline is ``baseline`` before the first window it writes (the
+    detector's, :meth:`~agents.logic.detection.Detector.baseline_state`). Raises
+    :class:`UnwritableError` where the series' constants cannot be written as the Python
+    path writes them."""
     core = native.core
     if core is None or not hasattr(core, "SeriesWriter"):
         raise UnwritableError("the compiled module has no writer")
     if not _SHARED_HOLDS:
         raise UnwritableError("a finding no longer shares its window record's fields")
-    baseline = detector.frozen_baseline(agg)
-    if baseline is None:
-        return None
     roofline = (
         template.bytes_moved,
         template.flops,
@@ -174,10 +182,10 @@ def series_writer(
         agg.waves,
         agg.launch_overhead_us,
     )
-    for x in (*roofline, baseline[0]):
+    for x in (*roofline, baseline[2]):
         if type(x) is not float or not abs(x) <= _LARGE:
             raise UnwritableError("a constant of the series is not a float, finite and not absurd")
-    what, id_prefix, _ = detector.series_names(agg)
+    what, id_prefix, baseline_key = detector.series_names(agg)
     window = _marked_window(agg)
     if not window.startswith(_WINDOW_HEAD):
         raise UnwritableError("the window record does not start with its schema")
@@ -197,6 +205,7 @@ def series_writer(
             ),
             static_causes=[_escaped(c) for c in detector.fixed_causes(agg)],
             baseline=baseline,
+            baseline_key=baseline_key,
         )
     except ValueError as ex:  # the record's figures not where the writer cuts it
         raise UnwritableError(str(ex)) from ex

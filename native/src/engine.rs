@@ -776,7 +776,8 @@ impl WindowEngine {
     ///
     /// A window of a series the caller gave a writer for (`write_as`) comes out written:
     /// (stream key, window record, group key, classification, finding, window end,
-    /// launches), where the writer gives its bytes; any other as a `Row`.
+    /// launches, the series' baseline key and baseline where the window fed it, else
+    /// None), where the writer gives its bytes; any other as a `Row`.
     fn close<'py>(
         &mut self,
         py: Python<'py>,
@@ -821,8 +822,10 @@ impl WindowEngine {
             if let (Some(stats), Some(writer)) = (got, stream.written.get(&(acc.meta, c))) {
                 let writer = writer.get();
                 let counts = (acc.failures, acc.late_accepted, acc.seq_min, acc.seq_max);
-                if let Some((record, class, finding)) = writer.written(w, counts, stats) {
+                if let Some((record, class, finding, formed)) = writer.written(w, counts, stats) {
                     let end = (w + 1) as f64 * size;
+                    let formed = formed
+                        .map(|(n, count, sum)| (writer.baseline_key.clone_ref(py), n, count, sum));
                     rows.push(
                         (
                             writer.key.clone_ref(py),
@@ -832,6 +835,7 @@ impl WindowEngine {
                             PyBytes::new(py, &finding),
                             end,
                             stats.0 as i64 + acc.failures,
+                            formed,
                         )
                             .into_pyobject(py)?
                             .into_any(),

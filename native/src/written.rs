@@ -1,10 +1,11 @@
 //! A closed window's record and its finding, written as bytes (`SeriesWriter`).
 //!
-//! Once the Python detector has judged a few windows of one (stream, configuration) and
-//! its regression baseline is frozen, every later window of it is judged by rules whose
-//! inputs are the window's figures and constants of the series: the record's fields but
-//! its figures, the device's roofline, the detector's thresholds, the baseline, the
-//! summaries' texts. `agents/logic/written.py` hands those constants over, already
+//! Once the Python detector has judged a window of one (stream, configuration), every
+//! later window of it is judged by rules whose inputs are the window's figures, constants
+//! of the series (the record's fields but its figures, the device's roofline, the
+//! detector's thresholds, the summaries' texts) and its regression baseline, which the
+//! writer goes on forming from the windows it writes, as the detector would, and hands
+//! back with each window that changed it (the detector keeps it in step). `agents/logic/written.py` hands those constants over, already
 //! rendered where they are text (JSON fragments, escaped strings, the summaries' templates
 //! with the series' own fields filled in), and the engine then writes the window record
 //! and the finding of each window it closes without a Python object per window: the bytes
@@ -17,9 +18,10 @@
 //! the tests hold the two equal on the same windows.
 
 use std::io::Write;
+use std::sync::Mutex;
 
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyString};
 
 /// Fields a summary's template reads from the window (`agents.logic.written.FIELDS`).
 const FIELD_NONE: u8 = 0;
@@ -85,8 +87,13 @@ struct Figures {
     idle: f64,
     ratio: f64,
     roof: f64,
+    base: f64,
     causes: Vec<Vec<u8>>,
 }
+
+/// A regression baseline (`detection._Baseline`): windows, launches and the sum of their
+/// durations (each window's mean times its launches) it was formed from.
+pub type Baseline = (i64, i64, f64);
 
 /// The detector's thresholds the rules read (`DetectorThresholds`, by its field names).
 #[derive(FromPyObject)]
@@ -99,6 +106,7 @@ struct Thresholds {
     launch_bound_factor: f64,
     regression_factor: f64,
     min_launches: i64,
+    baseline_windows: i64,
 }
 
 /// What the writers of one detector share: its thresholds, the summaries' templates and
@@ -196,7 +204,9 @@ pub struct SeriesWriter {
     device_model: Vec<u8>,
     launch_overhead: f64,
     intensity: f64,
-    baseline: (f64, i64),
+    // the regression baseline as of the last window written, and its key in the detector
+    baseline: Mutex<Baseline>,
+    pub baseline_key: Py<PyString>,
 }
 
 #[pymethods]
@@ -204,11 +214,13 @@ impl SeriesWriter {
     /// The constants of one series (`agents.logic.written.series_writer` builds them);
     /// `window`: its window record written with each figure's marker (`Rules`) in place
     /// of the figure, where each is found once, after its key, in order (else a
-    /// ValueError: the caller leaves the series to Python).
+    /// ValueError: the caller leaves the series to Python); `baseline`: the series'
+    /// regression baseline before the first window it writes, `baseline_key` its key.
     #[new]
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (
-        *, key, group, rules, window, roofline, finding, names, static_causes, baseline
+        *, key, group, rules, window, roofline, finding, names, static_causes, baseline,
+        baseline_key
     ))]
     fn new(
         key: Py<PyBytes>,
@@ -219,7 +231,8 @@ impl SeriesWriter {
         finding: (Vec<u8>, Vec<u8>),
         names: (Vec<u8>, Vec<u8>, Vec<u8>),
         static_causes: Vec<Vec<u8>>,
-        baseline: (f64, i64),
+        baseline: Baseline,
+        baseline_key: Py<PyString>,
     ) -> PyResult<Self> {
         let window = cut(window, &rules.get().window_markers).ok_or_else(|| {
             pyo3::exceptions::PyValueError::new_err(
@@ -260,7 +273,8 @@ impl SeriesWriter {
             device_model,
             launch_overhead,
             intensity,
-            baseline,
+            baseline: Mutex::new(baseline),
+            baseline_key,
         };
         // `agents.logic.detection.roofline_evidence`: the series' own fields
         w.roofline_known = peak_gbs > 0.0 && peak_gflops > 0.0;
@@ -299,7 +313,8 @@ impl SeriesWriter {
     /// The window record, the classification and the finding of window `window` of the
     /// series, of these counts (launches that failed, accepted late, lowest and highest
     /// sequence number) and statistics (`window_stats`'s: count, total, mean, std, idle
-    /// gap, p50, p95, min, max); None where the Python detector decides.
+    /// gap, p50, p95, min, max); None where the Python detector decides (the baseline
+    /// then as it was).
     #[allow(clippy::type_complexity)]
     fn write<'py>(
         &self,
@@ -308,8 +323,14 @@ impl SeriesWriter {
         counts: (i64, i64, i64, i64),
         stats: (usize, f64, f64, f64, f64, f64, f64, f64, f64),
     ) -> Option<(Bound<'py, PyBytes>, &'static str, Bound<'py, PyBytes>)> {
-        let (record, class, finding) = self.written(window, counts, stats)?;
+        let (record, class, finding, _) = self.written(window, counts, stats)?;
         Some((PyBytes::new(py, &record), class, PyBytes::new(py, &finding)))
+    }
+
+    /// The regression baseline as of the last window written (windows, launches, sum).
+    #[getter]
+    fn baseline(&self) -> Baseline {
+        *self.baseline.lock().expect("a writer's baseline")
     }
 }
 
@@ -317,13 +338,14 @@ impl SeriesWriter {
 const WINDOW_SLOTS: usize = 19;
 
 impl SeriesWriter {
-    /// `write`, as bytes.
+    /// `write`, as bytes, with the baseline after the window where the window changed it.
+    #[allow(clippy::type_complexity)]
     pub fn written(
         &self,
         window: i64,
         counts: (i64, i64, i64, i64),
         stats: (usize, f64, f64, f64, f64, f64, f64, f64, f64),
-    ) -> Option<(Vec<u8>, &'static str, Vec<u8>)> {
+    ) -> Option<(Vec<u8>, &'static str, Vec<u8>, Option<Baseline>)> {
         let (failures, late, seq_min, seq_max) = counts;
         let (count, total, mean, std, idle, p50, p95, d_min, d_max) = stats;
         let count = count as i64;
@@ -390,6 +412,7 @@ impl SeriesWriter {
             busy,
             idle,
             ratio: 0.0,
+            base: 0.0,
             roof: if bw >= flops_fraction {
                 bw
             } else {
@@ -397,12 +420,22 @@ impl SeriesWriter {
             },
             causes: Vec::new(),
         };
-        let (class, finding) = self.finding(&mut f)?;
-        Some((record, class, finding))
+        let mut baseline = self.baseline.lock().expect("a writer's baseline");
+        let (class, finding, formed) = self.finding(&mut f, *baseline)?;
+        if let Some(b) = formed {
+            *baseline = b; // only once the window is written: else the detector feeds it
+        }
+        Some((record, class, finding, formed))
     }
 
-    /// The finding of a window (`Detector._judge`, then `Finding.wire_of_window`).
-    fn finding(&self, f: &mut Figures) -> Option<(&'static str, Vec<u8>)> {
+    /// The finding of a window (`Detector._judge`, then `Finding.wire_of_window`), and
+    /// the baseline after it where the window fed it.
+    #[allow(clippy::type_complexity)]
+    fn finding(
+        &self,
+        f: &mut Figures,
+        baseline: Baseline,
+    ) -> Option<(&'static str, Vec<u8>, Option<Baseline>)> {
         let r = self.rules.get();
         let mut ev = Vec::with_capacity(700);
         ev.extend_from_slice(&self.evidence_head);
@@ -426,10 +459,25 @@ impl SeriesWriter {
         self.float(&mut ev, f.idle);
         ev.extend_from_slice(&self.evidence_tail);
 
-        // Detector._regression, with the baseline frozen
+        // Detector._regression: a window of enough launches feeds the baseline while it
+        // forms, and is judged against it once it is formed
         let mut class = None;
-        if f.count >= r.th.min_launches {
-            let (base_mean, base_windows) = self.baseline;
+        let mut formed = None;
+        let (base_windows, base_count, base_sum) = baseline;
+        if f.count >= r.th.min_launches && base_windows < r.th.baseline_windows {
+            formed = Some((
+                base_windows + 1,
+                base_count + f.count,
+                base_sum + f.mean * f.count as f64,
+            ));
+        } else if f.count >= r.th.min_launches {
+            // `_Baseline.mean_us`
+            let base_mean = if base_count != 0 {
+                base_sum / base_count as f64
+            } else {
+                0.0
+            };
+            f.base = base_mean;
             f.ratio = finite_ratio(f.mean, base_mean);
             if f.ratio > LARGE {
                 return None;
@@ -496,7 +544,7 @@ impl SeriesWriter {
         out.extend_from_slice(b",\"duration_mean_us\":");
         self.float(&mut out, f.mean);
         out.push(b'}');
-        Some((name, out))
+        Some((name, out, formed))
     }
 
     /// A summary's template with the window's fields, as `str.format` gives it.
@@ -526,7 +574,7 @@ impl SeriesWriter {
                 FIELD_IDLE => f.idle,
                 FIELD_OVERHEAD => self.launch_overhead,
                 FIELD_INTENSITY => self.intensity,
-                FIELD_BASE => self.baseline.0,
+                FIELD_BASE => f.base,
                 _ => unreachable!("templates are checked where they are built"),
             };
             let _ = match *spec {

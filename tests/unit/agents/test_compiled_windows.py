@@ -172,6 +172,17 @@ def _run(
         ingest.compiled.engine = _FailsOnce(ingest.compiled.engine, fail_at)
     keys: set[str] = set()
     states = []
+    # the baselines the engine's writers formed and handed back to the detector
+    taken: list[Any] = []
+    detector = ingest.detector.detector if ingest.detector is not None else None
+    if detector is not None:
+        take = detector.take_baseline
+
+        def counted(key: str, state: Any) -> None:
+            taken.append((key, state))
+            take(key, state)
+
+        detector.take_baseline = counted  # type: ignore[method-assign]
 
     async def go() -> None:
         for at in range(0, len(msgs), poll):
@@ -202,6 +213,7 @@ def _run(
         "batches": ingest.stats.batches,
         "engine_failed": ingest.ctx.counters["window.engine_failed"],
         "written": ingest.stats.written_windows,
+        "baselines_formed": len(taken),
     }
 
 
@@ -216,6 +228,10 @@ def test_the_engine_publishes_what_the_python_path_publishes(seed: int, poll: in
     # the engine wrote windows and findings of the series the detector had judged (in
     # the polls after it judged them: none where one poll holds every message)
     assert (engine.pop("written") > 0) is (poll < len(msgs)) and python.pop("written") == 0
+    # ... from the window after the first one of each series the detector judged: the
+    # engine's writers formed baselines, which the detector took over
+    assert (engine.pop("baselines_formed") > 0) is (poll < len(msgs))
+    assert python.pop("baselines_formed") == 0
     classes = {decode(v, Finding).classification for v in python["findings"]}
     assert classes & {"host_sync", "transfer_bound", "pageable_copies", "no_overlap"}
     stops = engine.pop("stops")
@@ -234,17 +250,22 @@ def test_streams_given_back_and_taken_again_change_nothing() -> None:
         run.pop("compiled_batches")
         run.pop("stops")
     assert engine.pop("written") > 0 and python.pop("written") == 0
+    assert engine.pop("baselines_formed") > 0 and python.pop("baselines_formed") == 0
     assert engine == python
 
 
 def test_an_engine_failure_hands_everything_to_python_and_loses_nothing() -> None:
     msgs = _messages(4)
     python = _run(msgs, 16, compiled=False)
-    engine = _run(msgs, 16, compiled=True, fail_at=6)
+    # (after the engine's writers formed baselines the Python path then judges from)
+    engine = _run(msgs, 16, compiled=True, fail_at=25)
     assert engine.pop("engine_failed") == 1 and python.pop("engine_failed") == 0
+    assert engine["baselines_formed"] > 0 and engine["written"] > 0
     for run in (engine, python):
         run.pop("compiled_batches")
         run.pop("stops")
+        run.pop("baselines_formed")
+        run.pop("written")
     assert engine == python
 
 
@@ -263,6 +284,7 @@ def test_a_failure_learning_a_writer_hands_everything_to_python_and_loses_nothin
     for run in (engine, python):
         run.pop("compiled_batches")
         run.pop("stops")
+        run.pop("baselines_formed")
     assert engine == python
 
 

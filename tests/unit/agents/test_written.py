@@ -81,6 +81,11 @@ def _frozen(detector: Detector, template: Any, config_id: str, mean: float) -> N
         detector.classify(_python_window(template, config_id, window, (0, 0, 0, 19), got))
 
 
+def _writer(agg: WindowAggregate, template: Any, detector: Detector) -> Any:
+    """The writer of ``agg``'s series, from the detector's baseline as it stands."""
+    return series_writer(agg, template, detector, _GROUP, _SIZE, detector.baseline_state(agg))
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_writer_writes_what_the_python_path_writes(seed: int) -> None:
     rng = random.Random(seed)
@@ -102,7 +107,7 @@ def test_the_writer_writes_what_the_python_path_writes(seed: int) -> None:
             window = rng.choice([1_700_000_100 + j, 1_795_920_591, 0, 7])
             counts = (rng.choice([0, 3]), rng.choice([0, 2]), rng.randrange(10**6), 10**6 + j)
             agg = _python_window(template, config_id, window, counts, got)
-            writer = series_writer(agg, template, detector, _GROUP, _SIZE)
+            writer = _writer(agg, template, detector)
             assert writer is not None
             wrote = writer.write(window, counts, got)
             assert wrote is not None, (i, j, got)
@@ -132,7 +137,7 @@ def test_figures_it_cannot_promise_are_left_to_the_python_path() -> None:
     _frozen(detector, template, _CONFIG, 50.0)
     ok = (10, 500.0, 50.0, 1.0, 0.0, 50.0, 50.0, 50.0, 50.0)
     agg = _python_window(template, _CONFIG, 5, (0, 0, 0, 9), ok)
-    writer = series_writer(agg, template, detector, _GROUP, _SIZE)
+    writer = _writer(agg, template, detector)
     assert writer.write(5, (0, 0, 0, 9), ok) is not None
     for got in [
         (0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),  # no launch that ran
@@ -144,22 +149,73 @@ def test_figures_it_cannot_promise_are_left_to_the_python_path() -> None:
         assert writer.write(5, (0, 0, 0, 9), got) is None, got
 
 
-def test_no_writer_before_the_baseline_is_frozen_nor_for_absurd_constants() -> None:
-    rng = random.Random(8)
-    meta = _meta_of(rng)
-    template = window_template(meta)
+@pytest.mark.parametrize("seed", range(4))
+def test_the_writer_forms_the_baseline_as_the_detector_does(seed: int) -> None:
+    """From a series' first window on: windows of too few launches feed nothing, the
+    first ones of enough launches form the baseline, later ones are judged against it;
+    the writer's bytes and baseline are the detector's at every window, and the
+    baseline it hands back with a window that fed it is the detector's after it."""
+    rng = random.Random(100 + seed)
+    judged: Counter[str] = Counter()
+    formed: Counter[bool] = Counter()
+    for i in range(40):
+        meta = _meta_of(rng)
+        template = window_template(meta)
+        thresholds = DetectorThresholds(
+            baseline_windows=rng.choice([1, 3, 5]), min_launches=rng.choice([1, 10, 12])
+        )
+        detector = Detector(thresholds)
+        first = _python_window(template, _CONFIG, 1_700_000_000, (0, 0, 0, 0), _stats(rng, 5.0))
+        writer = _writer(first, template, detector)
+        assert writer.baseline == (0, 0, 0.0)
+        for j in range(10):
+            got = _stats(rng, rng.choice([5.0, 50.0, 700.0]))
+            window = 1_700_000_000 + j
+            counts = (rng.choice([0, 3]), 0, j * 100, j * 100 + 99)
+            agg = _python_window(template, _CONFIG, window, counts, got)
+            wrote = writer.write(window, counts, got)
+            assert wrote is not None, (i, j, got)
+            assert wrote == (encode(agg), *detector.classify_wire(agg)), (i, j)
+            assert writer.baseline == detector.baseline_state(agg), (i, j)
+            judged["against a baseline" if b'"baseline_us"' in wrote[2] else "not"] += 1
+        formed[writer.baseline[0] == thresholds.baseline_windows] += 1
+    assert judged["against a baseline"] >= 50 and judged["not"] >= 50, judged
+    assert formed[True] >= 10 and formed[False] >= 1, formed
+
+
+def test_the_detector_judges_again_from_the_baseline_before_a_window() -> None:
+    """What the learning check of a writer reads: the baseline before the last window
+    that fed it, a window judged again from there without touching the detector's
+    state, and a baseline a writer formed taken over."""
+    rng = random.Random(12)
+    template = window_template(_meta_of(rng))
     detector = Detector()
     got = (20, 1000.0, 50.0, 0.0, 0.0, 50.0, 50.0, 50.0, 50.0)
-    agg = _python_window(template, _CONFIG, 3, (0, 0, 0, 19), got)
-    for _ in range(detector.thresholds.baseline_windows):
-        assert series_writer(agg, template, detector, _GROUP, _SIZE) is None
-        detector.classify(agg)
-    assert series_writer(agg, template, detector, _GROUP, _SIZE) is not None
+    aggs = [_python_window(template, _CONFIG, w, (0, 0, 0, 19), got) for w in range(5)]
+    wires = [detector.classify_wire(agg) for agg in aggs]
+    assert detector.baseline_state(aggs[4]) == (3, 60, 3000.0)
+    assert detector.baseline_state(aggs[2], before=True) == (2, 40, 2000.0)
+    assert detector.baseline_state(aggs[4], before=True) == (3, 60, 3000.0)  # fed nothing
+    for agg, wire in zip(aggs, wires, strict=True):
+        before = detector.baseline_state(agg, before=True)
+        if agg is aggs[2] or agg is aggs[4]:
+            assert detector.classify_wire_as(agg, before) == wire
+    assert detector.baseline_state(aggs[0]) == (3, 60, 3000.0)  # left as it was
+    detector.take_baseline(detector.series_names(aggs[0])[2], (1, 7, 8.5))
+    assert detector.baseline_state(aggs[0]) == (1, 7, 8.5)
+    assert "fed" not in str(detector.snapshot())  # a snapshot holds the baseline alone
+    assert Detector.restore(detector.snapshot()).baseline_state(aggs[0]) == (1, 7, 8.5)
+
+
+def test_no_writer_for_absurd_constants() -> None:
+    rng = random.Random(8)
+    got = (20, 1000.0, 50.0, 0.0, 0.0, 50.0, 50.0, 50.0, 50.0)
+    detector = Detector()
     absurd = window_template(_meta_of(rng, bytes_moved=1e305))
     agg = _python_window(absurd, _CONFIG, 3, (0, 0, 0, 19), got)
     _frozen(detector, absurd, _CONFIG, 50.0)
     with pytest.raises(UnwritableError):
-        series_writer(agg, absurd, detector, _GROUP, _SIZE)
+        _writer(agg, absurd, detector)
 
 
 class _Otherwise(Detector):
@@ -217,7 +273,7 @@ def test_a_stream_keeps_the_writers_of_its_open_configurations_only() -> None:
     _frozen(detector, template, _CONFIG, 50.0)
     got = (20, 1000.0, 50.0, 0.0, 0.0, 50.0, 50.0, 50.0, 50.0)
     agg = _python_window(template, _CONFIG, 3, (0, 0, 0, 19), got)
-    writer = series_writer(agg, template, detector, _GROUP, _SIZE)
+    writer = _writer(agg, template, detector)
     engine = compiled.engine
     t = np.array([3.5])
     one_open = [(4, "block=64", 0, t, t, 0, 0, 20, 20)]
@@ -250,4 +306,4 @@ def test_a_record_holding_a_markers_digits_stays_on_the_python_path(
     got = (20, 1000.0, 50.0, 0.0, 0.0, 50.0, 50.0, 50.0, 50.0)
     agg = _python_window(template, _CONFIG, 3, (0, 0, 0, 19), got)
     with pytest.raises(UnwritableError, match="marker"):
-        series_writer(agg, template, detector, _GROUP, _SIZE)
+        _writer(agg, template, detector)
