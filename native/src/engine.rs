@@ -819,7 +819,8 @@ impl WindowEngine {
                     s.max,
                 )
             });
-            if let (Some(stats), Some(writer)) = (got, stream.written.get(&(acc.meta, c))) {
+            let series = (acc.meta, c);
+            if let (Some(stats), Some(writer)) = (got, stream.written.get(&series)) {
                 let writer = writer.get();
                 let counts = (acc.failures, acc.late_accepted, acc.seq_min, acc.seq_max);
                 if let Some((record, class, finding, formed)) = writer.written(w, counts, stats) {
@@ -843,6 +844,10 @@ impl WindowEngine {
                     continue;
                 }
             }
+            // A window left to the Python detector may feed the series' baseline there:
+            // the series' writer goes, so that its later windows (in this poll too) are
+            // judged from the detector's baseline until a writer is learnt from it again.
+            stream.written.remove(&series);
             let cols = if got.is_none() {
                 let (t, d) = acc.joined(py);
                 Some((PyArray1::from_vec(py, t), PyArray1::from_vec(py, d)))

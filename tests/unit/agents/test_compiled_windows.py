@@ -423,3 +423,60 @@ def test_a_worker_of_more_streams_than_four_thousand_registers_each_once(
     assert ingest.stats.compiled_batches == ingest.stats.batches == 3 * streams
     assert ingest.compiled is not None
     assert len({b.stream_key for b in rounds[0]}) == streams
+
+
+def test_a_window_left_to_python_while_the_baseline_forms_changes_nothing() -> None:
+    """A window the writer cannot promise the Python path's bytes for (durations so small
+    that the bandwidth it implies is past the largest float) comes back to the detector,
+    which feeds the series' baseline with it; a later window of the series closed in the
+    same poll is judged from that baseline too, not from the writer's."""
+    configs = _configs()
+    base = math.floor(time.time()) - 120.0
+    seq = 0
+
+    def batch(window: int, duration: float, n: int = 20) -> SimpleNamespace:
+        nonlocal seq
+        t = [base + window + (i + 0.5) / n for i in range(n)]
+        b = make_example_batch(
+            t,
+            [duration] * n,
+            [1] * n,
+            node="n0",
+            kernel=_KERNEL,
+            problem_size=list(_SIZE),
+            config=configs[0][0],
+            config_id=configs[0][1],
+            seq_start=seq,
+        )
+        seq += n
+        value = encode_launch_batch(b)
+        return SimpleNamespace(message=None, key=b.stream_key.encode(), value=value)
+
+    polls = [
+        [batch(0, 40.0), batch(5, 41.0)],  # closes window 0: judged in Python, learnt
+        [batch(6, 5e-324)],  # closes window 5: written, the baseline's second
+        [batch(7, 90.0), batch(20, 42.0)],  # closes 6 (left to Python: the third) and 7
+        [batch(40, 43.0)],
+    ]
+
+    def run(compiled: bool) -> tuple[list[bytes], list[bytes], int]:
+        ingest, topics = _agent(compiled)
+        keys: set[str] = set()
+
+        async def go() -> None:
+            for events in polls:
+                for i, e in enumerate(events):
+                    e.message = SimpleNamespace(
+                        topic="ks.launches", partition=0, offset=i, key=e.key, value=e.value
+                    )
+                await ingest.ingest(events, keys)
+
+        asyncio.run(go())
+        return topics["windows"].sent, topics["findings"].sent, ingest.stats.written_windows
+
+    python, engine = run(compiled=False), run(compiled=True)
+    assert engine[2] > 0 and python[2] == 0  # the engine wrote some of them
+    assert engine[:2] == python[:2]
+    judged = [decode(v, Finding) for v in python[1]]
+    assert [f.window_start - base for f in judged] == [0.0, 5.0, 6.0, 7.0, 20.0]
+    assert "regression_ratio" in judged[3].evidence  # window 7: the baseline of 0, 5, 6
