@@ -404,8 +404,9 @@ impl WindowEngine {
     /// From now on, write the windows of `stream_key` of per-batch fields `meta` and
     /// configuration `config_id`, and their findings, with `writer` (closed windows come
     /// out as written rows). False (nothing kept) where the engine does not hold the
-    /// stream. Until the stream is given back, or another series of it is handed a writer
-    /// while this one has no window open.
+    /// stream. Until the stream is given back, a window of the series is left to the
+    /// Python detector, another header of the same configuration is handed a writer, or
+    /// another series of the stream is handed one while this one has no window open.
     fn write_as(
         &mut self,
         stream_key: &str,
@@ -423,10 +424,14 @@ impl WindowEngine {
         let s = &mut self.streams[slot];
         // A stream's configurations change (the tuner's moves): the writers of those with
         // no window open go, so a stream keeps a writer or two, not one per configuration
-        // it ever ran (one that comes back is learnt again after its next window).
+        // it ever ran (one that comes back is learnt again after its next window). One
+        // writer a configuration: the detector keeps one baseline per stream and
+        // configuration whatever the batches' other header fields, and a writer of
+        // another header would go on forming its own copy of it.
         let open = &s.open;
-        s.written
-            .retain(|&(m, c), _| open.iter().any(|(&(_, oc), acc)| oc == c && acc.meta == m));
+        s.written.retain(|&(m, c), _| {
+            c != config && open.iter().any(|(&(_, oc), acc)| oc == c && acc.meta == m)
+        });
         s.written.insert((meta, config), writer);
         true
     }

@@ -425,18 +425,18 @@ def test_a_worker_of_more_streams_than_four_thousand_registers_each_once(
     assert len({b.stream_key for b in rounds[0]}) == streams
 
 
-def test_a_window_left_to_python_while_the_baseline_forms_changes_nothing() -> None:
-    """A window the writer cannot promise the Python path's bytes for (durations so small
-    that the bandwidth it implies is past the largest float) comes back to the detector,
-    which feeds the series' baseline with it; a later window of the series closed in the
-    same poll is judged from that baseline too, not from the writer's."""
-    configs = _configs()
-    base = math.floor(time.time()) - 120.0
-    seq = 0
+class _Series:
+    """One stream's batches of one configuration, a window each (20 launches of one
+    duration), and the polls that bring them."""
 
-    def batch(window: int, duration: float, n: int = 20) -> SimpleNamespace:
-        nonlocal seq
-        t = [base + window + (i + 0.5) / n for i in range(n)]
+    def __init__(self) -> None:
+        self.config = _configs()[0]
+        self.base = math.floor(time.time()) - 120.0
+        self.seq = 0
+
+    def batch(self, window: int, duration: float, **fields: Any) -> SimpleNamespace:
+        n = 20
+        t = [self.base + window + (i + 0.5) / n for i in range(n)]
         b = make_example_batch(
             t,
             [duration] * n,
@@ -444,22 +444,18 @@ def test_a_window_left_to_python_while_the_baseline_forms_changes_nothing() -> N
             node="n0",
             kernel=_KERNEL,
             problem_size=list(_SIZE),
-            config=configs[0][0],
-            config_id=configs[0][1],
-            seq_start=seq,
+            config=self.config[0],
+            config_id=self.config[1],
+            seq_start=self.seq,
+            **fields,
         )
-        seq += n
-        value = encode_launch_batch(b)
-        return SimpleNamespace(message=None, key=b.stream_key.encode(), value=value)
+        self.seq += n
+        return SimpleNamespace(
+            message=None, key=b.stream_key.encode(), value=encode_launch_batch(b)
+        )
 
-    polls = [
-        [batch(0, 40.0), batch(5, 41.0)],  # closes window 0: judged in Python, learnt
-        [batch(6, 5e-324)],  # closes window 5: written, the baseline's second
-        [batch(7, 90.0), batch(20, 42.0)],  # closes 6 (left to Python: the third) and 7
-        [batch(40, 43.0)],
-    ]
-
-    def run(compiled: bool) -> tuple[list[bytes], list[bytes], int]:
+    @staticmethod
+    def run(polls: list[list[SimpleNamespace]], compiled: bool) -> tuple[Any, Any, int]:
         ingest, topics = _agent(compiled)
         keys: set[str] = set()
 
@@ -474,9 +470,37 @@ def test_a_window_left_to_python_while_the_baseline_forms_changes_nothing() -> N
         asyncio.run(go())
         return topics["windows"].sent, topics["findings"].sent, ingest.stats.written_windows
 
-    python, engine = run(compiled=False), run(compiled=True)
+
+def test_a_window_left_to_python_while_the_baseline_forms_changes_nothing() -> None:
+    """A window the writer cannot promise the Python path's bytes for (durations so small
+    that the bandwidth it implies is past the largest float) comes back to the detector,
+    which feeds the series' baseline with it; a later window of the series closed in the
+    same poll is judged from that baseline too, not from the writer's."""
+    s = _Series()
+    polls = [
+        [s.batch(0, 40.0), s.batch(5, 41.0)],  # closes window 0: judged in Python, learnt
+        [s.batch(6, 5e-324)],  # closes window 5: written, the baseline's second
+        [s.batch(7, 90.0), s.batch(20, 42.0)],  # closes 6 (left to Python: the third) and 7
+        [s.batch(40, 43.0)],
+    ]
+    python, engine = _Series.run(polls, compiled=False), _Series.run(polls, compiled=True)
     assert engine[2] > 0 and python[2] == 0  # the engine wrote some of them
     assert engine[:2] == python[:2]
     judged = [decode(v, Finding) for v in python[1]]
-    assert [f.window_start - base for f in judged] == [0.0, 5.0, 6.0, 7.0, 20.0]
+    assert [f.window_start - s.base for f in judged] == [0.0, 5.0, 6.0, 7.0, 20.0]
     assert "regression_ratio" in judged[3].evidence  # window 7: the baseline of 0, 5, 6
+
+
+def test_a_stream_alternating_headers_forms_one_baseline() -> None:
+    """The detector keeps one baseline per stream and configuration, whatever else the
+    batches' headers say (here the waves a launch fills); the engine has a writer per
+    header, so a stream whose headers alternate while its baseline forms keeps one writer
+    of the configuration at a time: each window judged from the one baseline (in Python
+    while they alternate, then written again)."""
+    s = _Series()
+    polls = [[s.batch(w, 40.0 + w, waves=6.1 + (w % 2 if w < 6 else 0))] for w in range(12)]
+    python, engine = _Series.run(polls, compiled=False), _Series.run(polls, compiled=True)
+    assert engine[2] > 0 and python[2] == 0
+    assert engine[:2] == python[:2]
+    judged = [decode(v, Finding) for v in python[1]]
+    assert [f.evidence.get("baseline_windows") for f in judged[:5]] == [None, None, None, 3, 3]
