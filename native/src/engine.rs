@@ -824,8 +824,7 @@ impl WindowEngine {
                     s.max,
                 )
             });
-            let series = (acc.meta, c);
-            if let (Some(stats), Some(writer)) = (got, stream.written.get(&series)) {
+            if let (Some(stats), Some(writer)) = (got, stream.written.get(&(acc.meta, c))) {
                 let writer = writer.get();
                 let counts = (acc.failures, acc.late_accepted, acc.seq_min, acc.seq_max);
                 if let Some((record, class, finding, formed)) = writer.written(w, counts, stats) {
@@ -849,10 +848,13 @@ impl WindowEngine {
                     continue;
                 }
             }
-            // A window left to the Python detector may feed the series' baseline there:
-            // the series' writer goes, so that its later windows (in this poll too) are
-            // judged from the detector's baseline until a writer is learnt from it again.
-            stream.written.remove(&series);
+            // A window left to the Python detector may feed the baseline of its stream
+            // and configuration there: the configuration's writer goes (whatever header
+            // it was learnt for), so that its later windows (in this poll too) are judged
+            // from the detector's baseline until a writer is learnt from it again.
+            if !stream.written.is_empty() {
+                stream.written.retain(|&(_, wc), _| wc != c);
+            }
             let cols = if got.is_none() {
                 let (t, d) = acc.joined(py);
                 Some((PyArray1::from_vec(py, t), PyArray1::from_vec(py, d)))

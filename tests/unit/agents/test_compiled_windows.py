@@ -504,3 +504,23 @@ def test_a_stream_alternating_headers_forms_one_baseline() -> None:
     assert engine[:2] == python[:2]
     judged = [decode(v, Finding) for v in python[1]]
     assert [f.evidence.get("baseline_windows") for f in judged[:5]] == [None, None, None, 3, 3]
+
+
+def test_a_window_of_another_header_left_to_python_drops_the_configurations_writer() -> None:
+    """A window of the configuration under another header (no writer for it yet) is
+    judged in Python and may feed the one baseline; a window of the first header closed
+    after it in the same poll is judged from that baseline too."""
+    s = _Series()
+    polls = [
+        [s.batch(0, 40.0)],
+        [s.batch(1, 41.0)],  # closes window 0: judged in Python, a writer learnt
+        [s.batch(2, 42.0, waves=7.5)],  # closes 1: written, the baseline's second
+        [s.batch(3, 90.0), s.batch(4, 43.0)],  # closes 2 (another header: Python) and 3
+        [s.batch(9, 44.0)],
+    ]
+    python, engine = _Series.run(polls, compiled=False), _Series.run(polls, compiled=True)
+    assert engine[2] > 0 and python[2] == 0
+    assert engine[:2] == python[:2]
+    judged = [decode(v, Finding) for v in python[1]]
+    assert [f.window_start - s.base for f in judged] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert "regression_ratio" in judged[3].evidence  # window 3: the baseline of 0, 1, 2
