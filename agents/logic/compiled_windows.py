@@ -59,7 +59,8 @@ __all__ = ["HELD_BACK", "TAKE_OVER", "CompiledWindows", "Taken"]
 log = logging.getLogger(__name__)
 
 # A written window's row from the engine: (stream key, record, group key, classification,
-# finding, window end, launches) (:class:`Written`); any other row has ten fields.
+# finding, window end, launches, the baseline it fed or None) (:class:`Written`); any
+# other row has ten fields.
 _WRITTEN_ROW = len(Written._fields)
 # Series kept on the Python path at most (then forgotten, and tried again).
 MAX_UNWRITABLE = 4096

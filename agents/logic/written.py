@@ -29,10 +29,13 @@ engine (:func:`series_writer`), rendered as far as they are text:
 The engine then gives each window of the series it closes as a :class:`Written`: the
 record's and the finding's bytes, those :func:`schemas.codec.encode` and
 :meth:`Detector.classify_wire` give. The first writers of a worker, then one in 16, are
-handed over only after they wrote the window they were learnt from to the same bytes as
-the Python path did (:meth:`CompiledWindows.learn`); a window a writer cannot promise
-that for (a figure that is not finite or absurdly large, a window without a launch that
-ran) comes back as before, for the Python path.
+handed over only after a writer of the series, from the baseline before the window they
+were learnt from, wrote that window to the same bytes as the Python path did
+(:meth:`CompiledWindows.learn`); a window a writer cannot promise that for (a figure
+that is not finite or absurdly large, a window without a launch that ran) comes back as
+before, for the Python path, and the engine drops the writer of its stream and
+configuration (the detector may feed the baseline with it). A stream keeps one writer a
+configuration: the detector keeps one baseline per stream and configuration.
 """
 
 from __future__ import annotations
