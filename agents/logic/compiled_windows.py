@@ -235,20 +235,25 @@ class CompiledWindows:
             template, group = self._templates[meta], group_of(agg)
             try:
                 baseline = detector.baseline_state(agg)
-                writer = series_writer(agg, template, detector, group, size, baseline)
                 self.learnt += 1
                 if self.learnt <= CHECK_FIRST or self.learnt % CHECK_EVERY == 0:
+                    # checked: the writer from the baseline before the window, which
+                    # writing the window brings to the detector's
                     before = detector.baseline_state(agg, before=True)
-                    probe = series_writer(agg, template, detector, group, size, before)
-                    # (None: a window the Python path writes; the writer is not judged)
-                    wrote = probe.write(window, counts, got)
+                    writer = series_writer(agg, template, detector, group, size, before)
+                    wrote = writer.write(window, counts, got)
                     if wrote is not None and (
                         wrote != (encode(agg), *detector.classify_wire_as(agg, before))
-                        or probe.baseline != baseline
+                        or writer.baseline != baseline
                     ):
                         raise UnwritableError(
                             "the engine wrote the window or its finding otherwise"
                         )
+                    if wrote is None and before != baseline:
+                        # a window the Python path writes (not judged), which fed it
+                        writer = series_writer(agg, template, detector, group, size, baseline)
+                else:
+                    writer = series_writer(agg, template, detector, group, size, baseline)
             except UnwritableError as ex:
                 if len(self._unwritable) >= MAX_UNWRITABLE:
                     self._unwritable.clear()
