@@ -102,6 +102,7 @@ per axis of ``block_size_a * tile_size_a`` (the extent one block covers).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -168,6 +169,7 @@ class SpaceIndex:
     features: np.ndarray
     positions: np.ndarray | None = None
     _arms: dict[int, np.ndarray] = field(default_factory=dict)
+    _arm_lists: dict[int, list[int]] = field(default_factory=dict)
     _planes: dict[int, list[np.ndarray] | None] = field(default_factory=dict)
     _alignments: np.ndarray | None = None
 
@@ -214,6 +216,15 @@ class SpaceIndex:
         arms = self._arms[few_values]
         n = int(arms.max()) + 1 if len(arms) else 0
         return arms if 1 < n <= max_arms else None
+
+    def arm_codes(self, few_values: int) -> list[int]:
+        """Each config's arm as :meth:`arms` with ``few_values`` numbers them (call that
+        first), as a list, kept: read a config at a time, a list's items cost a tenth of
+        an array's."""
+        codes = self._arm_lists.get(few_values)
+        if codes is None:
+            codes = self._arm_lists[few_values] = self._arms[few_values].tolist()
+        return codes
 
     def alignments(self) -> np.ndarray:
         """Per integer parameter whose values are not all powers of two: the largest power
@@ -475,7 +486,7 @@ class ModelGuidedSearch:
         allowed: Callable[[Config], bool],
         related: Sequence[GroupStats] = (),
     ) -> Proposal | None:
-        from kernelstream.agents.logic.tuning import Proposal
+        from kernelstream.agents.logic.tuning import Proposal, id_check
 
         if not self.warm_start:
             related = ()
@@ -501,22 +512,27 @@ class ModelGuidedSearch:
         # Nodes of the group trying configs now: each concurrent proposal takes the
         # next slot of the initial design or of the rotation (below), as if the
         # pending ones had been measured, so a batch mixes them.
-        pending = sum(1 for cid in group.trying if not group.measured(cid))
+        pending = group.pending()
         # The group's fastest measured config (None before the first measurement).
         best_i = min(measured, key=lambda m: m[1])[0] if measured else None
+
+        ids, configs, done, failed_ids = idx.ids, idx.configs, group.configs, group.failed
+        check = id_check(allowed)
 
         def first_allowed(order: Sequence[int] | np.ndarray) -> int | None:
             # ``allowed`` is checked lazily, best first: scoring is vectorized, the
             # predicate is not, and the first few candidates almost always pass.
             # Only unmeasured configs: the group's best is shared by the tuner itself.
-            return next(
-                (
-                    int(j)
-                    for j in order
-                    if not group.measured(idx.ids[int(j)]) and allowed(idx.configs[int(j)])
-                ),
-                None,
-            )
+            # A chunk of the order at a time as Python ints: where most of a large
+            # group's candidates are being tried by other nodes, a scan runs through
+            # much of the space.
+            for at in range(0, len(order), 64):
+                chunk = order[at : at + 64]
+                for j in chunk.tolist() if isinstance(chunk, np.ndarray) else chunk:
+                    cid = ids[j]
+                    if cid not in done and cid not in failed_ids and check(configs[j], cid):
+                        return int(j)
+            return None
 
         if hidden:
             choice = first_allowed(head)
@@ -690,7 +706,11 @@ class ModelGuidedSearch:
     def _arms_of(self, idx: SpaceIndex) -> np.ndarray | None:
         """The space's arms (``SpaceIndex.arms``), few-valued parameters standing in for
         switches where it has none and ``switchless_arms`` is on."""
-        return idx.arms(self.max_arms, self.plane_max_values if self.switchless_arms else 2)
+        return idx.arms(self.max_arms, self._arm_values())
+
+    def _arm_values(self) -> int:
+        """The most values a parameter may have to count as a switch of the arms."""
+        return self.plane_max_values if self.switchless_arms else 2
 
     def _untouched_arms(
         self, idx: SpaceIndex, group: GroupStats, rng: np.random.Generator
@@ -699,16 +719,23 @@ class ModelGuidedSearch:
         arms = self._arms_of(idx)
         if arms is None:
             return np.array([], dtype=np.int64)
-        touched = [
-            idx.position[c]
-            for c in (*group.configs, *group.failed, *group.trying)
-            if c in idx.position
-        ]
-        # (a mask over the arms, not np.isin: the same configs, a quarter of its time on
-        # the matmul space, whose sort the mask does without)
-        seen = np.zeros(int(arms.max()) + 1, dtype=bool)
-        seen[arms[touched]] = True
-        return rng.permutation(np.flatnonzero(~seen[arms]))
+        # A mask over the arms (not np.isin: its sort costs four times as much on the
+        # matmul space), filled until every arm is touched: a large group's trials touch
+        # them all within its first proposals, and its measured, failed and tried
+        # configs run to hundreds.
+        codes = idx.arm_codes(self._arm_values())
+        seen = bytearray(int(arms.max()) + 1)
+        left = len(seen)
+        position = idx.position
+        for c in itertools.chain(group.configs, group.failed, group.trying):
+            p = position.get(c)
+            if p is not None and not seen[codes[p]]:
+                seen[codes[p]] = 1
+                left -= 1
+                if not left:
+                    break
+        untouched = np.frombuffer(seen, dtype=bool)[arms]
+        return rng.permutation(np.flatnonzero(~untouched))
 
     def _arm_step(
         self,

@@ -99,6 +99,20 @@ class GroupStats:
     def measured(self, config_id: str) -> bool:
         return config_id in self.configs or config_id in self.failed
 
+    def pending(self) -> int:
+        """Configs being tried that nobody has measured yet.
+
+        Counted over the smaller side: in a large group's first proposals nearly every
+        config being tried is new and few are measured, later the other way round (a
+        count over ``trying`` made the first proposals of 1,024 nodes quadratic).
+        """
+        trying, configs, failed = self.trying, self.configs, self.failed
+        if len(trying) <= len(configs) + len(failed):
+            return sum(1 for cid in trying if not self.measured(cid))
+        done = sum(1 for cid in configs if cid in trying)
+        done += sum(1 for cid in failed if cid in trying and cid not in configs)
+        return len(trying) - done
+
     def since(self, config_id: str) -> int:
         """Configs first measured after ``config_id`` (its age, in evaluations)."""
         ids = list(self.configs)
@@ -126,6 +140,38 @@ class Proposal:
     config: Config
     reason: str
     expected_gain: float
+
+
+class KnownId:
+    """A strategy's ``allowed`` predicate that can also take the config's id.
+
+    ``KnownId(check)(config)`` is ``check(config, None)``; a strategy that has the id at
+    hand (a space index holds every config's) calls ``with_id(config, config_id)``
+    instead, and ``check`` skips building it: where most of a large group's candidates
+    are being tried by other nodes, a scan rejects hundreds of configs by their ids.
+    ``config_id`` must be ``space.config_id(config)`` in the space the strategy was
+    given (:func:`id_check`).
+    """
+
+    __slots__ = ("check",)
+
+    def __init__(self, check: Callable[[Config, str | None], bool]) -> None:
+        self.check = check
+
+    def __call__(self, config: Config) -> bool:
+        return self.check(config, None)
+
+    def with_id(self, config: Config, config_id: str) -> bool:
+        return self.check(config, config_id)
+
+
+def id_check(allowed: Callable[[Config], bool]) -> Callable[[Config, str], bool]:
+    """``allowed`` as a predicate of (config, its id in the strategy's space): its
+    :meth:`KnownId.with_id` where it has one, else ``allowed`` ignoring the id."""
+    with_id: Callable[[Config, str], bool] | None = getattr(allowed, "with_id", None)
+    if with_id is not None:
+        return with_id
+    return lambda config, config_id: allowed(config)
 
 
 class Strategy(Protocol):
@@ -212,10 +258,11 @@ class GuidedLocalSearch:
         center = best[1].config if best is not None and space.is_valid(best[1].config) else current
         hints = _HINTS.get(finding.classification, ())
         for radius in self.radii:
+            check = id_check(allowed)
             candidates = [
                 c
                 for c in space.neighbors(center, radius)
-                if not group.measured(space.config_id(c)) and allowed(c)
+                if not group.measured(cid := space.config_id(c)) and check(c, cid)
             ]
             if candidates:
                 ranked = sorted(
@@ -336,14 +383,15 @@ def _kernel_view(g: GroupStats, own: SearchSpace) -> GroupStats:
     return view
 
 
-def _keeps_host(config: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
-    """Whether a search step leaves the host knobs as they are.
+def _keeps_host(config: Mapping[str, Any], host: Config) -> bool:
+    """Whether a search step to ``config`` leaves the host knobs ``host`` (the current
+    configuration's, :func:`_host_of`) as they are.
 
     They change only through a host-side finding (:meth:`Tuner.recommend_knob`), which
     the node measures by its whole step; the windows a search learns from time the
     kernel alone, which the host knobs do not change.
     """
-    return all(config.get(k) == v for k, v in _host_of(current).items())
+    return all(config.get(k) == v for k, v in host.items())
 
 
 class Tuner:
@@ -594,28 +642,35 @@ class Tuner:
         if not cur_failed and (cur is None or cur.windows < self.min_windows):
             return None
 
+        knobs = _host_of(current)  # the host knobs a search step keeps
+
         def allowed(config: Config) -> bool:
-            cid = space.config_id(config) if set(config) == set(space.names) else ""
+            if set(config) != set(space.names):
+                return False
+            cid = space.config_id(config)
             return (
-                bool(cid)
-                and _keeps_host(config, current)
-                and cid != cur_id
+                cid != cur_id
                 and cid not in g.failed
                 and not slot.barred(cid)
+                and _keeps_host(config, knobs)
                 and (self.max_step is None or space.steps(current, config) <= self.max_step)
                 and space.is_valid(config)
             )
 
-        def untried(config: Config) -> bool:
+        def untried(config: Config, config_id: str | None) -> bool:
             # Strategies propose from the space's own enumeration or neighbours, which
-            # are valid by construction; validity is checked once, on the proposal.
-            cid = space.config_id(config)
+            # are valid by construction; validity is checked once, on the proposal. The
+            # checks by id come first: in a large group's first proposals most
+            # candidates are being tried by another node, and a rejection costs a
+            # lookup instead of the config's id and host knobs (the checks are pure,
+            # so their order does not change the answer).
+            cid = space.config_id(config) if config_id is None else config_id
             return (
-                _keeps_host(config, current)
+                g.trying.get(cid, -math.inf) <= now
                 and cid != cur_id
                 and cid not in g.failed
                 and not slot.barred(cid)
-                and g.trying.get(cid, -math.inf) <= now
+                and _keeps_host(config, knobs)
                 and (self.max_step is None or space.steps(current, config) <= self.max_step)
             )
 
@@ -623,7 +678,7 @@ class Tuner:
         if proposal is None:
             key = group_of(finding)
             related = [o for k, o in self._groups.items() if k[1:] == key[1:] and k != key]
-            proposal = self._search(finding, space, g, current, untried, related)
+            proposal = self._search(finding, space, g, current, KnownId(untried), related)
         if proposal is None:
             proposal = self._share_best(g, cur, cur_id, cur_failed, allowed, 0)
         # The kernel's own start, under the node's host settings (the widened space's

@@ -636,3 +636,79 @@ def test_measurements_enter_the_search_at_its_resolution() -> None:
             for jitter in (0.0, 0.003)
         )
         assert a is not None and b is not None and a.config == b.config
+
+
+def test_a_group_counts_its_pending_configs_from_either_side() -> None:
+    # GroupStats.pending counts over the smaller of "being tried" and "measured or
+    # failed"; both ways must give the naive count, overlaps included.
+    rng = np.random.default_rng(3)
+    ids = [SPACE.config_id(c) for c in SPACE]
+    for _ in range(300):
+        g = GroupStats()
+        for cid in rng.choice(ids, int(rng.integers(0, 40)), replace=False):
+            g.configs[str(cid)] = Measurement({}, count=1, sum_us=1.0, windows=1)
+        g.failed = {str(c) for c in rng.choice(ids, int(rng.integers(0, 10)), replace=False)}
+        for cid in rng.choice(ids, int(rng.integers(0, 40)), replace=False):
+            g.trying[str(cid)] = float(rng.random())
+        assert g.pending() == sum(1 for cid in g.trying if not g.measured(cid))
+
+
+def _untouched_reference(s: ModelGuidedSearch, group: GroupStats) -> np.ndarray:
+    """The configs of the arms nobody measured, saw fail or is trying, by a mask over
+    every config the group knows (no early end), in index order."""
+    idx = s.index(SPACE)
+    arms = idx.arms(s.max_arms, 2)
+    assert arms is not None
+    touched = [
+        idx.position[c] for c in (*group.configs, *group.failed, *group.trying) if c in idx.position
+    ]
+    return np.flatnonzero(~np.isin(arms, arms[touched]))
+
+
+def test_the_untouched_arms_are_those_nobody_measured_failed_or_is_trying() -> None:
+    s = ModelGuidedSearch(seed=0)
+    configs = list(SPACE)
+    rng = np.random.default_rng(5)
+    for n in range(12):
+        for _ in range(20):
+            g = GroupStats()
+            for k, i in enumerate(rng.choice(len(configs), n, replace=False)):
+                cid = SPACE.config_id(configs[int(i)])
+                if k % 3 == 0:
+                    g.configs[cid] = Measurement({})
+                elif k % 3 == 1:
+                    g.failed.add(cid)
+                else:
+                    g.trying[cid] = 1.0
+            g.trying["not in the space"] = 1.0
+            got = s._untouched_arms(s.index(SPACE), g, np.random.default_rng(0))
+            want = _untouched_reference(s, g)
+            assert np.array_equal(got, np.random.default_rng(0).permutation(want))
+
+
+def test_a_strategy_given_ids_proposes_what_it_proposes_without_them() -> None:
+    # KnownId hands the strategy's candidates' ids to the predicate: the same proposals
+    # as the plain predicate, each id the config's own in the space.
+    from kernelstream.agents.logic.tuning import KnownId
+
+    checked = []
+
+    def check(config: Config, config_id: str | None) -> bool:
+        if config_id is not None:
+            assert config_id == SPACE.config_id(config)
+            checked.append(config_id)
+        return int(config["block_size_y"]) != 2
+
+    start = SPACE.start_config()
+    for strategy in (ModelGuidedSearch(seed=1), ModelGuidedSearch(seed=2, n_init=3)):
+        f = SimpleNamespace(classification="memory_bottleneck")
+        plain, known = _measured([start]), _measured([start])
+        for _ in range(12):
+            a = strategy.propose(f, SPACE, plain, start, lambda c: check(c, None))  # type: ignore[arg-type]
+            b = strategy.propose(f, SPACE, known, start, KnownId(check))  # type: ignore[arg-type]
+            assert a == b
+            if a is None:
+                break
+            for g in (plain, known):
+                g.trying[SPACE.config_id(a.config)] = math.inf
+    assert checked
