@@ -52,7 +52,7 @@ from kernelstream.agents.context import RecordEvent, WorkerContext, partition_la
 from kernelstream.agents.first_offset import seek_to_first
 from kernelstream.schemas import Finding
 
-__all__ = ["STAGE", "FindingStage", "FindingsReader", "owned_findings", "register"]
+__all__ = ["POLL_RECORDS", "STAGE", "FindingStage", "FindingsReader", "owned_findings", "register"]
 
 log = logging.getLogger("kernelstream.findings")
 
@@ -60,7 +60,7 @@ STAGE = "findings"
 
 # Records a poll takes (the stages get them as one burst), and how often the position is
 # committed while reading.
-_POLL_RECORDS = 256
+POLL_RECORDS = 256
 _COMMIT_EVERY_S = 1.0
 
 
@@ -242,7 +242,7 @@ class FindingsReader(Service):
                 await asyncio.sleep(0.1)
                 continue
             try:
-                fetched = await consumer.getmany(timeout_ms=200, max_records=_POLL_RECORDS)
+                fetched = await consumer.getmany(timeout_ms=200, max_records=POLL_RECORDS)
             except ConsumerStoppedError:
                 break
             except KafkaError as ex:  # the assignment changed under the poll, or the broker

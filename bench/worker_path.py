@@ -53,11 +53,14 @@ from typing import Any
 import click
 import numpy as np
 import orjson
-from aiokafka import codec
+from aiokafka import TopicPartition, codec
 from aiokafka.structs import ConsumerRecord
 
+from kernelstream.agents.alert_agent import AlertStage
 from kernelstream.agents.context import RecordEvent, WorkerContext
 from kernelstream.agents.detector_agent import InlineDetector
+from kernelstream.agents.findings_agent import POLL_RECORDS as FINDINGS_POLL
+from kernelstream.agents.findings_agent import FindingsReader
 from kernelstream.agents.logic.ingest import (
     MAX_POLL_RECORDS,
     Counted,
@@ -67,6 +70,7 @@ from kernelstream.agents.logic.ingest import (
 from kernelstream.agents.logic.sequencing import SeqLimits
 from kernelstream.agents.logic.snapshot_codec import pack
 from kernelstream.agents.logic.windowing import Windower, WindowSpec, percentiles
+from kernelstream.agents.tuner_agent import TunerStage
 from kernelstream.agents.window_agent import WindowIngest, window_spec
 from kernelstream.app.kafka.zstd_decode import zstd_decode
 from kernelstream.app.settings import Settings
@@ -170,24 +174,34 @@ def _ceiling_pass(messages: list[bytes]) -> int:
 
 class _Kept:
     """A topic whose records are counted and dropped (``WorkerContext`` sends to it when the
-    context has no app): what the agent publishes, counted, without a producer."""
+    context has no app): what the agent publishes, counted, without a producer. ``keep``:
+    the (key, value) pairs kept too; ``fields``: the digest over those fields of each
+    record only (records stamped with the time they were made)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = False, fields: tuple[str, ...] = ()) -> None:
         self.records = 0
         self.digest = hashlib.blake2b(digest_size=16)
+        self.kept: list[tuple[bytes, bytes]] | None = [] if keep else None
+        self.fields = fields
 
     async def send(
         self, key: bytes | None = None, value: bytes = b"", partition: Any = None
     ) -> None:
         self.records += 1
-        self.digest.update(value)
+        if self.fields:
+            record = orjson.loads(value)
+            self.digest.update(orjson.dumps([record.get(f) for f in self.fields]))
+        else:
+            self.digest.update(value)
+        if self.kept is not None:
+            self.kept.append((key or b"", value))
 
 
-def _record(offset: int, key: bytes, value: bytes) -> ConsumerRecord[bytes, bytes]:
-    """A fetched launches message, as aiokafka's consumer returns it."""
-    return ConsumerRecord(
-        "ks.launches", 0, offset, 0, 0, key, value, None, len(key), len(value), ()
-    )
+def _record(
+    offset: int, key: bytes, value: bytes, topic: str = "ks.launches"
+) -> ConsumerRecord[bytes, bytes]:
+    """A fetched message, as aiokafka's consumer returns it."""
+    return ConsumerRecord(topic, 0, offset, 0, 0, key, value, None, len(key), len(value), ())
 
 
 def agent_pass(messages: list[bytes], keys: list[bytes]) -> dict[str, Any]:
@@ -197,7 +211,8 @@ def agent_pass(messages: list[bytes], keys: list[bytes]) -> dict[str, Any]:
     :meth:`agents.window_agent.WindowIngest.ingest` with the inline detector. Returns the
     seconds in all and by step, the windows and findings published and the dead letters
     (none for the fleet's batches)."""
-    sinks = {role: _Kept() for role in ("deadletter", "late", "windows", "findings")}
+    sinks = {role: _Kept() for role in ("deadletter", "late", "windows")}
+    sinks["findings"] = _Kept(keep=True)
     settings = Settings()
     ctx = WorkerContext(settings, sinks)
     ingest = WindowIngest(None, ctx, Windower(window_spec(settings)), InlineDetector(ctx))
@@ -226,6 +241,60 @@ def agent_pass(messages: list[bytes], keys: list[bytes]) -> dict[str, Any]:
         "findings_digest": sinks["findings"].digest.hexdigest(),
         "findings": sinks["findings"].records,
         "dead_letters": sinks["deadletter"].records,
+        "_findings": sinks["findings"].kept,
+    }
+
+
+class _Timed:
+    """A findings stage whose ``on_findings`` is timed (seconds, summed)."""
+
+    def __init__(self, stage: Any) -> None:
+        self.stage, self.seconds = stage, 0.0
+
+    async def on_findings(self, burst: list[tuple[Any, Any]]) -> None:
+        t0 = time.perf_counter()
+        await self.stage.on_findings(burst)
+        self.seconds += time.perf_counter() - t0
+
+
+def findings_pass(findings: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    """The findings reader's per-poll code (:meth:`agents.findings_agent.FindingsReader.take`:
+    each finding checked and decoded at the edge, then the poll's findings to the tuner
+    stage and the alert stage) over ``findings`` (key, value), a poll of the reader's size
+    at a time, with fresh stages; what they publish counted instead of sent. Returns the
+    seconds in all and by stage, and what was published (the recommendations' digest over
+    their node, kernel, config and reason: they carry the time they were made)."""
+    sinks = {
+        "deadletter": _Kept(),
+        "alerts": _Kept(),
+        "recommendations": _Kept(fields=("node", "kernel", "config", "reason")),
+    }
+    ctx = WorkerContext(Settings(), sinks)
+    tuner, alerts = _Timed(TunerStage(ctx)), _Timed(AlertStage(ctx))
+    reader = FindingsReader(None, ctx, [tuner, alerts], None)
+    topic = str(ctx.settings.topic_findings)
+    records = [_record(i, k, v, topic) for i, (k, v) in enumerate(findings)]
+    tp = TopicPartition(topic, 0)
+
+    async def run() -> float:
+        t0 = time.perf_counter()
+        for at in range(0, len(records), FINDINGS_POLL):
+            await reader.take({tp: records[at : at + FINDINGS_POLL]})
+        return time.perf_counter() - t0
+
+    seconds = asyncio.run(run())
+    return {
+        "seconds": seconds,
+        "stage_s": {
+            "decode": seconds - tuner.seconds - alerts.seconds,
+            "tuner": tuner.seconds,
+            "alerts": alerts.seconds,
+        },
+        "findings": len(records),
+        "recommendations": sinks["recommendations"].records,
+        "recommendations_digest": sinks["recommendations"].digest.hexdigest(),
+        "alerts": sinks["alerts"].records,
+        "dead_letters": sinks["deadletter"].records,
     }
 
 
@@ -251,6 +320,7 @@ def measure(
     wire: str = "json",
     agent: bool = False,
     columnar: bool = False,
+    findings: bool = False,
 ) -> dict[str, Any]:
     """Best-of-``rounds`` ns per launch of the worker path and of the ceiling path.
 
@@ -259,7 +329,8 @@ def measure(
     the window agent's own per-poll code (:func:`agent_pass`), the fastest of the rounds.
     ``columnar`` (binary only): also the columnar window stage of
     :mod:`bench.columnar_bound` over the same messages in the agent's poll sizes, its
-    windows compared with the worker's.
+    windows compared with the worker's. ``findings`` (with ``agent``): also the findings
+    stages (:func:`findings_pass`) over the findings the agent published, every round.
     """
     fleet = FleetSpec(
         nodes=nodes,
@@ -288,13 +359,18 @@ def measure(
     rows: list[Row] = []
     core = native.core
     numpy_runs: list[dict[str, Any]] = []
+    findings_runs: list[dict[str, Any]] = []
     for _ in range(rounds):
         if agent:
             agent_runs.append(agent_pass(messages, keys))
+            if findings:
+                findings_runs.append(findings_pass(agent_runs[-1]["_findings"]))
+            agent_runs[-1]["_findings"] = None
             if core is not None:  # the same code with the NumPy passes, in the same round
                 native.core = None
                 try:
                     numpy_runs.append(agent_pass(messages, keys))
+                    numpy_runs[-1]["_findings"] = None
                 finally:
                     native.core = core
         if values:
@@ -336,6 +412,14 @@ def measure(
             "ns_per_launch": best["seconds"] / launches * 1e9,
             "us_per_message": best["seconds"] / len(messages) * 1e6,
             "rounds_s": [r["seconds"] for r in agent_runs],
+        }
+    if findings_runs:
+        best = min(findings_runs, key=lambda r: r["seconds"])
+        bound["findings"] = {
+            **best,
+            "rounds_s": [r["seconds"] for r in findings_runs],
+            "same_output": len({(r["recommendations_digest"], r["alerts"]) for r in findings_runs})
+            == 1,
         }
     if numpy_runs:
         best = min(numpy_runs, key=lambda r: r["seconds"])
@@ -403,6 +487,12 @@ def measure(
     "(bench/columnar_bound.py; steady state, no records), its windows checked against "
     "the worker's.",
 )
+@click.option(
+    "--findings",
+    is_flag=True,
+    help="With --agent: also the findings reader's stages (edge checks, the tuner, the "
+    "alerts; no broker) over the findings the window agent published, by stage.",
+)
 def command(
     seconds: float,
     batch: int,
@@ -413,8 +503,11 @@ def command(
     profile: bool,
     agent: bool,
     columnar: bool,
+    findings: bool,
 ) -> None:
     """Worker CPU per launch (decode, window, checkpoint) vs zstd + orjson alone."""
+    if findings and not agent:
+        raise click.UsageError("--findings reads what the window agent publishes: add --agent")
     r = measure(
         seconds,
         batch,
@@ -424,6 +517,7 @@ def command(
         wire=wire,
         agent=agent,
         columnar=columnar,
+        findings=findings,
     )
     click.echo(
         f"{r['launches']:,} launches in {r['messages']:,} messages "
@@ -452,6 +546,8 @@ def command(
             click.echo(numpy_lines(r["agent"], r["agent_numpy"], r["messages"]))
         else:
             click.echo(f"  ({native.describe()})")
+        if "findings" in r:
+            click.echo(findings_lines(r["agent"], r["findings"], r["messages"]))
     if "columnar" in r:
         click.echo(columnar_lines(r))
     if profile:
@@ -477,6 +573,26 @@ def agent_lines(a: dict[str, Any], messages: int) -> str:
         f"{a['stage_s']['close'] / windows * 1e6:.0f}, emit "
         f"{a['stage_s']['emit'] / windows * 1e6:.0f}); the rest of the total: the agent's "
         "bookkeeping between the steps"
+    )
+
+
+def findings_lines(a: dict[str, Any], f: dict[str, Any], messages: int) -> str:
+    """What :func:`findings_pass` measured: microseconds per finding by stage, and the
+    window agent and the findings stages together per message (the worker's every stage
+    in one process, no broker)."""
+    n = max(1, f["findings"])
+    per = ", ".join(f"{k} {v / n * 1e6:.1f}" for k, v in f["stage_s"].items())
+    both = (a["seconds"] + f["seconds"]) / messages * 1e6
+    return (
+        f"findings      {f['seconds'] / n * 1e6:.1f} us per finding over {f['findings']:,} "
+        f"findings ({f['recommendations']:,} recommendations, {f['alerts']:,} alerts, "
+        f"{f['dead_letters']} dead letters; the same in every round: "
+        f"{'yes' if f['same_output'] else 'NO'}; "
+        f"recommendations {f['recommendations_digest'][:12]})\n"
+        f"  by stage, us per finding: {per} (decode: the reader's edge checks and the rest "
+        "of its poll; tuner: its thread's work and the hand-over)\n"
+        f"  every stage in one process: {both:.1f} us per message, the findings stages "
+        f"{f['seconds'] / (a['seconds'] + f['seconds']):.0%} of it"
     )
 
 
