@@ -158,6 +158,10 @@ def space_features(space: SearchSpace, configs: Sequence[Mapping[str, Any]]) -> 
     return np.column_stack(cols)
 
 
+# Neighbourhoods a space index keeps (SpaceIndex.near); past it they are computed anew.
+_NEAR_KEPT = 4096
+
+
 @dataclass
 class SpaceIndex:
     """Every valid configuration of a space, its id, position and features (built once)."""
@@ -172,6 +176,7 @@ class SpaceIndex:
     _arm_lists: dict[int, list[int]] = field(default_factory=dict)
     _planes: dict[int, list[np.ndarray] | None] = field(default_factory=dict)
     _alignments: np.ndarray | None = None
+    _near: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
 
     @classmethod
     def build(cls, space: SearchSpace) -> SpaceIndex:
@@ -184,12 +189,17 @@ class SpaceIndex:
     def positions_matrix(self) -> np.ndarray:
         """Each config's value positions, one column per parameter."""
         if self.positions is None:
+            # each value's first position, as list.index finds it (a dict, not a scan)
+            first: list[dict[Any, int]] = []
+            for values in self.space.params.values():
+                at: dict[Any, int] = {}
+                for k, v in enumerate(values):
+                    at.setdefault(v, k)
+                first.append(at)
+            names = list(self.space.params)
             self.positions = np.array(
-                [
-                    [list(self.space.params[p]).index(c[p]) for p in self.space.params]
-                    for c in self.configs
-                ]
-            ).reshape(len(self.configs), len(self.space.params))
+                [[at[c[p]] for p, at in zip(names, first, strict=True)] for c in self.configs]
+            ).reshape(len(self.configs), len(names))
         return self.positions
 
     def arms(self, max_arms: int, few_values: int = 2) -> np.ndarray | None:
@@ -292,10 +302,21 @@ class SpaceIndex:
         return np.where(gamma >= 0.5, b - diff * (1 - gamma), a + diff * gamma)
 
     def near(self, i: int, distance: int) -> np.ndarray:
-        """Configs differing from config ``i`` in 1 to ``distance`` parameters (any values)."""
-        positions = self.positions_matrix()
-        diff = (positions != positions[i]).sum(axis=1)
-        return np.flatnonzero((diff >= 1) & (diff <= distance))
+        """Configs differing from config ``i`` in 1 to ``distance`` parameters (any values).
+
+        Kept (read-only): a group's proposals ask about its best config again and again,
+        and a fleet's first proposals all about the default.
+        """
+        found = self._near.get((i, distance))
+        if found is None:
+            positions = self.positions_matrix()
+            diff = (positions != positions[i]).sum(axis=1)
+            found = np.flatnonzero((diff >= 1) & (diff <= distance))
+            found.flags.writeable = False
+            if len(self._near) >= _NEAR_KEPT:
+                self._near.clear()
+            self._near[(i, distance)] = found
+        return found
 
 
 @dataclass
