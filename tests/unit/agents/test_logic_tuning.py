@@ -607,3 +607,58 @@ def test_a_refusal_before_the_node_found_the_kernel_leaves_the_slots_view_alone(
     t.observe_outcome(refusal.model_copy(update={"before_config": {}, "before_config_id": "-"}))
     again = seen(t, finding(t=2.0), now=20.0)
     assert again is not None and again.from_config_id == SPACE.config_id(START)
+
+
+def test_a_large_groups_proposals_turn_down_tried_configs_by_their_ids(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # More nodes than configurations start at once: the last ones find every
+    # configuration being tried by another node. Each proposal's scan turns the
+    # candidates down by the ids the space index holds, so a node that gets nothing
+    # costs a few ids built, not one for every configuration of the space.
+    space = SearchSpace(
+        "wide",
+        {"a": tuple(range(12)), "b": tuple(range(12)), "c": (0, 1)},
+        default={"a": 0, "b": 0, "c": 0},
+    )
+    start = space.start_config()
+    t = Tuner(strategy=ModelGuidedSearch(seed=0), max_step=None)
+    built = [0]
+    config_id = SearchSpace.config_id
+
+    def counted(self: SearchSpace, config: Any) -> str:
+        built[0] += 1
+        return config_id(self, config)
+
+    monkeypatch.setattr(SearchSpace, "config_id", counted)
+    per_node, issued = [], 0
+    for k in range(400):
+        node, got = f"n{k}", False
+        before = built[0]
+        for w in range(2):
+            f = Finding(
+                id=f"{node}/{w}",
+                node=node,
+                device_index=0,
+                device_model="A100",
+                kernel="k",
+                workload="k",
+                problem_size=[1024],
+                config=dict(start),
+                config_id=config_id(space, start),
+                window_start=float(w),
+                window_end=w + 1.0,
+                classification="memory_bottleneck",
+                evidence={},
+                summary="s.",
+                count=100,
+                duration_mean_us=100.0,
+            )
+            t.observe_finding(f)
+            rec = t.recommend(f, space, 0.0)
+            got |= rec is not None
+        issued += got
+        per_node.append((got, built[0] - before))
+    assert issued == space.size() - 1  # every configuration but the start, once
+    idle = [n for got, n in per_node if not got]
+    assert len(idle) == 400 - issued and max(idle) <= 16, sorted(idle)[-5:]
