@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kernelstream.agents.context import dead_letter_key, dead_letter_record
@@ -62,8 +62,12 @@ class RecommendationInbox:
         handled: Callable[[str, int], bool] | None = None,
         retry_s: float = 1.0,
         follow_s: float = 30.0,
+        fetch_wait: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
         self.settings = settings
+        # the consumer's fetch wait, asked of the broker (the node's capabilities), else
+        # the settings'
+        self._fetch_wait = fetch_wait
         self.bootstrap = bootstrap
         self.publish = publish
         self.handled = handled
@@ -86,15 +90,20 @@ class RecommendationInbox:
 
         topic = self.settings.topic_recommendations
         while True:
-            consumer = AIOKafkaConsumer(
-                bootstrap_servers=self.bootstrap,
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                # The broker may hold a fetch this long even when a recommendation is there.
-                fetch_max_wait_ms=self.settings.fetch_max_wait_ms,
-                **self.settings.kafka_client_kwargs(),
-            )
+            consumer = None
             try:
+                wait_ms = (
+                    await self._fetch_wait() if self._fetch_wait else self.settings.fetch_wait()
+                )
+                consumer = AIOKafkaConsumer(
+                    bootstrap_servers=self.bootstrap,
+                    enable_auto_commit=False,
+                    auto_offset_reset="earliest",
+                    # The embedded broker holds a fetch this long even when a
+                    # recommendation is there (Apache Kafka answers at once).
+                    fetch_max_wait_ms=wait_ms,
+                    **self.settings.kafka_client_kwargs(),
+                )
                 await consumer.start()
                 parts = (await partitions_of(consumer, [topic], timeout_s=5.0))[topic]
                 part = partition_for_key(self.settings.node_id.encode(), parts)
@@ -107,8 +116,9 @@ class RecommendationInbox:
                 return
             except Exception as exc:
                 self._retry_log.failed(exc)
-                with contextlib.suppress(Exception):
-                    await consumer.stop()
+                if consumer is not None:
+                    with contextlib.suppress(Exception):
+                        await consumer.stop()
                 await asyncio.sleep(self.retry_s)
 
     async def _run(self) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from pydantic import AliasChoices, Field, SecretStr, model_validator
@@ -30,6 +30,9 @@ from kernelstream.agents.logic.sequencing import SeqLimits
 from kernelstream.kernels.backends.sim_drift import DeviceDrift
 from kernelstream.kernels.transfers import HOST_KNOB_VALUES, HostPattern
 from kernelstream.schemas.codec import MAX_MESSAGE_BYTES
+
+if TYPE_CHECKING:
+    from kernelstream.app.kafka.capabilities import BrokerCapabilities
 
 __all__ = ["Settings", "load_settings"]
 
@@ -130,14 +133,17 @@ class Settings(BaseSettings):
     )
     session_timeout_s: float = Field(default=6.0, gt=0)
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
-    fetch_max_wait_ms: int = Field(
-        default=50,
+    fetch_max_wait_ms: int | None = Field(
+        default=None,
         ge=1,
         le=5000,
         description=(
             "Longest a fetch may wait for data, for every consumer of the pipeline (Faust's "
-            "included). Tansu answers a waiting fetch only when this runs out, so each hop "
-            "adds up to this much latency; lower costs idle fetch requests."
+            "included). Unset: by the broker (kafka.capabilities.BrokerCapabilities."
+            "fetch_wait_ms): 50 on the embedded Tansu broker, which answers a waiting fetch "
+            "only when this runs out, so each hop adds up to this much latency; 500 on "
+            "Apache Kafka, which answers as soon as a record arrives, so a longer wait costs "
+            "no latency and a tenth of the idle fetch requests."
         ),
     )
     worker_heap_retain_mib: int = Field(
@@ -389,6 +395,20 @@ class Settings(BaseSettings):
         if self.sim_drift is not None:
             DeviceDrift.parse(self.sim_drift)
         return self
+
+    def fetch_wait(self) -> int:
+        """The fetch wait in ms: the setting, else the short one, which suits every broker
+        (:meth:`for_broker` sets the broker's own once it has answered)."""
+        from kernelstream.app.kafka.capabilities import SHORT_FETCH_WAIT_MS
+
+        return SHORT_FETCH_WAIT_MS if self.fetch_max_wait_ms is None else self.fetch_max_wait_ms
+
+    def for_broker(self, capabilities: BrokerCapabilities) -> Settings:
+        """These settings on the broker that answered ``capabilities``: the fetch wait
+        unset becomes the broker's (kept where it is set)."""
+        if self.fetch_max_wait_ms is not None:
+            return self
+        return self.model_copy(update={"fetch_max_wait_ms": capabilities.fetch_wait_ms})
 
     def kafka_client_kwargs(self) -> dict[str, Any]:
         """Security keyword arguments shared by aiokafka producers, consumers and admin.

@@ -40,6 +40,7 @@ import orjson
 
 from kernelstream.agents.logic.detection import finding_id
 from kernelstream.app.kafka.apache import KafkaCluster, kafka_version
+from kernelstream.app.kafka.capabilities import probe
 from kernelstream.app.kafka.embedded import EmbeddedBroker
 from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.bench.pipeline_input import (
@@ -283,6 +284,9 @@ async def _latency(
     """
     from aiokafka import AIOKafkaConsumer
 
+    # the fetch wait the worker and the nodes take on this broker, where left unset
+    settings = settings.for_broker(await probe(settings.bootstrap))
+
     load_start = os.getloadavg()
     fleet = LiveFleet(rate, close_at_s=_close_at(settings))
     w = WorkerProc(settings, log, source=source)
@@ -295,7 +299,7 @@ async def _latency(
             bootstrap_servers=settings.bootstrap,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
-            fetch_max_wait_ms=settings.fetch_max_wait_ms,  # as the node's inbox waits
+            fetch_max_wait_ms=settings.fetch_wait(),  # as the node's inbox waits
         )
         await consumer.start()
         hops = AIOKafkaConsumer(
@@ -304,7 +308,7 @@ async def _latency(
             bootstrap_servers=settings.bootstrap,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
-            fetch_max_wait_ms=settings.fetch_max_wait_ms,
+            fetch_max_wait_ms=settings.fetch_wait(),
         )
         await hops.start()
         producer = _producer(settings)

@@ -39,6 +39,7 @@ from kernelstream.agents.latency import (
 )
 from kernelstream.agents.logic.reconfiguration import ReconfigPolicy, Reconfigurator
 from kernelstream.agents.reconfig_agent import RecommendationInbox, outcome_record
+from kernelstream.app.kafka.capabilities import BrokerCapabilities
 from kernelstream.app.kafka.partitioner import CachedKeyPartitioner
 from kernelstream.app.node.outbox import DurableSeenIds, NodeStore, Outbox, OutboxSender
 from kernelstream.app.settings import Settings, host_pattern_of
@@ -243,9 +244,13 @@ class _Node:
         self.sender = OutboxSender(
             self.outbox, lambda: self._producer(bootstrap), on_drops=self._drop_letter
         )
-        self._idempotent: bool | None = None  # asked of the broker once it answers
+        self._caps: BrokerCapabilities | None = None  # asked of the broker once it answers
         self.inbox = RecommendationInbox(
-            settings, bootstrap, self.publish, handled=self.seen.handled
+            settings,
+            bootstrap,
+            self.publish,
+            handled=self.seen.handled,
+            fetch_wait=lambda: self._fetch_wait(bootstrap),
         )
         self.audit = _Audit(settings.node_dir() / "audit.jsonl")
         # For the metrics endpoint: issued_at -> applied, and the recent worst tick overrun.
@@ -254,6 +259,21 @@ class _Node:
         self.metrics: Any = None  # app.metrics.NodeMetrics when the node is scraped
         self._partitioner = CachedKeyPartitioner()  # kept across producers the sender makes
         self._refusals_said: set[tuple[str, str]] = set()  # (stream, reason) logged once
+
+    async def _capabilities(self, bootstrap: str) -> BrokerCapabilities:
+        """What the broker answered (:func:`~kernelstream.app.kafka.capabilities.probe`),
+        asked once it answers; a connection error propagates (the caller retries)."""
+        from kernelstream.app.kafka.capabilities import probe
+
+        if self._caps is None:
+            self._caps = await probe(bootstrap, self.s.kafka_client_kwargs())
+        return self._caps
+
+    async def _fetch_wait(self, bootstrap: str) -> int:
+        """The recommendation inbox's fetch wait: the settings', else the broker's."""
+        if self.s.fetch_max_wait_ms is not None:
+            return int(self.s.fetch_max_wait_ms)
+        return (await self._capabilities(bootstrap)).fetch_wait_ms
 
     async def _producer(self, bootstrap: str) -> Any:
         """An unstarted producer; idempotent where the broker hands out producer ids.
@@ -264,15 +284,11 @@ class _Node:
         """
         from aiokafka import AIOKafkaProducer
 
-        from kernelstream.app.kafka.capabilities import probe
-
-        if self._idempotent is None:
-            caps = await probe(bootstrap, self.s.kafka_client_kwargs())
-            self._idempotent = caps.idempotent_producer
+        caps = await self._capabilities(bootstrap)
         return AIOKafkaProducer(
             bootstrap_servers=bootstrap,
             acks="all",
-            enable_idempotence=self._idempotent,
+            enable_idempotence=caps.idempotent_producer,
             linger_ms=5,
             max_request_size=8 * 1024 * 1024,
             request_timeout_ms=10_000,

@@ -109,7 +109,7 @@ def transport(settings: Settings, app: faust.App, idempotent: bool = False) -> A
     """
     from faust.transport.drivers import aiokafka as driver
 
-    wait_ms = settings.fetch_max_wait_ms
+    wait_ms = settings.fetch_wait()
 
     class _ConsumerThread(driver.AIOKafkaConsumerThread):
         def _create_worker_consumer(self, transport: Any) -> Any:
@@ -160,6 +160,7 @@ def create_app(
     single broker without idempotent producers, which works everywhere).
     """
     capabilities = capabilities or BrokerCapabilities(brokers=1, idempotent_producer=False)
+    settings = settings.for_broker(capabilities)
     from functools import partial
 
     from kernelstream.agents.window_agent import state_topic

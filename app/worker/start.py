@@ -109,7 +109,7 @@ def _consumer(settings: Settings, bootstrap: str, group: str, **kw: Any) -> AIOK
         group_id=group,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
-        fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        fetch_max_wait_ms=settings.fetch_wait(),
         **kw,
         **settings.kafka_client_kwargs(),
     )
@@ -205,6 +205,7 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str) -> None:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)  # Faust and mode run the worker on the current loop
     caps = loop.run_until_complete(probe(bootstrap, settings.kafka_client_kwargs()))
+    settings = settings.for_broker(caps)
     early = loop.run_until_complete(start_window_consumer(settings, bootstrap))
     # The loop keeps running (the join in flight) while the thread imports.
     loop.run_until_complete(asyncio.to_thread(_import_heavy))
