@@ -284,8 +284,10 @@ async def _latency(
     """
     from aiokafka import AIOKafkaConsumer
 
-    # the fetch wait the worker and the nodes take on this broker, where left unset
-    settings = settings.for_broker(await probe(settings.bootstrap))
+    # The fetch wait of the consumer standing in for the nodes: the settings', else what
+    # a node takes on this broker. The worker's own is left to the worker (a baseline
+    # tree's worker keeps its default).
+    node_wait = settings.for_broker(await probe(settings.bootstrap)).fetch_wait()
 
     load_start = os.getloadavg()
     fleet = LiveFleet(rate, close_at_s=_close_at(settings))
@@ -299,7 +301,7 @@ async def _latency(
             bootstrap_servers=settings.bootstrap,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
-            fetch_max_wait_ms=settings.fetch_wait(),  # as the node's inbox waits
+            fetch_max_wait_ms=node_wait,  # as the node's inbox waits
         )
         await consumer.start()
         hops = AIOKafkaConsumer(
@@ -308,7 +310,7 @@ async def _latency(
             bootstrap_servers=settings.bootstrap,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
-            fetch_max_wait_ms=settings.fetch_wait(),
+            fetch_max_wait_ms=node_wait,
         )
         await hops.start()
         producer = _producer(settings)
@@ -416,7 +418,8 @@ async def _latency(
         "window_s": settings.window_s,
         "out_of_orderness_s": settings.out_of_orderness_s,
         "allowed_lateness_s": settings.allowed_lateness_s,
-        "fetch_max_wait_ms": settings.fetch_max_wait_ms,
+        "fetch_max_wait_ms": settings.fetch_max_wait_ms,  # None: the broker's
+        "node_fetch_wait_ms": node_wait,
         "node_batch_delay_s": 1.0 / fleet.per_s,
         "node_batches_per_s": len(fleet.slices),
         "node_flush_at_close_s": _close_at(settings),
@@ -754,6 +757,15 @@ async def _latency_phase(
     return await _latency(ls, log, rate, opts["latency_s"], label, source)
 
 
+def _wait_text(d: dict[str, Any]) -> str:
+    """A phase's fetch wait as its line says it: the settings', or the broker's."""
+    given = d.get("fetch_max_wait_ms")
+    if given is not None:
+        return f"{given} ms"
+    node = d.get("node_fetch_wait_ms")
+    return "the broker's" + (f", {node} ms at the nodes" if node is not None else "")
+
+
 def _port() -> int:
     from kernelstream.app.kafka.embedded import free_port
 
@@ -790,7 +802,7 @@ def _table(r: dict[str, Any]) -> str:
             lines.append(_capacity_text(d["capacity"]))
         lines.append(
             f"(d) latency {d['label']:<11} (ooo {d['out_of_orderness_s']} s, lateness "
-            f"{d['allowed_lateness_s']} s, fetch wait {d.get('fetch_max_wait_ms')} ms): "
+            f"{d['allowed_lateness_s']} s, fetch wait {_wait_text(d)}): "
             "launch -> recommendation p50 "
             f"{p50 if p50 is None else f'{p50:.3f}'} s, p99 "
             f"{p99 if p99 is None else f'{p99:.3f}'} s at {d['rate_launches_per_s']:,.0f}/s"
