@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import orjson
 from pydantic import AliasChoices, Field, SecretStr, model_validator
@@ -31,10 +31,25 @@ from kernelstream.kernels.backends.sim_drift import DeviceDrift
 from kernelstream.kernels.transfers import HOST_KNOB_VALUES, HostPattern
 from kernelstream.schemas.codec import MAX_MESSAGE_BYTES
 
-if TYPE_CHECKING:
-    from kernelstream.app.kafka.capabilities import BrokerCapabilities
+__all__ = ["LONG_FETCH_WAIT_MS", "SHORT_FETCH_WAIT_MS", "Settings", "load_settings"]
 
-__all__ = ["Settings", "load_settings"]
+# How long a consumer's fetch may wait for data where the settings leave it unset
+# (Settings.fetch_max_wait_ms; the broker decides which: kafka.capabilities). Tansu answers
+# a waiting fetch only when its wait runs out: every hop of the pipeline waits up to this
+# long, so it is short, and an idle consumer sends twenty fetches a second. Apache Kafka
+# answers one as soon as a record arrives: the wait costs no latency, and a long one spares
+# the cluster the idle fetches (an idle worker 6% of a core at 50 ms, 2.5% at 500, and its
+# broker 3-6% more than idle at 50; bench/results/kafka-idle-fetch-wait-2026-11-29.txt).
+SHORT_FETCH_WAIT_MS = 50
+LONG_FETCH_WAIT_MS = 500
+
+
+class _Broker(Protocol):
+    """What :meth:`Settings.for_broker` reads of a broker's answers
+    (:class:`~kernelstream.app.kafka.capabilities.BrokerCapabilities`)."""
+
+    @property
+    def fetch_wait_ms(self) -> int: ...
 
 
 class Settings(BaseSettings):
@@ -399,11 +414,9 @@ class Settings(BaseSettings):
     def fetch_wait(self) -> int:
         """The fetch wait in ms: the setting, else the short one, which suits every broker
         (:meth:`for_broker` sets the broker's own once it has answered)."""
-        from kernelstream.app.kafka.capabilities import SHORT_FETCH_WAIT_MS
-
         return SHORT_FETCH_WAIT_MS if self.fetch_max_wait_ms is None else self.fetch_max_wait_ms
 
-    def for_broker(self, capabilities: BrokerCapabilities) -> Settings:
+    def for_broker(self, capabilities: _Broker) -> Settings:
         """These settings on the broker that answered ``capabilities``: the fetch wait
         unset becomes the broker's (kept where it is set)."""
         if self.fetch_max_wait_ms is not None:

@@ -15,25 +15,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "LONG_FETCH_WAIT_MS",
-    "SHORT_FETCH_WAIT_MS",
-    "BrokerCapabilities",
-    "probe",
-    "replication_factor",
-]
+from kernelstream.app.settings import LONG_FETCH_WAIT_MS, SHORT_FETCH_WAIT_MS
+
+__all__ = ["BrokerCapabilities", "probe", "replication_factor"]
 
 log = logging.getLogger("kernelstream.kafka")
-
-
-# How long a consumer's fetch may wait for data (Settings.fetch_max_wait_ms, unset). Tansu
-# answers a waiting fetch only when its wait runs out: every hop of the pipeline waits up
-# to this long, so it is short, and an idle consumer sends twenty fetches a second. Apache
-# Kafka answers one as soon as a record arrives: the wait costs no latency, and a long one
-# spares the cluster the idle fetches (an idle worker 6% of a core at 50 ms, 2.5% at 500,
-# and its broker 3-6% more than idle at 50; bench/results/kafka-idle-fetch-wait-2026-11-29.txt).
-SHORT_FETCH_WAIT_MS = 50
-LONG_FETCH_WAIT_MS = 500
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ def finding(
     failures: int = 0,
     t: float = 0.0,
     classification: str = "memory_bottleneck",
+    space: SearchSpace = SPACE,
 ) -> Finding:
     return Finding(
         id=f"{node}/{t}",
@@ -54,7 +55,7 @@ def finding(
         workload="k",
         problem_size=[1024],
         config=dict(config),
-        config_id=SPACE.config_id(config),
+        config_id=space.config_id(config),
         window_start=t,
         window_end=t + 1.0,
         classification=classification,
@@ -622,6 +623,10 @@ def test_a_large_groups_proposals_turn_down_tried_configs_by_their_ids(
         default={"a": 0, "b": 0, "c": 0},
     )
     start = space.start_config()
+    nodes = [
+        [finding(start, node=f"n{k}", t=float(w), space=space) for w in range(2)]
+        for k in range(400)
+    ]
     t = Tuner(strategy=ModelGuidedSearch(seed=0), max_step=None)
     built = [0]
     config_id = SearchSpace.config_id
@@ -632,28 +637,9 @@ def test_a_large_groups_proposals_turn_down_tried_configs_by_their_ids(
 
     monkeypatch.setattr(SearchSpace, "config_id", counted)
     per_node, issued = [], 0
-    for k in range(400):
-        node, got = f"n{k}", False
-        before = built[0]
-        for w in range(2):
-            f = Finding(
-                id=f"{node}/{w}",
-                node=node,
-                device_index=0,
-                device_model="A100",
-                kernel="k",
-                workload="k",
-                problem_size=[1024],
-                config=dict(start),
-                config_id=config_id(space, start),
-                window_start=float(w),
-                window_end=w + 1.0,
-                classification="memory_bottleneck",
-                evidence={},
-                summary="s.",
-                count=100,
-                duration_mean_us=100.0,
-            )
+    for windows in nodes:
+        got, before = False, built[0]
+        for f in windows:
             t.observe_finding(f)
             rec = t.recommend(f, space, 0.0)
             got |= rec is not None

@@ -9,12 +9,8 @@ import asyncio
 import pytest
 
 from kernelstream.agents.reconfig_agent import RecommendationInbox
-from kernelstream.app.kafka.capabilities import (
-    LONG_FETCH_WAIT_MS,
-    SHORT_FETCH_WAIT_MS,
-    BrokerCapabilities,
-)
-from kernelstream.app.settings import Settings
+from kernelstream.app.kafka.capabilities import BrokerCapabilities
+from kernelstream.app.settings import LONG_FETCH_WAIT_MS, SHORT_FETCH_WAIT_MS, Settings
 from kernelstream.app.worker.start import findings_consumer, window_consumer
 
 TANSU = BrokerCapabilities(brokers=1, idempotent_producer=False)
