@@ -257,8 +257,8 @@ class GuidedLocalSearch:
         best = group.best(min_windows=1)
         center = best[1].config if best is not None and space.is_valid(best[1].config) else current
         hints = _HINTS.get(finding.classification, ())
+        check = id_check(allowed)
         for radius in self.radii:
-            check = id_check(allowed)
             candidates = [
                 c
                 for c in space.neighbors(center, radius)
