@@ -204,15 +204,18 @@ def _record(
     return ConsumerRecord(topic, 0, offset, 0, 0, key, value, None, len(key), len(value), ())
 
 
-def agent_pass(messages: list[bytes], keys: list[bytes]) -> dict[str, Any]:
+def agent_pass(
+    messages: list[bytes], keys: list[bytes], keep_findings: bool = False
+) -> dict[str, Any]:
     """The window agent's per-poll code over ``messages`` (zstd-compressed; ``keys``: their
     message keys), decompressed before the clock starts (aiokafka's fetch does that),
     then a poll of the agent's size at a time through
     :meth:`agents.window_agent.WindowIngest.ingest` with the inline detector. Returns the
     seconds in all and by step, the windows and findings published and the dead letters
-    (none for the fleet's batches)."""
+    (none for the fleet's batches); ``keep_findings``: the findings too (key, value), for
+    :func:`findings_pass`."""
     sinks = {role: _Kept() for role in ("deadletter", "late", "windows")}
-    sinks["findings"] = _Kept(keep=True)
+    sinks["findings"] = _Kept(keep=keep_findings)
     settings = Settings()
     ctx = WorkerContext(settings, sinks)
     ingest = WindowIngest(None, ctx, Windower(window_spec(settings)), InlineDetector(ctx))
@@ -362,7 +365,7 @@ def measure(
     findings_runs: list[dict[str, Any]] = []
     for _ in range(rounds):
         if agent:
-            agent_runs.append(agent_pass(messages, keys))
+            agent_runs.append(agent_pass(messages, keys, keep_findings=findings))
             if findings:
                 findings_runs.append(findings_pass(agent_runs[-1]["_findings"]))
             agent_runs[-1]["_findings"] = None
@@ -370,7 +373,6 @@ def measure(
                 native.core = None
                 try:
                     numpy_runs.append(agent_pass(messages, keys))
-                    numpy_runs[-1]["_findings"] = None
                 finally:
                     native.core = core
         if values:

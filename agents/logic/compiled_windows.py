@@ -236,24 +236,23 @@ class CompiledWindows:
             try:
                 baseline = detector.baseline_state(agg)
                 self.learnt += 1
-                if self.learnt <= CHECK_FIRST or self.learnt % CHECK_EVERY == 0:
-                    # checked: the writer from the baseline before the window, which
-                    # writing the window brings to the detector's
-                    before = detector.baseline_state(agg, before=True)
-                    writer = series_writer(agg, template, detector, group, size, before)
+                checked = self.learnt <= CHECK_FIRST or self.learnt % CHECK_EVERY == 0
+                # checked: the writer from the baseline before the window, which writing
+                # the window brings to the detector's
+                start = detector.baseline_state(agg, before=True) if checked else baseline
+                writer = series_writer(agg, template, detector, group, size, start)
+                if checked:
                     wrote = writer.write(window, counts, got)
                     if wrote is not None and (
-                        wrote != (encode(agg), *detector.classify_wire_as(agg, before))
+                        wrote != (encode(agg), *detector.classify_wire_as(agg, start))
                         or writer.baseline != baseline
                     ):
                         raise UnwritableError(
                             "the engine wrote the window or its finding otherwise"
                         )
-                    if wrote is None and before != baseline:
+                    if wrote is None and start != baseline:
                         # a window the Python path writes (not judged), which fed it
                         writer = series_writer(agg, template, detector, group, size, baseline)
-                else:
-                    writer = series_writer(agg, template, detector, group, size, baseline)
             except UnwritableError as ex:
                 if len(self._unwritable) >= MAX_UNWRITABLE:
                     self._unwritable.clear()

@@ -272,8 +272,8 @@ class _Node:
     async def _fetch_wait(self, bootstrap: str) -> int:
         """The recommendation inbox's fetch wait: the settings', else the broker's."""
         if self.s.fetch_max_wait_ms is not None:
-            return int(self.s.fetch_max_wait_ms)
-        return (await self._capabilities(bootstrap)).fetch_wait_ms
+            return self.s.fetch_wait()
+        return self.s.for_broker(await self._capabilities(bootstrap)).fetch_wait()
 
     async def _producer(self, bootstrap: str) -> Any:
         """An unstarted producer; idempotent where the broker hands out producer ids.
