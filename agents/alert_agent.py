@@ -52,6 +52,7 @@ class AlertStage:
     async def on_findings(self, burst: list[tuple[Any, Finding]]) -> None:
         for event, finding in burst:
             alerts, problem = self.forecaster.observe(finding)
-            await publish(self.ctx, alerts)
+            if alerts:
+                await publish(self.ctx, alerts)
             if problem is not None:
                 await self.ctx.dead_letter(STAGE, event, problem.reason, problem.code)

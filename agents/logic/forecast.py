@@ -202,15 +202,16 @@ class Forecaster:
             return [], problem
         alerts: list[Alert] = []
         problems: list[AlertProblem] = []
+        device = f"{finding.node}:{finding.device_index}"
         # The stream series first: a window it refuses (repeated, out of order) must not
         # count in the fleet group either; the group itself takes its nodes' windows in
         # any order relative to each other.
-        for scope, key, baseline in _series_of(finding):
+        for scope, key, baseline in _series_of(finding, device):
             name = f"{scope}|{key}|{finding.config_id}"
             series = self._series.get(name)
             if series is None:
                 series = self._series[name] = _Series(scope, key, finding)
-            out, prob = self._add(series, finding, baseline)
+            out, prob = self._add(series, finding, baseline, device=device)
             alerts += out
             if prob is not None:
                 problems.append(prob)
@@ -227,9 +228,9 @@ class Forecaster:
     def _observe_device(self, finding: Finding) -> tuple[list[Alert], AlertProblem | None]:
         """The device series the finding's device samples feed (none without samples)."""
         ev = finding.evidence
-        values = {m: ev.get(m) for m in DEVICE_EVIDENCE}
-        if all(v is None for v in values.values()):
+        if all(ev.get(m) is None for m in DEVICE_EVIDENCE):  # most findings: no samples
             return [], None
+        values = {m: ev.get(m) for m in DEVICE_EVIDENCE}
         boost_mhz, memory_bytes, _ = clocks_memory(finding.device_model)
         key = f"{finding.node}:{finding.device_index}"
         mem = values["mem_used_max_bytes"]
@@ -287,8 +288,15 @@ class Forecaster:
     # -- one series ------------------------------------------------------------------
 
     def _add(
-        self, s: _Series, finding: Finding, baseline: float | None, value: float | None = None
+        self,
+        s: _Series,
+        finding: Finding,
+        baseline: float | None,
+        value: float | None = None,
+        device: str | None = None,
     ) -> tuple[list[Alert], AlertProblem | None]:
+        """Add ``finding``'s value (its mean duration, or ``value``) to series ``s``;
+        ``device``: its ``node:device_index``, where the caller has it already."""
         t = finding.window_end
         y = finding.duration_mean_us if value is None else value
         if s.scope == "stream" and t <= s.last_t:
@@ -316,7 +324,7 @@ class Forecaster:
         acc[0] += y
         acc[1] += 1
         s.last_t = max(s.last_t, t)
-        s.streams.add(f"{finding.node}:{finding.device_index}")
+        s.streams.add(device or f"{finding.node}:{finding.device_index}")
         self._set_baseline(s, baseline)
         if s.last_t - s.last_eval_t >= self.settings.eval_every_s:
             s.last_eval_t = s.last_t
@@ -549,9 +557,11 @@ def _measurement_problem(finding: Finding) -> AlertProblem | None:
     return None
 
 
-def _series_of(finding: Finding) -> Iterable[tuple[AlertScope, str, float | None]]:
+def _series_of(finding: Finding, device: str) -> Iterable[tuple[AlertScope, str, float | None]]:
+    """The series ``finding`` feeds: its stream's, then its fleet group's (``device``: its
+    ``node:device_index``)."""
     base = finding.evidence.get("baseline_us")
     stream_baseline = float(base) if isinstance(base, int | float) and base > 0 else None
-    yield "stream", f"{finding.node}:{finding.device_index}/{finding.kernel}", stream_baseline
+    yield "stream", f"{device}/{finding.kernel}", stream_baseline
     group = group_key(finding.device_model, finding.workload, finding.problem_size)
     yield "fleet_group", group, None

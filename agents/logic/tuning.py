@@ -545,7 +545,9 @@ class Tuner:
     def _record(
         self, g: GroupStats, config_id: str, config: Config, count: int, mean: float
     ) -> None:
-        m = g.configs.setdefault(config_id, Measurement(dict(config)))
+        m = g.configs.get(config_id)
+        if m is None:  # built for a new config only, not on every finding
+            m = g.configs[config_id] = Measurement(dict(config))
         m.count += count
         m.sum_us += mean * count
         m.windows += count >= self.min_launches
@@ -869,11 +871,19 @@ class Tuner:
         held = slot.outstanding if slot else None
         return held.rec_id if held and held.rec_id != _NODES_OWN_CHANGE else None
 
+    # Looked up first, made only when missing (a setdefault would build a throwaway
+    # GroupStats or _Slot, with their sets and dicts, on every finding).
     def _group(self, key: GroupKey) -> GroupStats:
-        return self._groups.setdefault(key, GroupStats())
+        g = self._groups.get(key)
+        if g is None:
+            g = self._groups[key] = GroupStats()
+        return g
 
     def _slot(self, key: SlotKey) -> _Slot:
-        return self._slots.setdefault(key, _Slot())
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = _Slot()
+        return slot
 
     # -- state ----------------------------------------------------------------
 
