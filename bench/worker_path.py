@@ -45,6 +45,7 @@ import asyncio
 import cProfile
 import hashlib
 import io
+import math
 import pstats
 import statistics
 import time
@@ -56,7 +57,7 @@ import orjson
 from aiokafka import TopicPartition, codec
 from aiokafka.structs import ConsumerRecord
 
-from kernelstream.agents.alert_agent import AlertStage
+from kernelstream.agents.alert_agent import AlertStage, forecaster_from_settings
 from kernelstream.agents.context import RecordEvent, WorkerContext
 from kernelstream.agents.detector_agent import InlineDetector
 from kernelstream.agents.findings_agent import POLL_RECORDS as FINDINGS_POLL
@@ -70,13 +71,13 @@ from kernelstream.agents.logic.ingest import (
 from kernelstream.agents.logic.sequencing import SeqLimits
 from kernelstream.agents.logic.snapshot_codec import pack
 from kernelstream.agents.logic.windowing import Windower, WindowSpec, percentiles
-from kernelstream.agents.tuner_agent import TunerStage
+from kernelstream.agents.tuner_agent import TunerStage, tuner_from_settings
 from kernelstream.agents.window_agent import WindowIngest, window_spec
 from kernelstream.app.kafka.zstd_decode import zstd_decode
 from kernelstream.app.settings import Settings
 from kernelstream.bench.columnar_bound import Row, check_rows, columnar_pass
 from kernelstream.bench.pipeline_input import FleetSpec, encoded, fleet_batches, recent_t0
-from kernelstream.schemas import native
+from kernelstream.schemas import Finding, decode, native
 from kernelstream.schemas.binary import encode_launch_batch, read_head
 from kernelstream.schemas.columnar import LaunchColumns, decode_launch_columns_many
 from kernelstream.schemas.errors import SchemaError
@@ -293,12 +294,33 @@ def findings_pass(findings: list[tuple[bytes, bytes]]) -> dict[str, Any]:
             "tuner": tuner.seconds,
             "alerts": alerts.seconds,
         },
+        "calls_s": _stage_calls(ctx.settings, [v for _, v in findings]),
         "findings": len(records),
         "recommendations": sinks["recommendations"].records,
         "recommendations_digest": sinks["recommendations"].digest.hexdigest(),
         "alerts": sinks["alerts"].records,
         "dead_letters": sinks["deadletter"].records,
     }
+
+
+def _stage_calls(settings: Settings, values: list[bytes], passes: int = 3) -> dict[str, float]:
+    """Seconds the tuner's and the forecaster's bookkeeping of every finding take, each
+    call alone, from fresh state, the fastest of ``passes`` (no hand-over, no edge check,
+    no proposal: what each finding costs the two stages whatever they decide)."""
+    found = [decode(v, Finding) for v in values]
+    best = {"Tuner.observe_finding": math.inf, "Forecaster.observe": math.inf}
+    for _ in range(passes):
+        tuner, forecaster = tuner_from_settings(settings), forecaster_from_settings(settings)
+        t0 = time.perf_counter()
+        for finding in found:
+            tuner.observe_finding(finding)
+        t1 = time.perf_counter()
+        for finding in found:
+            forecaster.observe(finding)
+        t2 = time.perf_counter()
+        best["Tuner.observe_finding"] = min(best["Tuner.observe_finding"], t1 - t0)
+        best["Forecaster.observe"] = min(best["Forecaster.observe"], t2 - t1)
+    return best
 
 
 def _poll_sizes(values: list[bytes]) -> list[int]:
@@ -594,7 +616,9 @@ def findings_lines(a: dict[str, Any], f: dict[str, Any], messages: int) -> str:
         f"  by stage, us per finding: {per} (decode: the reader's edge checks and the rest "
         "of its poll; tuner: its thread's work and the hand-over)\n"
         f"  every stage in one process: {both:.1f} us per message, the findings stages "
-        f"{f['seconds'] / (a['seconds'] + f['seconds']):.0%} of it"
+        f"{f['seconds'] / (a['seconds'] + f['seconds']):.0%} of it\n"
+        f"  each finding's bookkeeping alone, us per finding (fresh state, no hand-over, "
+        f"best of three): " + ", ".join(f"{k} {v / n * 1e6:.1f}" for k, v in f["calls_s"].items())
     )
 
 
