@@ -168,6 +168,8 @@ class KnownId:
 def id_check(allowed: Callable[[Config], bool]) -> Callable[[Config, str], bool]:
     """``allowed`` as a predicate of (config, its id in the strategy's space): its
     :meth:`KnownId.with_id` where it has one, else ``allowed`` ignoring the id."""
+    if isinstance(allowed, KnownId):
+        return allowed.check  # its with_id without the frame: a scan calls it per candidate
     with_id: Callable[[Config, str], bool] | None = getattr(allowed, "with_id", None)
     if with_id is not None:
         return with_id
