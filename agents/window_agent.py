@@ -270,8 +270,9 @@ class WindowIngest(Service):
         self.compiled = CompiledWindows.of(windower)
         self.detector = detector
         if self.compiled is not None and detector is not None:
-            # the engine writes the windows of the series the detector has judged
-            self.compiled.learning = self.compiled.can_write
+            # the engine writes the windows of the series the detector judges
+            d = detector
+            self.compiled.learn_from(d.detector, d.group_key, d.writable)
         self._early = early
         self._make_consumer = make_consumer
         self._state_partitions = state_partitions
@@ -531,14 +532,23 @@ class WindowIngest(Service):
             await self.publish_held()
 
     async def publish_held(self) -> None:
-        """Publish the windows closed since the last call (then their findings)."""
-        if not self._held:
-            return
-        held, self._held = self._held, []
-        t0 = time.perf_counter()
-        await self.publish(held)
-        self.stats.stage_s["emit"] += time.perf_counter() - t0
-        self.stats.last_batch_at = time.time()
+        """Publish the windows closed since the last call (then their findings); then,
+        every window published, the compiled engine takes writers for the series
+        registered meanwhile (:meth:`CompiledWindows.write_registered`)."""
+        if self._held:
+            held, self._held = self._held, []
+            t0 = time.perf_counter()
+            await self.publish(held)
+            self.stats.stage_s["emit"] += time.perf_counter() - t0
+            self.stats.last_batch_at = time.time()
+        compiled = self.compiled
+        if compiled is not None and compiled.registered:
+            try:
+                compiled.write_registered()
+            except BaseException as ex:  # a Rust panic is a BaseException
+                if not _engine_error(ex):
+                    raise
+                self._engine_failed(ex)
 
     async def _ingest(self, events: list[Any], keys: set[str]) -> None:
         """:meth:`ingest` but for publishing what it closed.

@@ -56,6 +56,10 @@ from kernelstream.schemas.records import MAX_DURATION_BITS
 
 __all__ = ["HELD_BACK", "TAKE_OVER", "CompiledWindows", "Taken"]
 
+# The figures of the window record a writer is built from at a series' registration (the
+# writer writes each window's own in their places).
+_PLACEHOLDER = WindowFigures(1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0)
+
 log = logging.getLogger(__name__)
 
 # A written window's row from the engine: (stream key, record, group key, classification,
@@ -65,10 +69,11 @@ _WRITTEN_ROW = len(Written._fields)
 # Series kept on the Python path at most (then forgotten, and tried again).
 MAX_UNWRITABLE = 4096
 # Writers checked against the Python path before they are handed over (the window they
-# were learnt from, judged again): the first this many of a worker, then one in this many
-# (a check costs about two windows judged in Python; the tests hold the two equal on
-# windows of every kind, and a writer's constants come from the same code for every
-# series).
+# were learnt from, judged again): the first this many of a worker, then one in this many;
+# of the series handed a writer at registration (write_registered), the first this many
+# and one in this many after are left to learn() for that check (a check costs about two
+# windows judged in Python; the tests hold the two equal on windows of every kind, and a
+# writer's constants come from the same code for every series).
 CHECK_FIRST = CHECK_EVERY = 16
 
 #: Why the engine stopped at a message the caller may hand it after decoding it.
@@ -121,7 +126,7 @@ class CompiledWindows:
         self._templates: list[WindowTemplate] = []  # the window records' (by the same index)
         windower.held_elsewhere = self.open_windows
         # windows built from the engine's rows since the last learn(), while someone learns
-        self.learning = False  # (set by a window agent that calls learn())
+        self.learning = False  # (set by learn_from(), by a window agent that calls learn())
         self._fresh: list[tuple[WindowAggregate, int, int, tuple[int, int, int, int], Any]] = []
         # (stream, meta index, config id) of series the engine cannot write as Python does
         self._unwritable: set[tuple[str, int, str]] = set()
@@ -129,6 +134,20 @@ class CompiledWindows:
         self._told: set[str] = set()  # the reasons logged
         # whether this build of the compiled module writes windows (an older one does not)
         self.can_write = hasattr(core, "SeriesWriter")
+        # What learn_from() or learn() was last given (the detector, the findings' key,
+        # whether a series may be written): with it a series is handed a writer at the end
+        # of the poll that registered its header (write_registered), where this build can
+        # say which series it writes.
+        self._learner: (
+            tuple[Detector, Callable[[WindowAggregate], bytes], Callable[[WindowAggregate], bool]]
+            | None
+        ) = None
+        self._from_start_ok = self.can_write and hasattr(self.engine, "writes")
+        self._registered_series = 0  # series that could have been written from the start
+        self._to_check: set[tuple[str, int, str]] = set()  # of those, left to learn()
+        # series registered since the last write_registered() (a dict: in order, once)
+        self.registered: dict[tuple[str, int, str], None] = {}
+        self.from_start = 0  # series handed a writer from their first window
 
     @classmethod
     def of(cls, windower: Windower) -> CompiledWindows | None:
@@ -206,6 +225,19 @@ class CompiledWindows:
 
     # -- windows and findings written here ------------------------------------------
 
+    def learn_from(
+        self,
+        detector: Detector,
+        group_of: Callable[[WindowAggregate], bytes],
+        writable: Callable[[WindowAggregate], bool],
+    ) -> None:
+        """Write the windows of the series ``detector`` judges, where this build writes
+        (``learning``): after each series' first window (:meth:`learn`, which the caller
+        calls with the same three after it has published windows), or from its first
+        where its header is registered after this (:meth:`_write_from_start`)."""
+        self.learning = self.can_write
+        self._learner = (detector, group_of, writable)
+
     def learn(
         self,
         detector: Detector,
@@ -223,6 +255,7 @@ class CompiledWindows:
         path did, from the baseline as it was before that window (else the series stays
         on the Python path; each reason logged once). Returns how many series it left on
         the Python path."""
+        self._learner = (detector, group_of, writable)
         fresh, self._fresh = self._fresh, []
         # a series' last window only (two closed in one poll: the baseline is past both)
         last = {(agg.stream_key, meta, agg.config_id): i for i, (agg, meta, *_) in enumerate(fresh)}
@@ -236,7 +269,12 @@ class CompiledWindows:
             try:
                 baseline = detector.baseline_state(agg)
                 self.learnt += 1
-                checked = self.learnt <= CHECK_FIRST or self.learnt % CHECK_EVERY == 0
+                checked = (
+                    self.learnt <= CHECK_FIRST
+                    or self.learnt % CHECK_EVERY == 0
+                    or series in self._to_check
+                )
+                self._to_check.discard(series)
                 # checked: the writer from the baseline before the window, which writing
                 # the window brings to the detector's
                 start = detector.baseline_state(agg, before=True) if checked else baseline
@@ -299,7 +337,61 @@ class CompiledWindows:
             self._adopt(stream, st)
         meta = self._index(_meta(cols.meta))
         self.engine.register(header, key, stream, cols.meta.config_id, meta)
+        if self._learner is not None and self.learning:
+            if len(self.registered) >= MAX_UNWRITABLE:
+                self.registered.clear()
+            self.registered[(stream, meta, cols.meta.config_id)] = None
         return True
+
+    def write_registered(self) -> None:
+        """Hand the engine a writer for each series whose header :meth:`take` registered
+        since the last call, so that it writes the series' first window and finding too
+        (else the Python detector judges that window and :meth:`learn` builds the writer
+        after it). Call it where every window closed so far has been published: a writer
+        starts from the detector's baseline of its series, which the windows of the poll
+        feed when they are published."""
+        pending, self.registered = self.registered, {}
+        for series in pending:
+            self._write_from_start(*series)
+
+    def _write_from_start(self, stream: str, meta: int, config_id: str) -> None:
+        """A writer for a series registered, from the detector's baseline of it, as
+        :meth:`learn` would build one after its first window. The first
+        :data:`CHECK_FIRST` of these series and one in :data:`CHECK_EVERY` after are left
+        to learn(), which checks its writer on their first window; nor is a series the
+        engine writes already (learnt meanwhile, or under another header)."""
+        if self._learner is None:
+            return
+        series = (stream, meta, config_id)
+        if (
+            not self._from_start_ok
+            or series in self._unwritable
+            or self.engine.writes(stream, config_id)
+        ):
+            return
+        self._registered_series += 1
+        n = self._registered_series
+        if n <= CHECK_FIRST or n % CHECK_EVERY == 0:
+            if len(self._to_check) >= MAX_UNWRITABLE:
+                self._to_check.clear()
+            self._to_check.add(series)
+            return
+        detector, group_of, writable = self._learner
+        size = self.windower.spec.size_s
+        template = self._templates[meta]
+        # A window record of the series: the writer takes its constant fields, and its
+        # figures only as the places where each window's go.
+        agg = build_window(template, config_id, 0, size, (1, 0, 0, 0, 0), _PLACEHOLDER)
+        if not writable(agg):
+            return
+        try:
+            writer = series_writer(
+                agg, template, detector, group_of(agg), size, detector.baseline_state(agg)
+            )
+        except UnwritableError:
+            return  # learn() meets the reason again after the series' first window, and says it
+        if self.engine.write_as(stream, meta, config_id, writer):
+            self.from_start += 1
 
     def _adopt(self, stream: str, st: _KeyState | None) -> None:
         if st is None:

@@ -436,6 +436,18 @@ impl WindowEngine {
         true
     }
 
+    /// Whether the engine writes the windows of `stream_key` in configuration
+    /// `config_id` (a writer handed for it, whatever its header, and not dropped since).
+    fn writes(&self, stream_key: &str, config_id: &str) -> bool {
+        let (Some(&slot), Some(&c)) = (
+            self.slot_of_stream.get(stream_key),
+            self.config_of.get(config_id),
+        ) else {
+            return false;
+        };
+        self.streams[slot].written.keys().any(|&(_, wc)| wc == c)
+    }
+
     /// The series of the streams held that the engine writes the windows of.
     fn writing(&self) -> usize {
         self.streams

@@ -214,6 +214,8 @@ def _run(
         "engine_failed": ingest.ctx.counters["window.engine_failed"],
         "written": ingest.stats.written_windows,
         "baselines_formed": len(taken),
+        # series the engine wrote from their first window (registered after the first poll)
+        "from_start": ingest.compiled.from_start if ingest.compiled is not None else 0,
     }
 
 
@@ -232,6 +234,9 @@ def test_the_engine_publishes_what_the_python_path_publishes(seed: int, poll: in
     # engine's writers formed baselines, which the detector took over
     assert (engine.pop("baselines_formed") > 0) is (poll < len(msgs))
     assert python.pop("baselines_formed") == 0
+    # ... and, of series registered after a poll, from their first window (past the first
+    # CHECK_FIRST of them, left to the detector, whose writers are checked)
+    assert (engine.pop("from_start") > 0) is (poll < len(msgs)) and python.pop("from_start") == 0
     classes = {decode(v, Finding).classification for v in python["findings"]}
     assert classes & {"host_sync", "transfer_bound", "pageable_copies", "no_overlap"}
     stops = engine.pop("stops")
@@ -249,6 +254,7 @@ def test_streams_given_back_and_taken_again_change_nothing() -> None:
     for run in (engine, python):
         run.pop("compiled_batches")
         run.pop("stops")
+        run.pop("from_start")
     assert engine.pop("written") > 0 and python.pop("written") == 0
     assert engine.pop("baselines_formed") > 0 and python.pop("baselines_formed") == 0
     assert engine == python
@@ -266,6 +272,7 @@ def test_an_engine_failure_hands_everything_to_python_and_loses_nothing() -> Non
         run.pop("stops")
         run.pop("baselines_formed")
         run.pop("written")
+        run.pop("from_start")
     assert engine == python
 
 
@@ -285,6 +292,7 @@ def test_a_failure_learning_a_writer_hands_everything_to_python_and_loses_nothin
         run.pop("compiled_batches")
         run.pop("stops")
         run.pop("baselines_formed")
+        run.pop("from_start")
     assert engine == python
 
 
