@@ -16,6 +16,11 @@ Each round runs, one process at a time, on fresh consumer groups:
 * baseline JSON / baseline binary   with ``--baseline DIR``, the worker of another
                    source tree (a checkout of another commit) in the same rounds: an A/B
                    of a change on the same broker and input, its ratio paired by round.
+                   The two workers take turns going first (this tree's in even rounds,
+                   the baseline's in odd ones): on the embedded broker the worker that
+                   runs second in a round read faster, 0.95x one way and 1.27x the
+                   other for the same pair (bench/results/
+                   pipeline-peers-small-written-from-start-2026-11-29.txt, ``-swapped``).
 
 Every system computes count, mean and p95 of the durations per (stream, config, 1 s
 window). Their closed windows are checked against a reference computed from the input
@@ -455,10 +460,11 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
             ("worker_binary", topics["binary"], None, 600.0),
         ]
         if opts["baseline"] is not None:
-            runs += [
+            both: list[tuple[str, Settings, str | None, float]] = [
                 ("baseline_json", topics["json"], None, 600.0),
                 ("baseline_binary", topics["binary"], None, 600.0),
             ]
+            runs = runs + both if r % 2 == 0 else both + runs  # turns at going first
         if opts["peers"]:
             runs.append(("faust_peer", topics["json"], _PEERS["faust_peer"], 600.0))
             runs.append(("faust_peer_binary", topics["binary"], _PEERS["faust_peer"], 600.0))
