@@ -543,12 +543,15 @@ class WindowIngest(Service):
             self.stats.last_batch_at = time.time()
         compiled = self.compiled
         if compiled is not None and compiled.registered:
+            t0 = time.perf_counter()
             try:
                 compiled.write_registered()
             except BaseException as ex:  # a Rust panic is a BaseException
                 if not _engine_error(ex):
                     raise
                 self._engine_failed(ex)
+            # counted with publishing, as learn()'s writers are
+            self.stats.stage_s["emit"] += time.perf_counter() - t0
 
     async def _ingest(self, events: list[Any], keys: set[str]) -> None:
         """:meth:`ingest` but for publishing what it closed.
