@@ -76,6 +76,13 @@ MAX_UNWRITABLE = 4096
 # writer's constants come from the same code for every series).
 CHECK_FIRST = CHECK_EVERY = 16
 
+
+def _checked(n: int) -> bool:
+    """Whether the ``n``-th writer (counted from 1) is checked: the first
+    :data:`CHECK_FIRST`, then one in :data:`CHECK_EVERY`."""
+    return n <= CHECK_FIRST or n % CHECK_EVERY == 0
+
+
 #: Why the engine stopped at a message the caller may hand it after decoding it.
 TAKE_OVER = frozenset({"unregistered", "not_held"})
 #: Why the engine stopped at a message the Python path decides (its stream given back).
@@ -269,11 +276,7 @@ class CompiledWindows:
             try:
                 baseline = detector.baseline_state(agg)
                 self.learnt += 1
-                checked = (
-                    self.learnt <= CHECK_FIRST
-                    or self.learnt % CHECK_EVERY == 0
-                    or series in self._to_check
-                )
+                checked = _checked(self.learnt) or series in self._to_check
                 self._to_check.discard(series)
                 # checked: the writer from the baseline before the window, which writing
                 # the window brings to the detector's
@@ -370,8 +373,7 @@ class CompiledWindows:
         ):
             return
         self._registered_series += 1
-        n = self._registered_series
-        if n <= CHECK_FIRST or n % CHECK_EVERY == 0:
+        if _checked(self._registered_series):
             if len(self._to_check) >= MAX_UNWRITABLE:
                 self._to_check.clear()
             self._to_check.add(series)

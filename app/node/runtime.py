@@ -271,7 +271,7 @@ class _Node:
 
     async def _fetch_wait(self, bootstrap: str) -> int:
         """The recommendation inbox's fetch wait: the settings', else the broker's."""
-        if self.s.fetch_max_wait_ms is not None:
+        if self.s.fetch_max_wait_ms is not None:  # set: no need to ask the broker
             return self.s.fetch_wait()
         return self.s.for_broker(await self._capabilities(bootstrap)).fetch_wait()
 
