@@ -534,7 +534,8 @@ class WindowIngest(Service):
     async def publish_held(self) -> None:
         """Publish the windows closed since the last call (then their findings); then,
         every window published, the compiled engine takes writers for the series
-        registered meanwhile (:meth:`CompiledWindows.write_registered`)."""
+        registered meanwhile (:meth:`CompiledWindows.write_registered`) and forgets the
+        series nothing uses any more (:meth:`CompiledWindows.forget_unused`)."""
         if self._held:
             held, self._held = self._held, []
             t0 = time.perf_counter()
@@ -552,6 +553,17 @@ class WindowIngest(Service):
                 self._engine_failed(ex)
             # counted with publishing, as learn()'s writers are
             self.stats.stage_s["emit"] += time.perf_counter() - t0
+        compiled = self.compiled
+        if compiled is not None:
+            try:
+                forgotten = compiled.forget_unused()
+            except BaseException as ex:  # a Rust panic is a BaseException
+                if not _engine_error(ex):
+                    raise
+                self._engine_failed(ex)
+            else:
+                if forgotten:
+                    self.ctx.counters["window.series_forgotten"] += forgotten
 
     async def _ingest(self, events: list[Any], keys: set[str]) -> None:
         """:meth:`ingest` but for publishing what it closed.

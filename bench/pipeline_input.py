@@ -48,6 +48,10 @@ class FleetSpec:
     max_delay_s: float = 0.1
     t0: float = 1.79e9
     node_prefix: str = "bench"
+    # Seconds of event time between a kernel's moves to another configuration of its
+    # space (a tuning fleet's: each move starts a new series, a stream and
+    # configuration); None: every kernel keeps its start configuration.
+    config_every_s: float | None = None
 
 
 def recent_t0(seconds: float) -> float:
@@ -108,13 +112,14 @@ def fleet_events(
     seqs: list[dict[str, int]] = [{} for _ in devices]
     per_tick = max(1, round(spec.launches_per_s_per_kernel * _TICK_S))
     ticks = max(1, round(spec.seconds / _TICK_S))
+    moves = _config_moves(spec, workloads)
     for k in range(ticks):
         start = spec.t0 + k * _TICK_S
         now = start + _TICK_S
         t_end = start + (np.arange(per_tick) + 1.0) * (_TICK_S / per_tick)
         for i, dev in enumerate(devices):
             for w in workloads[i]:
-                cfg = w.space.start_config()
+                cfg = moves(i, w, k)
                 res = dev.launch(w, cfg, per_tick)
                 seq = seqs[i].get(w.name, 0)
                 seqs[i][w.name] = seq + per_tick
@@ -130,6 +135,33 @@ def fleet_events(
                 )
                 yield i, now, chunk
             yield i, now, None
+
+
+def _config_moves(
+    spec: FleetSpec, workloads: list[list[Any]]
+) -> Callable[[int, Any, int], dict[str, Any]]:
+    """The configuration node ``i``'s kernel ``w`` runs at tick ``k``: its space's start
+    configuration, or, with ``spec.config_every_s``, the next of its space's
+    configurations (in the space's order, from the start one, round and round) every
+    that many seconds. Each node starts at its own place, so a fleet's kernels do not move
+    in step through the same configurations."""
+    if spec.config_every_s is None:
+        return lambda i, w, k: w.space.start_config()
+    every = max(1, round(spec.config_every_s / _TICK_S))
+    spaces: dict[str, list[dict[str, Any]]] = {}
+    for ws in workloads:
+        for w in ws:
+            if w.name not in spaces:
+                start = w.space.start_config()
+                rest = [c for c in w.space if c != start]
+                spaces[w.name] = [start, *rest]
+
+    def moves(i: int, w: Any, k: int) -> dict[str, Any]:
+        configs = spaces[w.name]
+        step = k // every
+        return configs[(i + step) % len(configs)] if step else configs[0]
+
+    return moves
 
 
 def node_cost(spec: FleetSpec, *, rounds: int = 3) -> dict[str, Any]:

@@ -36,7 +36,12 @@ zstd / (zstd + aggregates) of the binary ceiling; everything else it does (decod
 validation, the window bookkeeping, emitting) comes on top. ``--columnar`` also times a
 window stage that windows each poll as columns (:mod:`bench.columnar_bound`: steady
 state only, no records) over the same messages in the agent's polls, its windows checked
-equal to the worker's.
+equal to the worker's. ``--config-every S`` makes the fleet a tuning one: each kernel moves
+to another configuration of its space every S seconds of input, and each move starts a
+series (a stream in a configuration); with ``--agent`` it also prints, after one more pass
+under ``tracemalloc``, the Python memory the window agent holds after the input (what a
+long-running worker keeps per series) and the series' per-batch fields the compiled
+engine's index keeps.
 """
 
 from __future__ import annotations
@@ -206,7 +211,10 @@ def _record(
 
 
 def agent_pass(
-    messages: list[bytes], keys: list[bytes], keep_findings: bool = False
+    messages: list[bytes],
+    keys: list[bytes],
+    keep_findings: bool = False,
+    hold: list[Any] | None = None,
 ) -> dict[str, Any]:
     """The window agent's per-poll code over ``messages`` (zstd-compressed; ``keys``: their
     message keys), decompressed before the clock starts (aiokafka's fetch does that),
@@ -220,6 +228,8 @@ def agent_pass(
     settings = Settings()
     ctx = WorkerContext(settings, sinks)
     ingest = WindowIngest(None, ctx, Windower(window_spec(settings)), InlineDetector(ctx))
+    if hold is not None:
+        hold.append(ingest)
     records = [
         _record(i, key, zstd_decode(raw))
         for i, (key, raw) in enumerate(zip(keys, messages, strict=True))
@@ -237,8 +247,10 @@ def agent_pass(
         return time.perf_counter() - t0
 
     seconds = asyncio.run(run())
+    compiled = ingest.compiled
     return {
         "seconds": seconds,
+        "metas_kept": compiled.metas_kept() if compiled is not None else 0,
         "stage_s": dict(ingest.stats.stage_s),
         "windows": sinks["windows"].records,
         "windows_digest": sinks["windows"].digest.hexdigest(),
@@ -303,6 +315,26 @@ def findings_pass(findings: list[tuple[bytes, bytes]]) -> dict[str, Any]:
     }
 
 
+def held_memory(messages: list[bytes], keys: list[bytes]) -> int:
+    """Bytes of Python memory the window agent holds once it has taken ``messages``
+    (:func:`agent_pass`, the agent kept alive), measured with ``tracemalloc`` (garbage
+    collected before and after): what a long-running worker keeps of the input."""
+    import gc
+    import tracemalloc
+
+    held: list[Any] = []
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        agent_pass(messages, keys, hold=held)
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+        held.clear()
+
+
 def _stage_calls(settings: Settings, values: list[bytes], passes: int = 3) -> dict[str, float]:
     """Seconds the tuner's and the forecaster's bookkeeping of every finding take, each
     call alone, from fresh state, the fastest of ``passes`` (no hand-over, no edge check,
@@ -346,6 +378,7 @@ def measure(
     agent: bool = False,
     columnar: bool = False,
     findings: bool = False,
+    config_every_s: float | None = None,
 ) -> dict[str, Any]:
     """Best-of-``rounds`` ns per launch of the worker path and of the ceiling path.
 
@@ -356,6 +389,9 @@ def measure(
     :mod:`bench.columnar_bound` over the same messages in the agent's poll sizes, its
     windows compared with the worker's. ``findings`` (with ``agent``): also the findings
     stages (:func:`findings_pass`) over the findings the agent published, every round.
+    ``config_every_s``: each kernel moves to another configuration that often
+    (:attr:`FleetSpec.config_every_s`); with ``agent``, the memory the agent holds after
+    the input is measured too (:func:`held_memory`, one more pass).
     """
     fleet = FleetSpec(
         nodes=nodes,
@@ -363,8 +399,10 @@ def measure(
         seconds=seconds,
         max_launches=batch,
         t0=recent_t0(seconds),
+        config_every_s=config_every_s,
     )
     batches = list(fleet_batches(fleet))
+    series = len({(b.stream_key, b.config_id) for b in batches})
     pairs = list(encoded(batches))
     json_messages = [codec.zstd_encode(value) for _, value in pairs]
     messages = (
@@ -437,6 +475,8 @@ def measure(
             "us_per_message": best["seconds"] / len(messages) * 1e6,
             "rounds_s": [r["seconds"] for r in agent_runs],
         }
+        if config_every_s is not None:
+            bound["agent"]["held_bytes"] = held_memory(messages, keys)
     if findings_runs:
         best = min(findings_runs, key=lambda r: r["seconds"])
         bound["findings"] = {
@@ -473,6 +513,7 @@ def measure(
         **bound,
         "launches": launches,
         "messages": len(messages),
+        "series": series,
         "windows": windows,
         "worker_ns_per_launch": min(worker),
         "batch_by_batch_ns_per_launch": min(by_batch),
@@ -517,6 +558,14 @@ def measure(
     help="With --agent: also the findings reader's stages (edge checks, the tuner, the "
     "alerts; no broker) over the findings the window agent published, by stage.",
 )
+@click.option(
+    "--config-every",
+    type=float,
+    default=None,
+    help="Seconds of input between each kernel's moves to another configuration (a "
+    "tuning fleet: each move starts a series); with --agent, also the memory the window "
+    "agent holds after the input.",
+)
 def command(
     seconds: float,
     batch: int,
@@ -528,6 +577,7 @@ def command(
     agent: bool,
     columnar: bool,
     findings: bool,
+    config_every: float | None,
 ) -> None:
     """Worker CPU per launch (decode, window, checkpoint) vs zstd + orjson alone."""
     if findings and not agent:
@@ -542,10 +592,11 @@ def command(
         agent=agent,
         columnar=columnar,
         findings=findings,
+        config_every_s=config_every,
     )
     click.echo(
         f"{r['launches']:,} launches in {r['messages']:,} messages "
-        f"({wire}) -> {r['windows']} windows\n"
+        f"({wire}; {r['series']:,} series) -> {r['windows']} windows\n"
         f"worker path   {r['worker_ns_per_launch']:6.0f} ns/launch "
         f"({1e3 / r['worker_ns_per_launch']:.2f}M launches/s on one core)\n"
         f"  batch by batch {r['batch_by_batch_ns_per_launch']:6.0f} ns/launch (each batch "
@@ -566,6 +617,13 @@ def command(
         )
     if agent:
         click.echo(agent_lines(r["agent"], r["messages"]))
+        if "held_bytes" in r["agent"]:
+            held = r["agent"]["held_bytes"]
+            click.echo(
+                f"  held after the input: {held / 2**20:.1f} MiB of Python memory, "
+                f"{held / r['series']:,.0f} bytes a series; the compiled engine's index "
+                f"keeps the per-batch fields of {r['agent']['metas_kept']:,} series"
+            )
         if "agent_numpy" in r:
             click.echo(numpy_lines(r["agent"], r["agent_numpy"], r["messages"]))
         else:

@@ -55,7 +55,7 @@ from kernelstream.schemas.codec import (
     json_problem,
 )
 from kernelstream.schemas.errors import SchemaError
-from kernelstream.schemas.keys import remember, stream_key
+from kernelstream.schemas.keys import kept_bytes, remember, stream_key
 from kernelstream.schemas.records import (
     _MAX_COPY_BYTES,
     _MAX_COPY_GBS,
@@ -490,7 +490,7 @@ def _validated_meta(obj: dict[str, Any]) -> LaunchBatch:
     if cached is not None:
         return cached.model_copy(update={"seq_start": seq})
     meta = LaunchBatch.model_validate(obj | _PLACEHOLDER | {"seq_start": seq})
-    return remember(_META_CACHE, key, meta)
+    return remember(_META_CACHE, kept_bytes(key), meta)
 
 
 def _plain_batch(obj: object) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeVar
 
-__all__ = ["PER_STREAM_ENTRIES", "group_key", "remember", "stream_key"]
+__all__ = ["PER_STREAM_ENTRIES", "group_key", "kept_bytes", "remember", "stream_key"]
 
 # Entries of the worker's caches that hold one entry per stream (a stream's header is its
 # own: its node and device are in it; so is its configuration object where its header was
@@ -31,6 +31,18 @@ def remember(cache: dict[K, V], key: K, value: V) -> V:
         cache.clear()
     cache[key] = value
     return value
+
+
+def kept_bytes(data: bytes) -> bytes:
+    """``data`` copied into a bytes object of its own size: what a cache keeps of
+    ``orjson.dumps``'s output. orjson 3.13 hands back its whole write buffer, at least
+    4 KB (~4.1 KB held for 300 bytes of JSON, measured with tracemalloc), so a cache of
+    16,384 such keys would hold ~67 MB where ~5 MB do.
+
+    >>> kept_bytes(b"ab")
+    b'ab'
+    """
+    return memoryview(data).tobytes()
 
 
 def stream_key(node: str, device_index: int, kernel: str) -> str:

@@ -52,6 +52,7 @@ from kernelstream.agents.logic.windowing import (
 from kernelstream.agents.logic.written import UnwritableError, Written, series_writer
 from kernelstream.schemas import WindowAggregate, encode, native
 from kernelstream.schemas.columnar import LaunchColumns
+from kernelstream.schemas.keys import PER_STREAM_ENTRIES, kept_bytes
 from kernelstream.schemas.records import MAX_DURATION_BITS
 
 __all__ = ["HELD_BACK", "TAKE_OVER", "CompiledWindows", "Taken"]
@@ -75,6 +76,10 @@ MAX_UNWRITABLE = 4096
 # windows judged in Python; the tests hold the two equal on windows of every kind, and a
 # writer's constants come from the same code for every series).
 CHECK_FIRST = CHECK_EVERY = 16
+# Series' per-batch fields kept before those nothing uses are forgotten
+# (:meth:`CompiledWindows.forget_unused`): the bound of the worker's other per-stream
+# caches, well above a worker's streams times the configurations each has open.
+MAX_METAS = PER_STREAM_ENTRIES
 
 
 def _checked(n: int) -> bool:
@@ -127,10 +132,15 @@ class CompiledWindows:
         self.engine = core.WindowEngine(
             spec.size_s, spec.out_of_orderness_s, spec.allowed_lateness_s, MAX_DURATION_BITS
         )
-        # per-batch fields (the window record's) by index, the engine's handle of them
-        self._metas: list[dict[str, Any]] = []
+        # per-batch fields (the window record's) by index, the engine's handle of them;
+        # an index is never used again for other fields (forget_unused() forgets some)
+        self._metas: dict[int, dict[str, Any]] = {}
         self._meta_index: dict[bytes, int] = {}
-        self._templates: list[WindowTemplate] = []  # the window records' (by the same index)
+        self._templates: dict[int, WindowTemplate] = {}  # the window records' (same index)
+        self._next_meta = 0
+        # how many per-batch fields are kept before forget_unused() looks for unused ones
+        self._metas_bound = MAX_METAS
+        self.metas_forgotten = 0
         windower.held_elsewhere = self.open_windows
         # windows built from the engine's rows since the last learn(), while someone learns
         self.learning = False  # (set by learn_from(), by a window agent that calls learn())
@@ -476,7 +486,40 @@ class CompiledWindows:
         ident = orjson.dumps(meta, option=orjson.OPT_SORT_KEYS)
         at = self._meta_index.get(ident)
         if at is None:
-            at = self._meta_index[ident] = len(self._metas)
-            self._metas.append(dict(meta))
-            self._templates.append(window_template(meta))
+            at = self._meta_index[kept_bytes(ident)] = self._next_meta
+            self._next_meta += 1
+            self._metas[at] = dict(meta)
+            self._templates[at] = window_template(meta)
         return at
+
+    def metas_kept(self) -> int:
+        """The series whose per-batch fields the index keeps."""
+        return len(self._metas)
+
+    def forget_unused(self) -> int:
+        """Forget the per-batch fields of the series nothing uses any more, once
+        :data:`MAX_METAS` of them are kept: those with no window open in the engine and
+        no writer, and not waiting here (for :meth:`learn` or :meth:`write_registered`).
+        The engine forgets their headers with them, so a batch of such a series (a
+        configuration its stream comes back to) is decoded and registered again. Call it
+        where every window closed so far is published (as :meth:`write_registered`).
+        Returns how many were forgotten.
+
+        Each series of a tuning fleet (a stream in a configuration: every move the tuner
+        makes starts one) is indexed once here, ~12 KB with its template; kept for
+        good, a fleet of 512 kernels trying a configuration every 10 s would add ~2 GB a
+        hour. An engine build without ``retain_metas`` keeps them all, as it always did."""
+        if len(self._metas) < self._metas_bound or not hasattr(self.engine, "retain_metas"):
+            return 0
+        keep = {meta for _, meta, _ in self.registered}
+        keep.update(meta for _, meta, *_ in self._fresh)
+        live = set(self.engine.retain_metas(sorted(keep)))
+        gone = [m for m in self._metas if m not in live]
+        for m in gone:
+            del self._metas[m], self._templates[m]
+        self._meta_index = {k: m for k, m in self._meta_index.items() if m in live}
+        # not again before as many more are kept as are in use (a worker of more streams
+        # than the bound would otherwise look at every poll)
+        self._metas_bound = max(MAX_METAS, 2 * len(self._metas))
+        self.metas_forgotten += len(gone)
+        return len(gone)

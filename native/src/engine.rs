@@ -436,6 +436,26 @@ impl WindowEngine {
         true
     }
 
+    /// The caller's meta indices still in use: those in `keep` (the caller's own), of an
+    /// open window and of a writer. The headers registered under any other are forgotten:
+    /// a batch of such a series (a configuration a stream ran before and has no window of
+    /// open) is `unregistered` again, and the caller decodes it and registers it anew.
+    /// Sorted.
+    fn retain_metas(&mut self, keep: Vec<usize>) -> Vec<usize> {
+        let mut live: HashSet<usize> = keep.into_iter().collect();
+        for s in &self.streams {
+            live.extend(s.open.values().map(|a| a.meta));
+            live.extend(s.written.keys().map(|&(m, _)| m));
+        }
+        self.registered.retain(|_, under| {
+            under.retain(|(_, (_, _, m))| live.contains(m));
+            !under.is_empty()
+        });
+        let mut out: Vec<usize> = live.into_iter().collect();
+        out.sort_unstable();
+        out
+    }
+
     /// Whether the engine writes the windows of `stream_key` in configuration
     /// `config_id` (a writer handed for it, whatever its header, and not dropped since).
     fn writes(&self, stream_key: &str, config_id: &str) -> bool {

@@ -6,6 +6,7 @@ the same messages, whatever mix of steady and hostile input they are."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import random
 import time
@@ -532,3 +533,54 @@ def test_a_window_of_another_header_left_to_python_drops_the_configurations_writ
     judged = [decode(v, Finding) for v in python[1]]
     assert [f.window_start - s.base for f in judged] == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert "regression_ratio" in judged[3].evidence  # window 3: the baseline of 0, 1, 2
+
+
+def test_a_tuning_fleet_s_series_are_forgotten_once_nothing_uses_them() -> None:
+    """Every configuration a stream moves to is a series whose per-batch fields the
+    engine's index keeps; kept for good, a tuning fleet's worker grew by ~12 KB a series.
+    Past MAX_METAS series (here 20,000: 40 streams, 500 configurations each, one window
+    each), those with no window open are forgotten with their headers, and a stream that
+    comes back to a configuration it left (the last round) is decoded and registered
+    again. Windows and findings stay byte for byte the Python path's."""
+    space = get_workload(_KERNEL, _SIZE).space
+    configs = [(c, space.config_id(c)) for c in itertools.islice(space, 500)]
+    base = math.floor(time.time()) - 600.0
+    streams = 40
+    steps = [*range(len(configs)), 0]  # back to the first configuration at the end
+    polls: list[list[SimpleNamespace]] = []
+    for r, c in enumerate(steps):
+        poll = []
+        for i in range(streams):
+            b = _batch(f"tune-{i}", [base + r + 0.25, base + r + 0.5], 2 * r, configs[c])
+            poll.append(SimpleNamespace(key=b.stream_key.encode(), value=encode_launch_batch(b)))
+        polls.append(poll)
+    assert streams * len(configs) > compiled_windows.MAX_METAS
+
+    def run(compiled: bool) -> tuple[list[bytes], list[bytes], WindowIngest]:
+        ingest, topics = _agent(compiled)
+        keys: set[str] = set()
+        offset = 0
+
+        async def go() -> None:
+            nonlocal offset
+            for poll in polls:
+                events = []
+                for e in poll:
+                    msg = SimpleNamespace(
+                        topic="ks.launches", partition=0, offset=offset, key=e.key, value=e.value
+                    )
+                    offset += 1
+                    events.append(SimpleNamespace(message=msg, key=e.key, value=e.value))
+                await ingest.ingest(events, keys)
+                if ingest.compiled is not None:
+                    assert ingest.compiled.metas_kept() <= compiled_windows.MAX_METAS
+
+        asyncio.run(go())
+        return sorted(topics["windows"].sent), sorted(topics["findings"].sent), ingest
+
+    python, engine = run(False), run(True)
+    ingest = engine[2]
+    assert ingest.compiled is not None and ingest.ctx.counters["window.engine_failed"] == 0
+    assert ingest.ctx.counters["window.series_forgotten"] >= streams * len(configs) // 2
+    assert ingest.stats.compiled_batches == ingest.stats.batches  # every batch in the engine
+    assert len(engine[0]) >= streams * len(configs) and engine[:2] == python[:2]
