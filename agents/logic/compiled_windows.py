@@ -140,7 +140,7 @@ class CompiledWindows:
         self._next_meta = 0
         # how many per-batch fields are kept before forget_unused() looks for unused ones
         self._metas_bound = MAX_METAS
-        self.metas_forgotten = 0
+        self._can_forget = hasattr(self.engine, "retain_metas")  # an older build cannot
         windower.held_elsewhere = self.open_windows
         # windows built from the engine's rows since the last learn(), while someone learns
         self.learning = False  # (set by learn_from(), by a window agent that calls learn())
@@ -509,7 +509,7 @@ class CompiledWindows:
         makes starts one) is indexed once here, ~12 KB with its template; kept for
         good, a fleet of 512 kernels trying a configuration every 10 s would add ~2 GB a
         hour. An engine build without ``retain_metas`` keeps them all, as it always did."""
-        if len(self._metas) < self._metas_bound or not hasattr(self.engine, "retain_metas"):
+        if len(self._metas) < self._metas_bound or not self._can_forget:
             return 0
         keep = {meta for _, meta, _ in self.registered}
         keep.update(meta for _, meta, *_ in self._fresh)
@@ -521,5 +521,4 @@ class CompiledWindows:
         # not again before as many more are kept as are in use (a worker of more streams
         # than the bound would otherwise look at every poll)
         self._metas_bound = max(MAX_METAS, 2 * len(self._metas))
-        self.metas_forgotten += len(gone)
         return len(gone)
