@@ -190,7 +190,8 @@ def test_transfers_scenario_shows_each_host_finding_and_replay_agrees(tmp_path: 
             *(sys.executable, "-m", "kernelstream.app.cli", "demo", "--scenario", "transfers"),
             # 45 s: on a slow two-core machine the tuner's first recommendations reach
             # the nodes 4-5 s after a stream's first window, and the pinned-buffer and
-            # synchronization changes asserted below were kept 7-10 s into the run
+            # synchronization changes asserted below were kept by each node's first kernel
+            # 7.7-7.8 s into the run, by its last 23.1 s in
             # (bench/results/loop-speed-2026-11-26.txt).
             *("--duration", "45", "--no-live", "--json", str(out)),
             *("--run-dir", str(tmp_path / "run")),
@@ -212,10 +213,14 @@ def test_transfers_scenario_shows_each_host_finding_and_replay_agrees(tmp_path: 
     assert set(live) == expected, proc.stdout
     assert "host-side findings" in proc.stdout and "advice: " in proc.stdout
     # The changes the findings carry are applied, measured and kept: pinned buffers on
-    # the copying node, no synchronization after each launch on the other.
+    # the copying node, no synchronization after each launch on the other (by one of the
+    # node's kernels at least: each kernel's change is kept in its own time, 7.7-23 s
+    # into the run in bench/results/loop-speed-2026-11-26.txt).
     changes = orjson.loads(out.read_bytes())["host_changes"]
-    node_change = {(k.split("/", 2)[0], k.split("/", 2)[2]): v for k, v in changes.items()}
-    kept = {f"{node}/{change}" for (node, change), v in node_change.items() if v == "kept"}
+    kept = {
+        f"{node}/{change}"
+        for node, _, change in (k.split("/", 2) for k, v in changes.items() if v == "kept")
+    }
     assert {"copy-a100/pinned 0 -> 1", "sync-h100/sync_every 1 -> 0"} <= kept, changes
     report = tmp_path / "report"
     replay = subprocess.run(
