@@ -506,9 +506,10 @@ class CompiledWindows:
         Returns how many were forgotten.
 
         Each series of a tuning fleet (a stream in a configuration: every move the tuner
-        makes starts one) is indexed once here, ~12 KB with its template; kept for
-        good, a fleet of 512 kernels trying a configuration every 10 s would add ~2 GB a
-        hour. An engine build without ``retain_metas`` keeps them all, as it always did."""
+        makes starts one) is indexed once here; kept for good, the series of a fleet
+        that keeps retuning would grow the worker without end
+        (``kernelstream bench worker-path --config-every``). An engine build without
+        ``retain_metas`` keeps them all, as it always did."""
         if len(self._metas) < self._metas_bound or not self._can_forget:
             return 0
         keep = {meta for _, meta, _ in self.registered}
