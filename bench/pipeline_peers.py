@@ -1,7 +1,9 @@
 """``kernelstream bench pipeline-peers``: the worker beside peers a user would pick.
 
 One run, one embedded broker, one pre-produced fleet input (:mod:`bench.pipeline_input`)
-written twice, as JSON and in the binary layout (:mod:`schemas.binary`), same batches.
+written twice, as JSON and in the binary layout (:mod:`schemas.binary`), same batches;
+with ``--config-every S`` a tuning fleet's input, each kernel moving to another
+configuration every S seconds.
 Each round runs, one process at a time, on fresh consumer groups:
 
 * ceiling JSON     aiokafka fetch + the worker's zstd decoder + ``orjson.loads``;
@@ -417,6 +419,7 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
         seconds=opts["input_s"],
         max_launches=opts["batch"],
         t0=recent_t0(opts["input_s"] + 60),
+        config_every_s=opts.get("config_every"),
     )
     batches = list(fleet_batches(fleet))
     n = sum(len(b.t_end) for b in batches)
@@ -440,6 +443,7 @@ async def _bench(opts: dict[str, Any], run_dir: Path, broker: EmbeddedBroker) ->
             "launches": n,
             "launches_per_message_mean": n / len(batches),
             "reference_windows": len(ref),
+            "series": len({(b.stream_key, b.config_id) for b in batches}),
         },
     }
     rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -571,8 +575,9 @@ def _table(r: dict[str, Any]) -> str:
     inp = r["input"]
     lines = [
         f"input: {inp['launches']:,} launches in {inp['messages']:,} messages "
-        f"({inp['launches_per_message_mean']:.0f} per message), "
-        f"{inp['reference_windows']} reference windows; load average "
+        f"({inp['launches_per_message_mean']:.0f} per message"
+        + (f"; {inp['series']:,} series" if "series" in inp else "")
+        + f"), {inp['reference_windows']} reference windows; load average "
         f"{r['load_avg_start'][0]:.1f} -> {r['load_avg_end'][0]:.1f}",
         f"{'system':<18}{'launches/s':>14}  {'rounds':<22}{'cores':>6}{'per CPU-s':>14}"
         f"{'vs ceiling':>11}  windows check",
@@ -708,6 +713,13 @@ def _table(r: dict[str, Any]) -> str:
 @click.option("--batch", type=int, default=2000, show_default=True, help="Launches per batch.")
 @click.option("--nodes", type=int, default=16, show_default=True)
 @click.option("--rate-per-kernel", type=float, default=20_000.0, show_default=True)
+@click.option(
+    "--config-every",
+    type=float,
+    default=None,
+    help="Seconds of input between each kernel's moves to another configuration (a "
+    "tuning fleet's input: each move starts a series).",
+)
 @click.option("--rounds", type=int, default=3, show_default=True)
 @click.option("--quix-s", type=float, default=60.0, show_default=True, help="0: no Quix peer.")
 @click.option(

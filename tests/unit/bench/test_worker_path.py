@@ -75,3 +75,37 @@ def test_the_columnar_stage_closes_the_workers_windows() -> None:
     text = columnar_lines(r)
     assert f"windows equal to the worker's: {c['windows']:,} of {c['windows']:,}" in text
     assert "x the columnar stage's" in text
+
+
+def test_a_tuning_fleet_s_kernels_move_and_the_agent_s_memory_is_measured() -> None:
+    """With ``config_every_s`` each kernel moves to another configuration of its space
+    that often (each node from its own place), every batch of one configuration; the
+    agent's pass windows the series byte for byte as the Python path does, and the memory
+    it holds after the input is measured."""
+    from kernelstream.bench.pipeline_input import FleetSpec, fleet_batches, recent_t0
+
+    fleet = FleetSpec(
+        nodes=4,
+        launches_per_s_per_kernel=400.0,
+        seconds=3.0,
+        max_launches=186,
+        t0=recent_t0(3),
+        config_every_s=1.0,
+    )
+    batches = list(fleet_batches(fleet))
+    series = {(b.stream_key, b.config_id) for b in batches}
+    assert len(series) == 16 * 3  # 4 nodes x 4 kernels, three configurations each
+    assert len({cid for _, cid in series}) > 4 * 3  # the nodes do not move in step
+    r = measure(
+        seconds=3.0,
+        batch=186,
+        rounds=1,
+        nodes=4,
+        rate_per_kernel=400.0,
+        wire="binary",
+        agent=True,
+        config_every_s=1.0,
+    )
+    assert r["series"] == 48 and r["agent"]["held_bytes"] > 0
+    # where the compiled module is built: the same windows and findings without it
+    assert "agent_numpy" not in r or r["agent_numpy"]["same_windows"]
