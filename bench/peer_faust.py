@@ -7,7 +7,8 @@ the project's own reader, :func:`schemas.binary.read_launch_batch`, whose column
 ``np.frombuffer`` views, and ``orjson`` for the per-batch fields), and keeps, per stream,
 the durations of the launches that ran by (config, window); a window closes when the
 stream's event time has passed its end plus the allowed lateness (the worker's watermark
-rule), or when its stream has been idle ``idle_timeout_s``. A closed window gives count,
+rule), or when no message of any stream has come for ``idle_timeout_s`` (the input has
+gone quiet). A closed window gives count,
 mean and p95 (NumPy's default linear percentile) of its durations. Progress and the closed
 windows are served as JSON on ``/ks/stats/`` and ``/ks/windows/``, so the benchmark can
 check them against the worker.
@@ -131,11 +132,15 @@ def main() -> None:
 
     @app.timer(interval=0.5)
     async def idle() -> None:
+        # Idle once no message of any stream has come for the idle timeout: the input has
+        # gone quiet. A stream's own last message would not do on a backlog: its next
+        # batches may wait in another partition's turn longer than that, and its open
+        # windows would close short (seen with a tuning fleet's input).
         now = time.time()
-        for key, at in list(seen_at.items()):
-            if now - at >= s.idle_timeout_s:
+        if seen_at and now - max(seen_at.values()) >= s.idle_timeout_s:
+            for key in list(seen_at):
                 close(key, np.inf)
-                del seen_at[key]
+            seen_at.clear()
 
     @app.page("/ks/stats/")
     async def page(web: Any, request: Any) -> Any:
