@@ -543,27 +543,22 @@ class WindowIngest(Service):
             self.stats.stage_s["emit"] += time.perf_counter() - t0
             self.stats.last_batch_at = time.time()
         compiled = self.compiled
-        if compiled is not None and compiled.registered:
-            t0 = time.perf_counter()
-            try:
+        if compiled is None:
+            return
+        try:
+            if compiled.registered:
+                t0 = time.perf_counter()
                 compiled.write_registered()
-            except BaseException as ex:  # a Rust panic is a BaseException
-                if not _engine_error(ex):
-                    raise
-                self._engine_failed(ex)
-            # counted with publishing, as learn()'s writers are
-            self.stats.stage_s["emit"] += time.perf_counter() - t0
-        compiled = self.compiled
-        if compiled is not None:
-            try:
-                forgotten = compiled.forget_unused()
-            except BaseException as ex:  # a Rust panic is a BaseException
-                if not _engine_error(ex):
-                    raise
-                self._engine_failed(ex)
-            else:
-                if forgotten:
-                    self.ctx.counters["window.series_forgotten"] += forgotten
+                # counted with publishing, as learn()'s writers are
+                self.stats.stage_s["emit"] += time.perf_counter() - t0
+            forgotten = compiled.forget_unused()
+        except BaseException as ex:  # a Rust panic is a BaseException
+            if not _engine_error(ex):
+                raise
+            self._engine_failed(ex)
+            return
+        if forgotten:
+            self.ctx.counters["window.series_forgotten"] += forgotten
 
     async def _ingest(self, events: list[Any], keys: set[str]) -> None:
         """:meth:`ingest` but for publishing what it closed.

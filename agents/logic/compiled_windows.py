@@ -514,7 +514,7 @@ class CompiledWindows:
             return 0
         keep = {meta for _, meta, _ in self.registered}
         keep.update(meta for _, meta, *_ in self._fresh)
-        live = set(self.engine.retain_metas(sorted(keep)))
+        live = set(self.engine.retain_metas(list(keep)))
         gone = [m for m in self._metas if m not in live]
         for m in gone:
             del self._metas[m], self._templates[m]

@@ -440,7 +440,6 @@ impl WindowEngine {
     /// open window and of a writer. The headers registered under any other are forgotten:
     /// a batch of such a series (a configuration a stream ran before and has no window of
     /// open) is `unregistered` again, and the caller decodes it and registers it anew.
-    /// Sorted.
     fn retain_metas(&mut self, keep: Vec<usize>) -> Vec<usize> {
         let mut live: HashSet<usize> = keep.into_iter().collect();
         for s in &self.streams {
@@ -451,9 +450,7 @@ impl WindowEngine {
             under.retain(|(_, (_, _, m))| live.contains(m));
             !under.is_empty()
         });
-        let mut out: Vec<usize> = live.into_iter().collect();
-        out.sort_unstable();
-        out
+        live.into_iter().collect()
     }
 
     /// Whether the engine writes the windows of `stream_key` in configuration
