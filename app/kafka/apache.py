@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ from kernelstream.app.kafka.embedded import die_with_parent, wait_for_kafka
 __all__ = [
     "KafkaCluster",
     "KafkaNode",
+    "SaslSslListener",
     "default_cache_dir",
     "distinct_free_ports",
     "kafka_libs",
@@ -152,14 +154,56 @@ class KafkaNode:
     data_dir: Path
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    # the SASL_SSL listener's port, where the cluster has one (clients connect there)
+    client_port: int | None = None
 
     @property
     def address(self) -> str:
+        """The PLAINTEXT listener (between brokers, and this module's own readiness checks)."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def client_address(self) -> str:
+        """Where clients connect: the SASL_SSL listener where there is one."""
+        return f"127.0.0.1:{self.client_port or self.port}"
 
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+# A SCRAM user's name or password as the storage tool's --add-scram reads it: its
+# characters ",[]=" and quotes would be read as the option's own syntax.
+_SCRAM_TEXT = re.compile(r"[A-Za-z0-9._~!@#$%^&*()+-]+")
+
+
+@dataclass(frozen=True)
+class SaslSslListener:
+    """A listener for clients that speaks SASL_SSL, as a production cluster's does.
+
+    TLS with the broker's private key and certificate chain from ``keystore`` (one PEM
+    file: the key, unencrypted PKCS#8, then the chain; its certificate must name
+    127.0.0.1, where clients connect), and SCRAM (``mechanism``) for ``users`` (name ->
+    password), whose credentials are written into each node's storage when it is
+    formatted. Brokers and this module's readiness checks use a PLAINTEXT listener of
+    their own on loopback; :attr:`KafkaCluster.bootstrap` names the SASL_SSL one.
+    """
+
+    keystore: Path
+    users: Mapping[str, str]
+    mechanism: str = "SCRAM-SHA-512"
+
+    def __post_init__(self) -> None:
+        if self.mechanism not in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+            raise BrokerError(f"a SCRAM mechanism is needed, not {self.mechanism!r}")
+        if not self.users:
+            raise BrokerError("a SASL_SSL listener needs at least one user")
+        for text in (*self.users, *self.users.values()):
+            if not _SCRAM_TEXT.fullmatch(text):
+                raise BrokerError(
+                    "a SCRAM user name or password may hold letters, digits and "
+                    f"._~!@#$%^&*()+- only (the storage tool's syntax), not {text!r}"
+                )
 
 
 class KafkaCluster:
@@ -177,6 +221,7 @@ class KafkaCluster:
         cache_dir: Path | None = None,
         heap: str = _HEAP,
         cluster_id: str | None = None,
+        sasl_ssl: SaslSslListener | None = None,
     ) -> None:
         if nodes < 1:
             raise BrokerError(f"a Kafka cluster needs at least one node, not {nodes}")
@@ -185,14 +230,17 @@ class KafkaCluster:
         self.heap = heap
         self.cluster_id = cluster_id or _cluster_id()
         self.root = self.work_dir / f"kafka-{self.cluster_id}"
-        ports = distinct_free_ports(2 * nodes, taken={first_port} if first_port else set())
+        self.sasl_ssl = sasl_ssl
+        per = 3 if sasl_ssl else 2
+        ports = distinct_free_ports(per * nodes, taken={first_port} if first_port else set())
         self.nodes = [
             KafkaNode(
                 node_id=i + 1,
-                port=first_port if first_port and i == 0 else ports[2 * i],
-                controller_port=ports[2 * i + 1],
+                port=first_port if first_port and i == 0 else ports[per * i],
+                controller_port=ports[per * i + 1],
                 data_dir=self.root / f"node-{i + 1}",
                 log_path=self.root / f"node-{i + 1}.log",
+                client_port=ports[per * i + 2] if sasl_ssl else None,
             )
             for i in range(nodes)
         ]
@@ -203,7 +251,13 @@ class KafkaCluster:
 
     @property
     def bootstrap(self) -> str:
-        """Every node's address, as clients' bootstrap servers."""
+        """Every node's address, as clients' bootstrap servers (SASL_SSL where the cluster
+        has that listener: clients then need the matching security settings)."""
+        return ",".join(n.client_address for n in self.nodes)
+
+    @property
+    def plaintext_bootstrap(self) -> str:
+        """Every node's PLAINTEXT listener (the same as :attr:`bootstrap` without SASL_SSL)."""
         return ",".join(n.address for n in self.nodes)
 
     @property
@@ -225,15 +279,33 @@ class KafkaCluster:
         """The broker configuration of ``node``: small, and tuned for fast start and tests."""
         n = len(self.nodes)
         voters = ",".join(f"{m.node_id}@127.0.0.1:{m.controller_port}" for m in self.nodes)
+        listeners = f"PLAINTEXT://{node.address},CONTROLLER://127.0.0.1:{node.controller_port}"
+        advertised = f"PLAINTEXT://{node.address}"
+        protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+        secured: dict[str, str] = {}
+        if self.sasl_ssl is not None:
+            listeners += f",CLIENT://{node.client_address}"
+            advertised += f",CLIENT://{node.client_address}"
+            protocols += ",CLIENT:SASL_SSL"
+            mechanism = self.sasl_ssl.mechanism
+            secured = {
+                "listener.name.client.sasl.enabled.mechanisms": mechanism,
+                f"listener.name.client.{mechanism.lower()}.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+                ),
+                "listener.name.client.ssl.keystore.type": "PEM",
+                "listener.name.client.ssl.keystore.location": str(self.sasl_ssl.keystore),
+            }
         return {
             "process.roles": "broker,controller",
             "node.id": str(node.node_id),
             "controller.quorum.voters": voters,
-            "listeners": f"PLAINTEXT://{node.address},CONTROLLER://127.0.0.1:{node.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{node.address}",
+            "listeners": listeners,
+            "advertised.listeners": advertised,
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": protocols,
+            **secured,
             "log.dirs": str(node.data_dir),
             "num.partitions": "1",
             "default.replication.factor": str(min(n, 3)),
@@ -289,8 +361,13 @@ class KafkaCluster:
     def _format(self, node: KafkaNode, config: Path) -> None:
         # "=": an id may begin with "-", which the tool's parser would take for an option
         cmd = self._java_cmd("kafka.tools.StorageTool", "format", f"--cluster-id={self.cluster_id}")
+        scram: list[str] = []
+        if self.sasl_ssl is not None:
+            mechanism = self.sasl_ssl.mechanism
+            for name, password in self.sasl_ssl.users.items():
+                scram.append(f"--add-scram={mechanism}=[name={name},password={password}]")
         done = subprocess.run(
-            [*cmd, "-c", str(config), "--ignore-formatted"],
+            [*cmd, "-c", str(config), "--ignore-formatted", *scram],
             capture_output=True,
             text=True,
             timeout=120,
@@ -375,8 +452,16 @@ class KafkaCluster:
         deadline = time.monotonic() + timeout_s
         for node in self.nodes:
             await self._wait_node(node, max(1.0, deadline - time.monotonic()))
+        for node in self.nodes:  # the SASL_SSL listener opens with the PLAINTEXT one
+            while node.client_port and not _accepts(node.client_port):
+                if time.monotonic() > deadline or not node.running:
+                    raise BrokerError(
+                        f"Kafka node {node.node_id}'s SASL_SSL listener did not open within "
+                        f"{timeout_s:.0f} s (see its log {node.log_path})"
+                    )
+                await asyncio.sleep(0.1)
         want = {n.node_id for n in self.nodes}
-        client = AIOKafkaClient(bootstrap_servers=self.bootstrap, request_timeout_ms=2000)
+        client = AIOKafkaClient(bootstrap_servers=self.plaintext_bootstrap, request_timeout_ms=2000)
         await client.bootstrap()
         try:
             while {b.nodeId for b in client.cluster.brokers()} != want:

@@ -11,7 +11,7 @@ import yaml
 
 from kernelstream.app.errors import BrokerError
 from kernelstream.app.kafka import apache
-from kernelstream.app.kafka.apache import KafkaCluster, kafka_libs, kafka_version
+from kernelstream.app.kafka.apache import KafkaCluster, SaslSslListener, kafka_libs, kafka_version
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -47,6 +47,41 @@ def test_one_node_needs_no_replicas(tmp_path: Path) -> None:
     assert props["transaction.state.log.min.isr"] == "1"
     # what docker-compose.yml's broker allows: 8 MiB node batches
     assert props["message.max.bytes"] == str(8 << 20)
+
+
+def test_a_sasl_ssl_listener_is_where_clients_connect(tmp_path: Path) -> None:
+    listener = SaslSslListener(tmp_path / "broker.pem", {"ks": "s3cret"}, "SCRAM-SHA-256")
+    cluster = KafkaCluster(tmp_path, nodes=3, sasl_ssl=listener)
+    ports = [p for n in cluster.nodes for p in (n.port, n.controller_port, n.client_port)]
+    assert len(set(ports)) == 9 and None not in ports
+    assert cluster.bootstrap == ",".join(f"127.0.0.1:{n.client_port}" for n in cluster.nodes)
+    assert cluster.plaintext_bootstrap == ",".join(n.address for n in cluster.nodes)
+    node = cluster.nodes[0]
+    props = cluster.server_properties(node)
+    assert f"CLIENT://127.0.0.1:{node.client_port}" in props["advertised.listeners"]
+    assert props["listener.security.protocol.map"].endswith(",CLIENT:SASL_SSL")
+    assert props["inter.broker.listener.name"] == "PLAINTEXT"  # brokers among themselves
+    assert props["listener.name.client.sasl.enabled.mechanisms"] == "SCRAM-SHA-256"
+    assert props["listener.name.client.ssl.keystore.location"] == str(tmp_path / "broker.pem")
+    assert "ScramLoginModule" in props["listener.name.client.scram-sha-256.sasl.jaas.config"]
+    plain = KafkaCluster(tmp_path).nodes[0]
+    assert plain.client_port is None and plain.client_address == plain.address
+
+
+@pytest.mark.parametrize(
+    ("users", "mechanism", "says"),
+    [
+        ({}, "SCRAM-SHA-512", "at least one user"),
+        ({"ks": "a,b"}, "SCRAM-SHA-512", "not 'a,b'"),
+        ({"k=s": "pw"}, "SCRAM-SHA-512", "not 'k=s'"),
+        ({"ks": "pw"}, "PLAIN", "a SCRAM mechanism is needed"),
+    ],
+)
+def test_a_sasl_ssl_listener_refuses_what_the_storage_tool_cannot_take(
+    tmp_path: Path, users: dict[str, str], mechanism: str, says: str
+) -> None:
+    with pytest.raises(BrokerError, match=re.escape(says)):
+        SaslSslListener(tmp_path / "broker.pem", users, mechanism)
 
 
 def test_ports_are_distinct_and_avoid_the_taken_one() -> None:
