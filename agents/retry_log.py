@@ -1,17 +1,90 @@
-"""One warning per outage, not one per retry.
+"""One warning per outage, not one per retry, and what to fix.
 
 A node keeps running while its broker is unreachable (its outbox holds the launches),
 so its clients retry every second or so. Logging each retry buried the one line that
 says what to fix under dozens of identical ones; :class:`RetryLog` says it once, then
 at most once every ``every_s`` seconds with the count, and once more on recovery.
+
+aiokafka reports why a connection failed only in its own log line ("Unable connect
+to ..."); the client then raises a plain "Unable to bootstrap". The filter that drops
+that line keeps its error (:func:`connect_cause`), so that a broker that refused the
+client's credentials, certificate or protocol is reported as that, with the setting
+to check (:func:`advice`), and not as an unreachable broker.
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 
-__all__ = ["RetryLog", "quiet_aiokafka_connect_errors"]
+__all__ = ["RetryLog", "advice", "connect_cause", "quiet_aiokafka_connect_errors", "refusal"]
+
+# aiokafka's latest connection error in this process: (time.monotonic(), error)
+_last_cause: tuple[float, BaseException] | None = None
+# how long a kept error explains a failure that follows it
+_CAUSE_S = 30.0
+
+
+def connect_cause() -> BaseException | None:
+    """The error of aiokafka's latest failed connection in this process, where it failed
+    in the last 30 s and :func:`quiet_aiokafka_connect_errors` is in place; else None."""
+    if _last_cause is None or time.monotonic() - _last_cause[0] > _CAUSE_S:
+        return None
+    return _last_cause[1]
+
+
+def advice(cause: BaseException | None) -> str | None:
+    """What to fix, in one line, where a connection failed with ``cause`` because the
+    broker refused the client (credentials, certificate, security protocol); None where
+    it may just be unreachable (refused, timed out, no such host) or the cause is
+    unknown."""
+    from aiokafka.errors import (
+        IllegalSaslStateError,
+        KafkaConnectionError,
+        SaslAuthenticationFailed,
+        UnsupportedSaslMechanismError,
+    )
+
+    protocol = "check KERNELSTREAM_SECURITY_PROTOCOL"
+    if isinstance(cause, SaslAuthenticationFailed):
+        detail = cause.args[0] if cause.args else "authentication failed"
+        return (
+            f"the broker refused the SASL credentials ({detail}); check "
+            "KERNELSTREAM_SASL_USERNAME and KERNELSTREAM_SASL_PASSWORD"
+        )
+    if isinstance(cause, UnsupportedSaslMechanismError):
+        return "the broker does not take this SASL mechanism; check KERNELSTREAM_SASL_MECHANISM"
+    if isinstance(cause, IllegalSaslStateError):
+        return f"the broker's listener does not speak SASL; {protocol}"
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        detail = cause.verify_message or str(cause)
+        fix = "KERNELSTREAM_SSL_CAFILE"
+        if "mismatch" in detail:
+            fix += " and KERNELSTREAM_SSL_CHECK_HOSTNAME (and KAFKA_BOOTSTRAP's host names)"
+        return f"the broker's TLS certificate was not accepted ({detail}); check {fix}"
+    if isinstance(cause, ssl.SSLError):
+        return f"the TLS handshake failed ({cause.reason or cause}); {protocol}"
+    if isinstance(cause, ConnectionResetError):
+        return f"the broker reset the connection (a listener that does not speak TLS?); {protocol}"
+    if isinstance(cause, KafkaConnectionError) and str(cause).endswith(" closed"):
+        return (
+            "the broker closed the connection before answering (a listener that wants "
+            f"TLS or SASL?); {protocol}"
+        )
+    return None
+
+
+def refusal(exc: BaseException) -> str | None:
+    """:func:`advice` for ``exc``, or, where ``exc`` is aiokafka's "Unable to bootstrap"
+    (which hides why each connection failed), for the error of its latest failed
+    connection (:func:`connect_cause`)."""
+    from aiokafka.errors import KafkaConnectionError
+
+    hint = advice(exc)
+    if hint is None and isinstance(exc, KafkaConnectionError):
+        hint = advice(connect_cause())
+    return hint
 
 
 class RetryLog:
@@ -30,11 +103,18 @@ class RetryLog:
             return
         self._last = now
         first = self.failures == 1
+        times = "" if first else f" for {self.failures} attempts"
+        hint = refusal(exc)
+        if hint is not None:
+            self.log.warning(
+                "%s: Kafka refused the connection%s: %s; retrying", self.what, times, hint
+            )
+            return
         self.log.warning(
             "%s: cannot reach Kafka (%s)%s; retrying (check KAFKA_BOOTSTRAP)",
             self.what,
             exc,
-            "" if first else f" for {self.failures} attempts",
+            times,
         )
 
     def recovered(self) -> None:
@@ -46,11 +126,19 @@ class RetryLog:
 
 class _DropConnectErrors(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Unable connect to")
+        global _last_cause
+        if not str(record.msg).startswith("Unable connect to"):
+            return True
+        # aiokafka's arguments: (host, port, error) or (node id, error)
+        args = record.args if isinstance(record.args, tuple) else ()
+        if args and isinstance(args[-1], BaseException):
+            _last_cause = (time.monotonic(), args[-1])
+        return False
 
 
 def quiet_aiokafka_connect_errors() -> None:
-    """Drop aiokafka's own ERROR line per failed connect; :class:`RetryLog` reports them."""
+    """Drop aiokafka's own ERROR line per failed connect, keeping its error
+    (:func:`connect_cause`); :class:`RetryLog` and the command line report them."""
     logger = logging.getLogger("aiokafka")
     if not any(isinstance(f, _DropConnectErrors) for f in logger.filters):
         logger.addFilter(_DropConnectErrors())

@@ -49,9 +49,12 @@ def _bootstrap(settings: Settings, log_dir: Path) -> Iterator[str]:
 
 
 def _kafka_unreachable(exc: BaseException) -> bool:
+    """A failed connection: unreachable, or refused (:func:`~agents.retry_log.advice`)."""
     from aiokafka.errors import KafkaConnectionError
 
-    return isinstance(exc, KafkaConnectionError)
+    from kernelstream.agents.retry_log import advice
+
+    return isinstance(exc, KafkaConnectionError) or advice(exc) is not None
 
 
 def _hosts(exc: BaseException) -> str:
@@ -76,6 +79,11 @@ class _FrontDoor(click.Group):
         except Exception as exc:
             if not _kafka_unreachable(exc):
                 raise
+            from kernelstream.agents.retry_log import refusal
+
+            hint = refusal(exc)
+            if hint is not None:
+                raise click.ClickException(f"Kafka at {_hosts(exc)}: {hint}") from exc
             raise click.ClickException(
                 f"cannot reach Kafka at {_hosts(exc)}; check KAFKA_BOOTSTRAP, or unset it to "
                 "run on the embedded broker"

@@ -93,6 +93,42 @@ def test_retry_log_reports_an_outage_once_per_interval(caplog: pytest.LogCapture
     assert "refused again" in messages[2]
 
 
+def test_a_refused_connection_says_what_to_fix(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiokafka says why a connection failed only in its own log line, then raises a
+    plain "Unable to bootstrap": the line is dropped, its error kept and reported with
+    the setting to fix (against a real broker: tests/integration/test_secured_kafka.py)."""
+    from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed
+
+    from kernelstream.agents import retry_log
+
+    monkeypatch.setattr(retry_log, "_last_cause", None)
+    retry_log.quiet_aiokafka_connect_errors()
+    unable = KafkaConnectionError("Unable to bootstrap from [('kafka', 9093, <AF_INET: 2>)]")
+    log = logging.getLogger("test.retry")
+    with caplog.at_level(logging.WARNING):
+        retry_log.RetryLog(log, "outbox").failed(unable)  # no cause kept: unreachable
+        logging.getLogger("aiokafka").error(
+            'Unable connect to "%s:%s": %s',
+            "kafka",
+            9093,
+            SaslAuthenticationFailed("Authentication failed due to invalid credentials"),
+        )
+        retry_log.RetryLog(log, "outbox").failed(unable)
+        # an error that is not aiokafka's bootstrap failure is not explained by it
+        retry_log.RetryLog(log, "inbox").failed(ConnectionError("refused"))
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 3, messages  # aiokafka's own line dropped
+    assert "cannot reach Kafka" in messages[0] and "check KAFKA_BOOTSTRAP" in messages[0]
+    assert messages[1] == (
+        "outbox: Kafka refused the connection: the broker refused the SASL credentials "
+        "(Authentication failed due to invalid credentials); check "
+        "KERNELSTREAM_SASL_USERNAME and KERNELSTREAM_SASL_PASSWORD; retrying"
+    )
+    assert "cannot reach Kafka (refused)" in messages[2]
+
+
 def test_unknown_sim_model_is_one_line() -> None:
     result = CliRunner().invoke(main, ["node", "--backend", "sim", "--model", "Z9000"])
     assert result.exit_code == 1, result.output
