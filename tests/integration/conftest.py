@@ -27,7 +27,7 @@ import pytest
 from pydantic import SecretStr
 
 from kernelstream.app.errors import BrokerError
-from kernelstream.app.kafka.apache import KafkaCluster
+from kernelstream.app.kafka.apache import KafkaCluster, SaslSslListener
 from kernelstream.app.kafka.embedded import EmbeddedBroker, free_port
 from kernelstream.app.sdk.local import settings_env
 from kernelstream.app.settings import Settings
@@ -103,6 +103,51 @@ def kafka3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@dataclass(frozen=True)
+class SecuredKafka:
+    """Apache Kafka whose clients' listener takes SASL_SSL, and what a client needs."""
+
+    cluster: KafkaCluster
+    ca: Path  # the certificate of the CA that signed the broker's
+    user: str
+    password: str
+
+    def security(self) -> dict[str, Any]:
+        """Settings fields of a client of this cluster (SCRAM-SHA-512 over TLS)."""
+        return {
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_username": self.user,
+            "sasl_password": SecretStr(self.password),
+            "ssl_cafile": self.ca,
+        }
+
+
+@pytest.fixture(scope="session")
+def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredKafka]:
+    """One Apache Kafka node of this suite behind SASL_SSL (SCRAM-SHA-512 over TLS, the
+    broker's certificate signed by a CA of the test's own), as production clusters run."""
+    from tests.pki import broker_pki
+
+    if "kafka" not in _engines():
+        pytest.skip("Apache Kafka is not among KERNELSTREAM_TEST_ENGINES")
+    if os.environ.get("KERNELSTREAM_TEST_KAFKA_BOOTSTRAP"):
+        pytest.skip("a cluster of the user's (KERNELSTREAM_TEST_KAFKA_BOOTSTRAP) is tested instead")
+    work = tmp_path_factory.mktemp("kafka-sasl-ssl")
+    ca, keystore = broker_pki(work)
+    user, password = "ks-worker", uuid.uuid4().hex
+    try:
+        kafka = KafkaCluster(
+            work, nodes=1, sasl_ssl=SaslSslListener(keystore, {user: password})
+        ).start()
+    except BrokerError as exc:
+        _kafka_unavailable(exc)
+    try:
+        yield SecuredKafka(kafka, ca, user, password)
+    finally:
+        kafka.stop()
 
 
 @pytest.fixture(scope="session")

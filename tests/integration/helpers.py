@@ -11,14 +11,24 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from kernelstream.agents.first_offset import assign_from_first
+from kernelstream.app.settings import Settings
 from kernelstream.schemas import SchemaError, decode_any
 
 
-class TopicReader:
-    """Reads every record of some topics from the beginning, grouped by topic."""
+def _security(client: dict[str, Any]) -> dict[str, Any]:
+    """``client`` (aiokafka's security options), or, where none are given, those of the
+    environment's settings, as a worker started by the test reads them (plaintext unless
+    ``KERNELSTREAM_SECURITY_PROTOCOL`` says otherwise)."""
+    return client or Settings().kafka_client_kwargs()
 
-    def __init__(self, bootstrap: str, *topics: str) -> None:
-        self.bootstrap, self.topics = bootstrap, topics
+
+class TopicReader:
+    """Reads every record of some topics from the beginning, grouped by topic.
+    ``client``: aiokafka's security options (``Settings.kafka_client_kwargs()``; by
+    default the environment's)."""
+
+    def __init__(self, bootstrap: str, *topics: str, **client: Any) -> None:
+        self.bootstrap, self.topics, self.client = bootstrap, topics, _security(client)
         self.records: dict[str, list[Any]] = defaultdict(list)
         self.raw: dict[str, list[Any]] = defaultdict(list)
         self._consumer: AIOKafkaConsumer | None = None
@@ -28,6 +38,7 @@ class TopicReader:
             bootstrap_servers=self.bootstrap,
             auto_offset_reset="earliest",
             enable_auto_commit=False,
+            **self.client,
         )
         await self._consumer.start()
         try:  # from offset 0: the embedded broker's "beginning" can be one too high
@@ -72,8 +83,12 @@ class TopicReader:
             await self.poll()
 
 
-async def produce(bootstrap: str, topic: str, items: list[tuple[bytes | None, bytes]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+async def produce(
+    bootstrap: str, topic: str, items: list[tuple[bytes | None, bytes]], **client: Any
+) -> None:
+    """Each (key, value) to ``topic``, acknowledged by all replicas (``client``: aiokafka's
+    security options, by default the environment's)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", **_security(client))
     await producer.start()
     try:
         for key, value in items:

@@ -36,8 +36,10 @@ def of(records: list[object], cls: type[T]) -> list[T]:
     return [r for r in records if isinstance(r, cls)]
 
 
-async def _scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None:
+async def scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None:
+    """Every hop, on the broker and with the security of ``settings``."""
     bootstrap = str(settings.bootstrap)
+    client = settings.kafka_client_kwargs()
     await ensure_topics(settings, bootstrap)
     s = settings.model_copy(
         update={
@@ -55,6 +57,7 @@ async def _scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None
         s.topic_recommendations,
         s.topic_reconfig,
         s.topic_deadletter,
+        **client,
     ) as r:
         await r.until(lambda: bool(of(r.records[s.topic_windows], WindowAggregate)), 60, "a window")
         await r.until(lambda: bool(of(r.records[s.topic_findings], Finding)), 30, "a finding")
@@ -81,7 +84,7 @@ async def _scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None
 
         # A bad record: the worker dead-letters it with the reason and keeps going.
         bad = b'{"schema": "ks.launch_batch/1", "node": 42}'
-        await produce(bootstrap, s.topic_launches, [(b"evil", bad)])
+        await produce(bootstrap, s.topic_launches, [(b"evil", bad)], **client)
         await r.until(
             lambda: bool(of(r.records[s.topic_deadletter], DeadLetter)), 30, "a dead letter"
         )
@@ -89,7 +92,9 @@ async def _scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None
         assert base64.b64decode(dl.value_b64) == bad
         assert "node" in dl.reason and dl.stage == "window"
         # A bad recommendation addressed to the node: dead-lettered by the node itself.
-        await produce(bootstrap, s.topic_recommendations, [(s.node_id.encode(), b"{not json")])
+        await produce(
+            bootstrap, s.topic_recommendations, [(s.node_id.encode(), b"{not json")], **client
+        )
         await r.until(
             lambda: any(
                 d.stage == "node.reconfig" for d in of(r.records[s.topic_deadletter], DeadLetter)
@@ -115,4 +120,4 @@ async def _scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None
 
 
 def test_every_hop(settings: Settings, worker: subprocess.Popen[bytes]) -> None:
-    asyncio.run(_scenario(settings, worker))
+    asyncio.run(scenario(settings, worker))

@@ -2,64 +2,20 @@
 
 The embedded broker cannot check TLS or SASL (see ARCHITECTURE.md), so these tests
 check the plumbing: the keyword arguments and Faust credentials built from the
-settings, and that aiokafka accepts them. Against a real secured cluster they are
-exercised by pointing KAFKA_BOOTSTRAP at it with the same settings.
+settings, and that aiokafka accepts them. The whole loop against Apache Kafka behind
+SASL_SSL is tests/integration/test_secured_kafka.py.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import ssl
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from kernelstream.app.settings import Settings
 from kernelstream.app.worker.faust_app import create_app, faust_broker_kwargs
-
-
-def _pki(d: Path) -> tuple[Path, Path, Path]:
-    """A CA and a client certificate signed by it; the client key encrypted with 'pw'."""
-    now = dt.datetime.now(dt.UTC)
-
-    def cert(
-        subject: str,
-        key: ec.EllipticCurvePrivateKey,
-        issuer: str,
-        signer: ec.EllipticCurvePrivateKey,
-    ) -> bytes:
-        c = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now)
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=subject == issuer, path_length=None), True)
-            .sign(signer, hashes.SHA256())
-        )
-        return c.public_bytes(serialization.Encoding.PEM)
-
-    ca_key, client_key = (
-        ec.generate_private_key(ec.SECP256R1()),
-        ec.generate_private_key(ec.SECP256R1()),
-    )
-    ca, cert_file, key_file = d / "ca.pem", d / "client.pem", d / "client.key"
-    ca.write_bytes(cert("ks-test-ca", ca_key, "ks-test-ca", ca_key))
-    cert_file.write_bytes(cert("ks-node", client_key, "ks-test-ca", ca_key))
-    key_file.write_bytes(
-        client_key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.BestAvailableEncryption(b"pw"),
-        )
-    )
-    return ca, cert_file, key_file
+from tests.pki import client_pki
 
 
 def _aiokafka_accepts(kw: dict[str, object]) -> None:
@@ -111,7 +67,7 @@ def test_sasl_plaintext_scram_reaches_aiokafka_and_faust() -> None:
 
 
 def test_sasl_ssl_with_a_private_ca(tmp_path: Path) -> None:
-    ca, _, _ = _pki(tmp_path)
+    ca, _, _ = client_pki(tmp_path)
     s = Settings(
         security_protocol="SASL_SSL",
         sasl_mechanism="PLAIN",
@@ -131,7 +87,7 @@ def test_sasl_ssl_with_a_private_ca(tmp_path: Path) -> None:
 
 
 def test_mutual_tls_with_an_encrypted_client_key(tmp_path: Path) -> None:
-    ca, cert, key = _pki(tmp_path)
+    ca, cert, key = client_pki(tmp_path)
     s = Settings(
         security_protocol="SSL",
         ssl_cafile=ca,

@@ -1,0 +1,97 @@
+"""The loop on Apache Kafka behind SASL_SSL, as production clusters run it.
+
+The broker (:func:`~tests.integration.conftest.secured_kafka`) takes clients on a
+listener that wants TLS, its certificate signed by the test's own CA, and SCRAM-SHA-512
+credentials; a client without both cannot even bootstrap. So every Kafka client of the
+worker and the node (producers, consumers, the admin client, Faust's) carries the
+settings' security here, or a hop of the loop never happens. A user whose settings the
+broker refuses gets one line naming the setting to fix, not "cannot reach".
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from kernelstream.app.sdk.local import settings_env
+from kernelstream.app.settings import Settings
+from tests.integration.conftest import SecuredKafka, make_settings
+from tests.integration.helpers import run
+from tests.integration.test_pipeline import scenario
+from tests.integration.workers import WorkerProc
+
+pytestmark = pytest.mark.integration
+
+
+_SIM_NODE = ("--node-id", "n1", "--backend", "sim", "--duration", "6")
+
+
+def _settings(kafka: SecuredKafka, tmp_path: Path, **security: object) -> Settings:
+    fields = {**kafka.security(), **security}
+    return make_settings(kafka.cluster.bootstrap, tmp_path).model_copy(update=fields)
+
+
+def _cli(settings: Settings, *args: str) -> tuple[int, str, list[str]]:
+    """``kernelstream ARGS`` with ``settings``: (exit code, stderr, its lines)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "kernelstream.app.cli", *args],
+        # a node serves no metrics (its default port may be taken)
+        env={**settings_env(settings), "KERNELSTREAM_NODE_METRICS_PORT": "0"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return done.returncode, done.stderr, done.stderr.strip().splitlines()
+
+
+def test_every_hop_over_sasl_ssl(secured_kafka: SecuredKafka, tmp_path: Path) -> None:
+    settings = _settings(secured_kafka, tmp_path)
+    worker = WorkerProc(settings, tmp_path / "worker.log")
+    worker.start()
+    assert worker.proc is not None
+    try:
+        run(scenario(worker.settings, worker.proc))
+    finally:
+        worker.stop()
+
+
+@pytest.mark.parametrize(
+    ("wrong", "says"),
+    [
+        (
+            {"sasl_password": SecretStr("not-the-password")},
+            "the broker refused the SASL credentials (Authentication failed",
+        ),
+        ({"sasl_mechanism": "PLAIN"}, "does not take this SASL mechanism"),
+        ({"ssl_cafile": None}, "the broker's TLS certificate was not accepted"),
+        ({"security_protocol": "PLAINTEXT"}, "check KERNELSTREAM_SECURITY_PROTOCOL"),
+    ],
+    ids=["password", "mechanism", "ca", "protocol"],
+)
+def test_a_refused_client_is_told_what_to_fix(
+    secured_kafka: SecuredKafka, tmp_path: Path, wrong: dict[str, object], says: str
+) -> None:
+    code, stderr, lines = _cli(_settings(secured_kafka, tmp_path, **wrong), "worker")
+    assert code == 1, stderr
+    assert "Traceback" not in stderr and len(lines) == 1, stderr
+    assert lines[0].startswith(f"Error: Kafka at {secured_kafka.cluster.bootstrap}: "), lines
+    assert says in lines[0], lines
+
+
+def test_a_refused_node_says_so_once_and_keeps_running(
+    secured_kafka: SecuredKafka, tmp_path: Path
+) -> None:
+    """A node keeps running while the broker refuses it (its outbox holds the launches;
+    credentials may be fixed on the broker's side), and says why in a line or two."""
+    settings = _settings(secured_kafka, tmp_path, sasl_password=SecretStr("not-the-password"))
+    code, stderr, lines = _cli(settings, "node", *_SIM_NODE)
+    assert code == 0, stderr
+    assert not [ln for ln in lines if " ERROR " in ln or "cannot reach" in ln], stderr
+    refused = [ln for ln in lines if "Kafka refused the connection" in ln]
+    assert 1 <= len(refused) <= 2, stderr  # outbox and recommendation inbox
+    assert all("KERNELSTREAM_SASL_PASSWORD" in ln for ln in refused), stderr
