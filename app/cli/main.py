@@ -62,7 +62,7 @@ def _hosts(exc: BaseException) -> str:
     import re
 
     found = re.findall(r"\('([^']+)', (\d+)", str(exc))
-    return ",".join(f"{h}:{p}" for h, p in found) or str(exc)
+    return ",".join(f"{h}:{p}" for h, p in found)
 
 
 class _FrontDoor(click.Group):
@@ -81,11 +81,13 @@ class _FrontDoor(click.Group):
                 raise
             from kernelstream.agents.retry_log import refusal
 
+            hosts = _hosts(exc)
             hint = refusal(exc)
             if hint is not None:
-                raise click.ClickException(f"Kafka at {_hosts(exc)}: {hint}") from exc
+                where = f"Kafka at {hosts}" if hosts else "Kafka"
+                raise click.ClickException(f"{where}: {hint}") from exc
             raise click.ClickException(
-                f"cannot reach Kafka at {_hosts(exc)}; check KAFKA_BOOTSTRAP, or unset it to "
+                f"cannot reach Kafka at {hosts or exc}; check KAFKA_BOOTSTRAP, or unset it to "
                 "run on the embedded broker"
             ) from exc
 
@@ -346,11 +348,29 @@ def keygen(
 
 @main.command()
 @click.option("--table", is_flag=True, help="Print the topic table (Markdown); no broker needed.")
-def topics(table: bool) -> None:
+@click.option(
+    "--acls",
+    type=click.Choice(["worker", "node"]),
+    help="Print the kafka-acls.sh commands that allow a worker's or a node's principal "
+    "what it does on these topics, and nothing more; no broker needed.",
+)
+@click.option(
+    "--principal",
+    default="User:kernelstream",
+    show_default=True,
+    help="The principal --acls allows.",
+)
+def topics(table: bool, acls: str | None, principal: str) -> None:
     """Create kernelstream's topics on KAFKA_BOOTSTRAP (missing ones; existing ones kept)."""
     from kernelstream.app.kafka.topics import ensure_topics, topics_markdown
 
     settings = _settings()
+    if acls is not None:
+        from kernelstream.app.kafka.acls import kafka_acls_commands, node_acls, worker_acls
+
+        allowed = (worker_acls if acls == "worker" else node_acls)(settings)
+        click.echo(kafka_acls_commands(principal, allowed), nl=False)
+        return
     if table:
         click.echo(topics_markdown(settings), nl=False)
         return
