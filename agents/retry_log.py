@@ -18,12 +18,25 @@ import logging
 import ssl
 import time
 
-__all__ = ["RetryLog", "advice", "connect_cause", "quiet_aiokafka_connect_errors", "refusal"]
+__all__ = [
+    "ACLS_FIX",
+    "RetryLog",
+    "advice",
+    "connect_cause",
+    "denied_errors",
+    "quiet_aiokafka_connect_errors",
+    "refusal",
+]
 
 # aiokafka's latest connection error in this process: (time.monotonic(), error)
 _last_cause: tuple[float, BaseException] | None = None
 # how long a kept error explains a failure that follows it
 _CAUSE_S = 30.0
+# what a principal the ACLs refuse needs
+ACLS_FIX = (
+    "allow this principal what `kernelstream topics --acls worker` (or `--acls node`) "
+    "prints (docs/operate/security.md)"
+)
 
 
 def connect_cause() -> BaseException | None:
@@ -32,6 +45,18 @@ def connect_cause() -> BaseException | None:
     if _last_cause is None or time.monotonic() - _last_cause[0] > _CAUSE_S:
         return None
     return _last_cause[1]
+
+
+def denied_errors() -> tuple[type[BaseException], ...]:
+    """aiokafka's errors for an operation the broker's ACLs do not allow."""
+    from aiokafka import errors
+
+    return (
+        errors.TopicAuthorizationFailedError,
+        errors.GroupAuthorizationFailedError,
+        errors.ClusterAuthorizationFailedError,
+        errors.TransactionalIdAuthorizationFailed,
+    )
 
 
 def advice(cause: BaseException | None) -> str | None:
@@ -47,6 +72,8 @@ def advice(cause: BaseException | None) -> str | None:
     )
 
     protocol = "check KERNELSTREAM_SECURITY_PROTOCOL"
+    if isinstance(cause, denied_errors()):
+        return f"not allowed by the broker's ACLs: {cause}; {ACLS_FIX}"
     if isinstance(cause, SaslAuthenticationFailed):
         detail = cause.args[0] if cause.args else "authentication failed"
         return (
@@ -127,6 +154,8 @@ class RetryLog:
 class _DropConnectErrors(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         global _last_cause
+        if str(record.msg).startswith(_DENIED):  # the error raised says it, and what to do
+            return False
         if not str(record.msg).startswith("Unable connect to"):
             return True
         # aiokafka's arguments: (host, port, error) or (node id, error)
@@ -136,9 +165,15 @@ class _DropConnectErrors(logging.Filter):
         return False
 
 
+# aiokafka.cluster's line for a topic the ACLs hide ("Topic %s is not authorized ...")
+_DENIED = "Topic %s is not authorized"
+
+
 def quiet_aiokafka_connect_errors() -> None:
     """Drop aiokafka's own ERROR line per failed connect, keeping its error
-    (:func:`connect_cause`); :class:`RetryLog` and the command line report them."""
-    logger = logging.getLogger("aiokafka")
-    if not any(isinstance(f, _DropConnectErrors) for f in logger.filters):
-        logger.addFilter(_DropConnectErrors())
+    (:func:`connect_cause`), and its line per topic the ACLs refuse, which the error
+    raised says too; :class:`RetryLog` and the command line report them."""
+    for name in ("aiokafka", "aiokafka.cluster"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropConnectErrors) for f in logger.filters):
+            logger.addFilter(_DropConnectErrors())

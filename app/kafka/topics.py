@@ -121,7 +121,7 @@ async def ensure_topics(settings: Settings, bootstrap: str) -> list[str]:
             for err in resp.topic_errors:
                 name, code = err[0], err[1]
                 if code not in (0, _TOPIC_ALREADY_EXISTS):  # a racing creator is fine
-                    raise BrokerError(f"could not create topic {name!r}: Kafka error code {code}")
+                    raise _not_created(name, code)
         return [s.name for s in missing]
     finally:
         await admin.close()
@@ -165,7 +165,7 @@ async def ensure_state_partitions(settings: Settings, bootstrap: str, needed: in
             if code == 0:
                 return want
             if code != _TOPIC_ALREADY_EXISTS:
-                raise BrokerError(f"could not create topic {name!r}: Kafka error code {code}")
+                raise _not_created(name, code)
             # Another worker created it meanwhile: grown below if it has fewer.
             have = (await _partition_counts(admin, [name])).get(name, want)
         if have >= want:
@@ -182,6 +182,22 @@ async def ensure_state_partitions(settings: Settings, bootstrap: str, needed: in
         return want
     finally:
         await admin.close()
+
+
+def _not_created(name: str, code: int) -> BrokerError:
+    """Why topic ``name`` was not created (Kafka's error ``code``), in a line."""
+    from aiokafka.errors import for_code
+
+    from kernelstream.agents.retry_log import ACLS_FIX, denied_errors
+
+    error = for_code(code)
+    if issubclass(error, denied_errors()):
+        return BrokerError(
+            f"could not create topic {name!r}: not allowed by the broker's ACLs "
+            f"({error.__name__}); {ACLS_FIX}, or have an administrator run "
+            "`kernelstream topics` first"
+        )
+    return BrokerError(f"could not create topic {name!r}: {error.__name__} (Kafka error {code})")
 
 
 async def _partition_counts(admin: Any, names: list[str]) -> dict[str, int]:
