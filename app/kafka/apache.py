@@ -187,11 +187,17 @@ class SaslSslListener:
     password), whose credentials are written into each node's storage when it is
     formatted. Brokers and this module's readiness checks use a PLAINTEXT listener of
     their own on loopback; :attr:`KafkaCluster.bootstrap` names the SASL_SSL one.
+
+    ``authorize``: ACLs decide what each user may do (Kafka's StandardAuthorizer: where
+    no ACL allows an operation, it is denied); the PLAINTEXT listener's principal
+    (``User:ANONYMOUS``, the brokers' own and that of whoever sets the ACLs there) is a
+    super user.
     """
 
     keystore: Path
     users: Mapping[str, str]
     mechanism: str = "SCRAM-SHA-512"
+    authorize: bool = False
 
     def __post_init__(self) -> None:
         if self.mechanism not in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
@@ -296,6 +302,11 @@ class KafkaCluster:
                 "listener.name.client.ssl.keystore.type": "PEM",
                 "listener.name.client.ssl.keystore.location": str(self.sasl_ssl.keystore),
             }
+            if self.sasl_ssl.authorize:
+                secured["authorizer.class.name"] = (
+                    "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+                )
+                secured["super.users"] = "User:ANONYMOUS"
         return {
             "process.roles": "broker,controller",
             "node.id": str(node.node_id),

@@ -27,6 +27,7 @@ import pytest
 from pydantic import SecretStr
 
 from kernelstream.app.errors import BrokerError
+from kernelstream.app.kafka.acls import Acl
 from kernelstream.app.kafka.apache import KafkaCluster, SaslSslListener
 from kernelstream.app.kafka.embedded import EmbeddedBroker, free_port
 from kernelstream.app.sdk.local import settings_env
@@ -107,28 +108,58 @@ def kafka3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
 
 @dataclass(frozen=True)
 class SecuredKafka:
-    """Apache Kafka whose clients' listener takes SASL_SSL, and what a client needs."""
+    """Apache Kafka whose clients' listener takes SASL_SSL and whose ACLs decide what each
+    user may do, and what a client needs."""
 
     cluster: KafkaCluster
     ca: Path  # the certificate of the CA that signed the broker's
-    user: str
-    password: str
+    users: dict[str, str]  # SCRAM-SHA-512 users: name -> password
 
-    def security(self) -> dict[str, Any]:
-        """Settings fields of a client of this cluster (SCRAM-SHA-512 over TLS)."""
+    def security(self, user: str) -> dict[str, Any]:
+        """Settings fields of a client of this cluster as ``user``."""
         return {
             "security_protocol": "SASL_SSL",
             "sasl_mechanism": "SCRAM-SHA-512",
-            "sasl_username": self.user,
-            "sasl_password": SecretStr(self.password),
+            "sasl_username": user,
+            "sasl_password": SecretStr(self.users[user]),
             "ssl_cafile": self.ca,
         }
+
+    def grant(self, user: str, acls: list[Acl]) -> None:
+        """Allow ``user`` the operations of ``acls`` (set by the cluster's super user,
+        on its plaintext listener)."""
+        from confluent_kafka.admin import (
+            AclBinding,
+            AclOperation,
+            AclPermissionType,
+            AdminClient,
+            ResourcePatternType,
+            ResourceType,
+        )
+
+        bindings = [
+            AclBinding(
+                ResourceType[acl.resource.upper()],
+                acl.name,
+                ResourcePatternType.PREFIXED if acl.prefixed else ResourcePatternType.LITERAL,
+                f"User:{user}",
+                "*",
+                AclOperation[op],
+                AclPermissionType.ALLOW,
+            )
+            for acl in acls
+            for op in acl.operations
+        ]
+        admin = AdminClient({"bootstrap.servers": self.cluster.plaintext_bootstrap})
+        for done in admin.create_acls(bindings, request_timeout=30).values():
+            done.result()
 
 
 @pytest.fixture(scope="session")
 def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredKafka]:
     """One Apache Kafka node of this suite behind SASL_SSL (SCRAM-SHA-512 over TLS, the
-    broker's certificate signed by a CA of the test's own), as production clusters run."""
+    broker's certificate signed by a CA of the test's own) with ACLs (no ACL, no access),
+    as production clusters run; users ``ks-worker`` and ``ks-node``, allowed nothing yet."""
     from tests.pki import broker_pki
 
     if "kafka" not in _engines():
@@ -137,15 +168,14 @@ def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredK
         pytest.skip("a cluster of the user's (KERNELSTREAM_TEST_KAFKA_BOOTSTRAP) is tested instead")
     work = tmp_path_factory.mktemp("kafka-sasl-ssl")
     ca, keystore = broker_pki(work)
-    user, password = "ks-worker", uuid.uuid4().hex
+    users = {"ks-worker": uuid.uuid4().hex, "ks-node": uuid.uuid4().hex}
+    listener = SaslSslListener(keystore, users, authorize=True)
     try:
-        kafka = KafkaCluster(
-            work, nodes=1, sasl_ssl=SaslSslListener(keystore, {user: password})
-        ).start()
+        kafka = KafkaCluster(work, nodes=1, sasl_ssl=listener).start()
     except BrokerError as exc:
         _kafka_unavailable(exc)
     try:
-        yield SecuredKafka(kafka, ca, user, password)
+        yield SecuredKafka(kafka, ca, users)
     finally:
         kafka.stop()
 

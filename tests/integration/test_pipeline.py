@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import subprocess
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -36,12 +36,19 @@ def of(records: list[object], cls: type[T]) -> list[T]:
     return [r for r in records if isinstance(r, cls)]
 
 
-async def scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None:
-    """Every hop, on the broker and with the security of ``settings``."""
+async def scenario(
+    settings: Settings,
+    worker: subprocess.Popen[bytes],
+    node_settings: Settings | None = None,
+    observer: tuple[str, dict[str, Any]] | None = None,
+) -> None:
+    """Every hop, on the broker and with the security of ``settings`` (the worker's);
+    ``node_settings``: the node's, if other; ``observer``: the bootstrap servers and
+    client options of the test's own readers and producers, if other."""
     bootstrap = str(settings.bootstrap)
-    client = settings.kafka_client_kwargs()
+    look, client = observer or (bootstrap, settings.kafka_client_kwargs())
     await ensure_topics(settings, bootstrap)
-    s = settings.model_copy(
+    s = (node_settings or settings).model_copy(
         update={
             "workloads": ("matmul", "transpose"),
             "device_model": "A100-SXM4-80GB",
@@ -51,7 +58,7 @@ async def scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None:
     stop = asyncio.Event()
     node = asyncio.create_task(run_node(s, bootstrap, stop=stop))
     async with TopicReader(
-        bootstrap,
+        look,
         s.topic_windows,
         s.topic_findings,
         s.topic_recommendations,
@@ -84,7 +91,7 @@ async def scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None:
 
         # A bad record: the worker dead-letters it with the reason and keeps going.
         bad = b'{"schema": "ks.launch_batch/1", "node": 42}'
-        await produce(bootstrap, s.topic_launches, [(b"evil", bad)], **client)
+        await produce(look, s.topic_launches, [(b"evil", bad)], **client)
         await r.until(
             lambda: bool(of(r.records[s.topic_deadletter], DeadLetter)), 30, "a dead letter"
         )
@@ -92,9 +99,7 @@ async def scenario(settings: Settings, worker: subprocess.Popen[bytes]) -> None:
         assert base64.b64decode(dl.value_b64) == bad
         assert "node" in dl.reason and dl.stage == "window"
         # A bad recommendation addressed to the node: dead-lettered by the node itself.
-        await produce(
-            bootstrap, s.topic_recommendations, [(s.node_id.encode(), b"{not json")], **client
-        )
+        await produce(look, s.topic_recommendations, [(s.node_id.encode(), b"{not json")], **client)
         await r.until(
             lambda: any(
                 d.stage == "node.reconfig" for d in of(r.records[s.topic_deadletter], DeadLetter)

@@ -15,12 +15,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from aiokafka.errors import TopicAuthorizationFailedError
 from pydantic import SecretStr
 
+from kernelstream.app.kafka.acls import node_acls, worker_acls
 from kernelstream.app.sdk.local import settings_env
 from kernelstream.app.settings import Settings
 from tests.integration.conftest import SecuredKafka, make_settings
-from tests.integration.helpers import run
+from tests.integration.helpers import produce, run
 from tests.integration.test_pipeline import scenario
 from tests.integration.workers import WorkerProc
 
@@ -30,8 +32,15 @@ pytestmark = pytest.mark.integration
 _SIM_NODE = ("--node-id", "n1", "--backend", "sim", "--duration", "6")
 
 
-def _settings(kafka: SecuredKafka, tmp_path: Path, **security: object) -> Settings:
-    fields = {**kafka.security(), **security}
+def _settings(
+    kafka: SecuredKafka,
+    tmp_path: Path,
+    wrong: dict[str, object] | None = None,
+    user: str = "ks-worker",
+) -> Settings:
+    """Settings of a client of ``kafka`` as ``user``, but for the ``wrong`` fields; topic
+    names and app id of the test's own (no ACL names them until the test grants one)."""
+    fields = {**kafka.security(user), **(wrong or {})}
     return make_settings(kafka.cluster.bootstrap, tmp_path).model_copy(update=fields)
 
 
@@ -49,15 +58,36 @@ def _cli(settings: Settings, *args: str) -> tuple[int, str, list[str]]:
     return done.returncode, done.stderr, done.stderr.strip().splitlines()
 
 
-def test_every_hop_over_sasl_ssl(secured_kafka: SecuredKafka, tmp_path: Path) -> None:
+def test_every_hop_over_sasl_ssl_with_only_the_documented_acls(
+    secured_kafka: SecuredKafka, tmp_path: Path
+) -> None:
+    """The worker and the node as users of their own, each allowed only its ACLs
+    (app/kafka/acls.py); the test reads and writes as the cluster's super user."""
     settings = _settings(secured_kafka, tmp_path)
+    node = settings.model_copy(update=secured_kafka.security("ks-node"))
+    secured_kafka.grant("ks-worker", worker_acls(settings))
+    secured_kafka.grant("ks-node", node_acls(settings))
     worker = WorkerProc(settings, tmp_path / "worker.log")
     worker.start()
     assert worker.proc is not None
     try:
-        run(scenario(worker.settings, worker.proc))
+        run(
+            scenario(
+                worker.settings, worker.proc, node, (secured_kafka.cluster.plaintext_bootstrap, {})
+            )
+        )
     finally:
         worker.stop()
+    # what the ACLs keep a node from: commanding other nodes
+    with pytest.raises(TopicAuthorizationFailedError):
+        run(
+            produce(
+                settings.bootstrap or "",
+                settings.topic_recommendations,
+                [(b"node-x", b"{}")],
+                **node.kafka_client_kwargs(),
+            )
+        )
 
 
 @pytest.mark.parametrize(
@@ -76,7 +106,7 @@ def test_every_hop_over_sasl_ssl(secured_kafka: SecuredKafka, tmp_path: Path) ->
 def test_a_refused_client_is_told_what_to_fix(
     secured_kafka: SecuredKafka, tmp_path: Path, wrong: dict[str, object], says: str
 ) -> None:
-    code, stderr, lines = _cli(_settings(secured_kafka, tmp_path, **wrong), "worker")
+    code, stderr, lines = _cli(_settings(secured_kafka, tmp_path, wrong), "worker")
     assert code == 1, stderr
     assert "Traceback" not in stderr and len(lines) == 1, stderr
     assert lines[0].startswith(f"Error: Kafka at {secured_kafka.cluster.bootstrap}: "), lines
@@ -88,10 +118,24 @@ def test_a_refused_node_says_so_once_and_keeps_running(
 ) -> None:
     """A node keeps running while the broker refuses it (its outbox holds the launches;
     credentials may be fixed on the broker's side), and says why in a line or two."""
-    settings = _settings(secured_kafka, tmp_path, sasl_password=SecretStr("not-the-password"))
+    settings = _settings(secured_kafka, tmp_path, {"sasl_password": SecretStr("not-the-password")})
     code, stderr, lines = _cli(settings, "node", *_SIM_NODE)
     assert code == 0, stderr
     assert not [ln for ln in lines if " ERROR " in ln or "cannot reach" in ln], stderr
     refused = [ln for ln in lines if "Kafka refused the connection" in ln]
     assert 1 <= len(refused) <= 2, stderr  # outbox and recommendation inbox
     assert all("KERNELSTREAM_SASL_PASSWORD" in ln for ln in refused), stderr
+
+
+@pytest.mark.parametrize("command", ["worker", "watch"])
+def test_a_principal_the_acls_do_not_allow_is_told_what_to_grant(
+    secured_kafka: SecuredKafka, tmp_path: Path, command: str
+) -> None:
+    """Authenticated, but no ACL names this test's topics and groups: one line saying
+    which operation the ACLs refused and where the ACLs a worker needs are printed."""
+    code, stderr, lines = _cli(_settings(secured_kafka, tmp_path), command)
+    assert code == 1, stderr
+    assert "Traceback" not in stderr and len(lines) == 1, stderr
+    assert "not allowed by the broker's ACLs" in lines[0], lines
+    assert "TopicAuthorizationFailed" in lines[0], lines
+    assert "`kernelstream topics --acls worker`" in lines[0], lines
