@@ -7,9 +7,9 @@ at most once every ``every_s`` seconds with the count, and once more on recovery
 
 aiokafka reports why a connection failed only in its own log line ("Unable connect
 to ..."); the client then raises a plain "Unable to bootstrap". The filter that drops
-that line keeps its error (:func:`connect_cause`), so that a broker that refused the
-client's credentials, certificate or protocol is reported as that, with the setting
-to check (:func:`advice`), and not as an unreachable broker.
+that line keeps what its error says to fix (:func:`connect_advice`), so that a broker
+that refused the client's credentials, certificate or protocol is reported as that,
+with the setting to check (:func:`advice`), and not as an unreachable broker.
 """
 
 from __future__ import annotations
@@ -22,14 +22,16 @@ __all__ = [
     "ACLS_FIX",
     "RetryLog",
     "advice",
-    "connect_cause",
+    "connect_advice",
     "denied_errors",
     "quiet_aiokafka_connect_errors",
     "refusal",
 ]
 
-# aiokafka's latest connection error in this process: (time.monotonic(), error)
-_last_cause: tuple[float, BaseException] | None = None
+# What aiokafka's latest connection error in this process says to fix:
+# (time.monotonic(), advice or None). The advice, not the error: an error kept for good
+# would keep its traceback's frames, and all they refer to, alive.
+_last_cause: tuple[float, str | None] | None = None
 # how long a kept error explains a failure that follows it
 _CAUSE_S = 30.0
 # what a principal the ACLs refuse needs
@@ -39,9 +41,10 @@ ACLS_FIX = (
 )
 
 
-def connect_cause() -> BaseException | None:
-    """The error of aiokafka's latest failed connection in this process, where it failed
-    in the last 30 s and :func:`quiet_aiokafka_connect_errors` is in place; else None."""
+def connect_advice() -> str | None:
+    """:func:`advice` for the error of aiokafka's latest failed connection in this
+    process, where it failed in the last 30 s and :func:`quiet_aiokafka_connect_errors`
+    is in place; else None."""
     if _last_cause is None or time.monotonic() - _last_cause[0] > _CAUSE_S:
         return None
     return _last_cause[1]
@@ -105,12 +108,12 @@ def advice(cause: BaseException | None) -> str | None:
 def refusal(exc: BaseException) -> str | None:
     """:func:`advice` for ``exc``, or, where ``exc`` is aiokafka's "Unable to bootstrap"
     (which hides why each connection failed), for the error of its latest failed
-    connection (:func:`connect_cause`)."""
+    connection (:func:`connect_advice`)."""
     from aiokafka.errors import KafkaConnectionError
 
     hint = advice(exc)
     if hint is None and isinstance(exc, KafkaConnectionError):
-        hint = advice(connect_cause())
+        hint = connect_advice()
     return hint
 
 
@@ -161,7 +164,7 @@ class _DropConnectErrors(logging.Filter):
         # aiokafka's arguments: (host, port, error) or (node id, error)
         args = record.args if isinstance(record.args, tuple) else ()
         if args and isinstance(args[-1], BaseException):
-            _last_cause = (time.monotonic(), args[-1])
+            _last_cause = (time.monotonic(), advice(args[-1]))
         return False
 
 
@@ -171,7 +174,7 @@ _DENIED = "Topic %s is not authorized"
 
 def quiet_aiokafka_connect_errors() -> None:
     """Drop aiokafka's own ERROR line per failed connect, keeping its error
-    (:func:`connect_cause`), and its line per topic the ACLs refuse, which the error
+    (:func:`connect_advice`), and its line per topic the ACLs refuse, which the error
     raised says too; :class:`RetryLog` and the command line report them."""
     for name in ("aiokafka", "aiokafka.cluster"):
         logger = logging.getLogger(name)
