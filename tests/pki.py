@@ -47,41 +47,48 @@ def _issue(
     return b.sign(signer, hashes.SHA256()).public_bytes(_PEM)
 
 
-def _ca(d: Path) -> tuple[Path, bytes, ec.EllipticCurvePrivateKey]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = _issue("ks-test-ca", key, "ks-test-ca", key)
-    path = d / "ca.pem"
-    path.write_bytes(cert)
-    return path, cert, key
+class PrivateCA:
+    """A CA of the test's own (its certificate in ``ca.pem`` of ``d``), issuing a
+    broker's keystore and clients' certificates as PEM files in ``d``."""
+
+    def __init__(self, d: Path) -> None:
+        self.dir = d
+        self._key = ec.generate_private_key(ec.SECP256R1())
+        self._cert = _issue("ks-test-ca", self._key, "ks-test-ca", self._key)
+        self.path = d / "ca.pem"
+        self.path.write_bytes(self._cert)
+
+    def broker_keystore(self) -> Path:
+        """The broker's key (unencrypted PKCS#8), then its certificate for 127.0.0.1 and
+        this CA's: what :class:`~kernelstream.app.kafka.apache.SecuredListeners` takes."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        keystore = self.dir / "broker.pem"
+        keystore.write_bytes(
+            key.private_bytes(_PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+            + _issue("ks-broker", key, "ks-test-ca", self._key, ip="127.0.0.1")
+            + self._cert
+        )
+        return keystore
+
+    def client(self, cn: str, password: bytes = b"pw") -> tuple[Path, Path]:
+        """(a client certificate of subject ``CN=cn``, its key encrypted with
+        ``password``) for mutual TLS."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert_file, key_file = self.dir / f"{cn}.pem", self.dir / f"{cn}.key"
+        cert_file.write_bytes(_issue(cn, key, "ks-test-ca", self._key))
+        key_file.write_bytes(
+            key.private_bytes(
+                _PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.BestAvailableEncryption(password),
+            )
+        )
+        return cert_file, key_file
 
 
 def client_pki(d: Path) -> tuple[Path, Path, Path]:
     """(the CA's certificate, a client certificate it signed, the client's key encrypted
     with the password ``pw``), as PEM files in ``d``."""
-    ca, _, ca_key = _ca(d)
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert_file, key_file = d / "client.pem", d / "client.key"
-    cert_file.write_bytes(_issue("ks-node", key, "ks-test-ca", ca_key))
-    key_file.write_bytes(
-        key.private_bytes(
-            _PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.BestAvailableEncryption(b"pw"),
-        )
-    )
-    return ca, cert_file, key_file
-
-
-def broker_pki(d: Path) -> tuple[Path, Path]:
-    """(the CA's certificate, the broker's keystore: its key, unencrypted PKCS#8, then
-    its certificate for 127.0.0.1 and the CA's), as PEM files in ``d``: what
-    :class:`~kernelstream.app.kafka.apache.SaslSslListener` takes."""
-    ca, ca_cert, ca_key = _ca(d)
-    key = ec.generate_private_key(ec.SECP256R1())
-    keystore = d / "broker.pem"
-    keystore.write_bytes(
-        key.private_bytes(_PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-        + _issue("ks-broker", key, "ks-test-ca", ca_key, ip="127.0.0.1")
-        + ca_cert
-    )
-    return ca, keystore
+    ca = PrivateCA(d)
+    cert, key = ca.client("ks-node")
+    return ca.path, cert, key

@@ -46,7 +46,7 @@ from kernelstream.app.kafka.embedded import die_with_parent, wait_for_kafka
 __all__ = [
     "KafkaCluster",
     "KafkaNode",
-    "SaslSslListener",
+    "SecuredListeners",
     "default_cache_dir",
     "distinct_free_ports",
     "kafka_libs",
@@ -156,6 +156,8 @@ class KafkaNode:
     proc: subprocess.Popen[bytes] | None = None
     # the SASL_SSL listener's port, where the cluster has one (clients connect there)
     client_port: int | None = None
+    # the mutual-TLS (SSL, client certificates) listener's port, where the cluster has one
+    mtls_port: int | None = None
 
     @property
     def address(self) -> str:
@@ -178,18 +180,22 @@ _SCRAM_TEXT = re.compile(r"[A-Za-z0-9._~!@#$%^&*()+-]+")
 
 
 @dataclass(frozen=True)
-class SaslSslListener:
-    """A listener for clients that speaks SASL_SSL, as a production cluster's does.
+class SecuredListeners:
+    """Listeners for clients that authenticate, as a production cluster's do.
 
-    TLS with the broker's private key and certificate chain from ``keystore`` (one PEM
-    file: the key, unencrypted PKCS#8, then the chain; its certificate must name
-    127.0.0.1, where clients connect), and SCRAM (``mechanism``) for ``users`` (name ->
-    password), whose credentials are written into each node's storage when it is
-    formatted. Brokers and this module's readiness checks use a PLAINTEXT listener of
-    their own on loopback; :attr:`KafkaCluster.bootstrap` names the SASL_SSL one.
+    A SASL_SSL listener: TLS with the broker's private key and certificate chain from
+    ``keystore`` (one PEM file: the key, unencrypted PKCS#8, then the chain; its
+    certificate must name 127.0.0.1, where clients connect), and SCRAM (``mechanism``)
+    for ``users`` (name -> password), whose credentials are written into each node's
+    storage when it is formatted; :attr:`KafkaCluster.bootstrap` names it. With
+    ``client_ca``, also a mutual-TLS listener (SSL: the same key, and a client
+    certificate signed by that CA required; its principal is ``User:`` and the
+    certificate's subject, such as ``User:CN=ks-node``),
+    :attr:`KafkaCluster.mtls_bootstrap`. Brokers and this module's readiness checks use
+    a PLAINTEXT listener of their own on loopback.
 
-    ``authorize``: ACLs decide what each user may do (Kafka's StandardAuthorizer: where
-    no ACL allows an operation, it is denied); the PLAINTEXT listener's principal
+    ``authorize``: ACLs decide what each principal may do (Kafka's StandardAuthorizer:
+    where no ACL allows an operation, it is denied); the PLAINTEXT listener's principal
     (``User:ANONYMOUS``, the brokers' own and that of whoever sets the ACLs there) is a
     super user.
     """
@@ -198,6 +204,7 @@ class SaslSslListener:
     users: Mapping[str, str]
     mechanism: str = "SCRAM-SHA-512"
     authorize: bool = False
+    client_ca: Path | None = None
 
     def __post_init__(self) -> None:
         if self.mechanism not in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
@@ -227,7 +234,7 @@ class KafkaCluster:
         cache_dir: Path | None = None,
         heap: str = _HEAP,
         cluster_id: str | None = None,
-        sasl_ssl: SaslSslListener | None = None,
+        secured: SecuredListeners | None = None,
     ) -> None:
         if nodes < 1:
             raise BrokerError(f"a Kafka cluster needs at least one node, not {nodes}")
@@ -236,8 +243,9 @@ class KafkaCluster:
         self.heap = heap
         self.cluster_id = cluster_id or _cluster_id()
         self.root = self.work_dir / f"kafka-{self.cluster_id}"
-        self.sasl_ssl = sasl_ssl
-        per = 3 if sasl_ssl else 2
+        self.secured = secured
+        # plaintext and controller; SASL_SSL; mutual TLS
+        per = 2 + (secured is not None) + (secured is not None and secured.client_ca is not None)
         ports = distinct_free_ports(per * nodes, taken={first_port} if first_port else set())
         self.nodes = [
             KafkaNode(
@@ -246,7 +254,8 @@ class KafkaCluster:
                 controller_port=ports[per * i + 1],
                 data_dir=self.root / f"node-{i + 1}",
                 log_path=self.root / f"node-{i + 1}.log",
-                client_port=ports[per * i + 2] if sasl_ssl else None,
+                client_port=ports[per * i + 2] if per > 2 else None,
+                mtls_port=ports[per * i + 3] if per > 3 else None,
             )
             for i in range(nodes)
         ]
@@ -260,6 +269,13 @@ class KafkaCluster:
         """Every node's address, as clients' bootstrap servers (SASL_SSL where the cluster
         has that listener: clients then need the matching security settings)."""
         return ",".join(n.client_address for n in self.nodes)
+
+    @property
+    def mtls_bootstrap(self) -> str:
+        """Every node's mutual-TLS listener (:class:`SecuredListeners` ``client_ca``)."""
+        if not all(n.mtls_port for n in self.nodes):
+            raise BrokerError("this cluster has no mutual-TLS listener (no client_ca)")
+        return ",".join(f"127.0.0.1:{n.mtls_port}" for n in self.nodes)
 
     @property
     def plaintext_bootstrap(self) -> str:
@@ -289,20 +305,32 @@ class KafkaCluster:
         advertised = f"PLAINTEXT://{node.address}"
         protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
         secured: dict[str, str] = {}
-        if self.sasl_ssl is not None:
+        sec = self.secured
+        if sec is not None:
             listeners += f",CLIENT://{node.client_address}"
             advertised += f",CLIENT://{node.client_address}"
             protocols += ",CLIENT:SASL_SSL"
-            mechanism = self.sasl_ssl.mechanism
+            mechanism = sec.mechanism
             secured = {
                 "listener.name.client.sasl.enabled.mechanisms": mechanism,
                 f"listener.name.client.{mechanism.lower()}.sasl.jaas.config": (
                     "org.apache.kafka.common.security.scram.ScramLoginModule required;"
                 ),
                 "listener.name.client.ssl.keystore.type": "PEM",
-                "listener.name.client.ssl.keystore.location": str(self.sasl_ssl.keystore),
+                "listener.name.client.ssl.keystore.location": str(sec.keystore),
             }
-            if self.sasl_ssl.authorize:
+            if sec.client_ca is not None:
+                listeners += f",MTLS://127.0.0.1:{node.mtls_port}"
+                advertised += f",MTLS://127.0.0.1:{node.mtls_port}"
+                protocols += ",MTLS:SSL"
+                secured |= {
+                    "listener.name.mtls.ssl.keystore.type": "PEM",
+                    "listener.name.mtls.ssl.keystore.location": str(sec.keystore),
+                    "listener.name.mtls.ssl.truststore.type": "PEM",
+                    "listener.name.mtls.ssl.truststore.location": str(sec.client_ca),
+                    "listener.name.mtls.ssl.client.auth": "required",
+                }
+            if sec.authorize:
                 secured["authorizer.class.name"] = (
                     "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
                 )
@@ -373,9 +401,9 @@ class KafkaCluster:
         # "=": an id may begin with "-", which the tool's parser would take for an option
         cmd = self._java_cmd("kafka.tools.StorageTool", "format", f"--cluster-id={self.cluster_id}")
         scram: list[str] = []
-        if self.sasl_ssl is not None:
-            mechanism = self.sasl_ssl.mechanism
-            for name, password in self.sasl_ssl.users.items():
+        if self.secured is not None:
+            mechanism = self.secured.mechanism
+            for name, password in self.secured.users.items():
                 scram.append(f"--add-scram={mechanism}=[name={name},password={password}]")
         done = subprocess.run(
             [*cmd, "-c", str(config), "--ignore-formatted", *scram],
@@ -463,14 +491,15 @@ class KafkaCluster:
         deadline = time.monotonic() + timeout_s
         for node in self.nodes:
             await self._wait_node(node, max(1.0, deadline - time.monotonic()))
-        for node in self.nodes:  # the SASL_SSL listener opens with the PLAINTEXT one
-            while node.client_port and not _accepts(node.client_port):
-                if time.monotonic() > deadline or not node.running:
-                    raise BrokerError(
-                        f"Kafka node {node.node_id}'s SASL_SSL listener did not open within "
-                        f"{timeout_s:.0f} s (see its log {node.log_path})"
-                    )
-                await asyncio.sleep(0.1)
+        for node in self.nodes:  # the secured listeners open with the PLAINTEXT one
+            for port in (node.client_port, node.mtls_port):
+                while port and not _accepts(port):
+                    if time.monotonic() > deadline or not node.running:
+                        raise BrokerError(
+                            f"Kafka node {node.node_id}'s listener on port {port} did not open "
+                            f"within {timeout_s:.0f} s (see its log {node.log_path})"
+                        )
+                    await asyncio.sleep(0.1)
         want = {n.node_id for n in self.nodes}
         client = AIOKafkaClient(bootstrap_servers=self.plaintext_bootstrap, request_timeout_ms=2000)
         await client.bootstrap()

@@ -28,7 +28,7 @@ from pydantic import SecretStr
 
 from kernelstream.app.errors import BrokerError
 from kernelstream.app.kafka.acls import Acl
-from kernelstream.app.kafka.apache import KafkaCluster, SaslSslListener
+from kernelstream.app.kafka.apache import KafkaCluster, SecuredListeners
 from kernelstream.app.kafka.embedded import EmbeddedBroker, free_port
 from kernelstream.app.sdk.local import settings_env
 from kernelstream.app.settings import Settings
@@ -106,18 +106,36 @@ def kafka3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
         cluster.stop()
 
 
+# How a client authenticates to the secured cluster: SCRAM over TLS, or its certificate.
+TRANSPORTS = ("sasl_ssl", "mtls")
+
+
 @dataclass(frozen=True)
 class SecuredKafka:
-    """Apache Kafka whose clients' listener takes SASL_SSL and whose ACLs decide what each
-    user may do, and what a client needs."""
+    """Apache Kafka whose clients' listeners authenticate them (SASL_SSL, and mutual TLS)
+    and whose ACLs decide what each principal may do; what a client needs."""
 
     cluster: KafkaCluster
-    ca: Path  # the certificate of the CA that signed the broker's
+    ca: Path  # the certificate of the CA that signed the broker's and the clients'
     users: dict[str, str]  # SCRAM-SHA-512 users: name -> password
+    certs: dict[str, tuple[Path, Path]]  # user -> certificate (CN=user), key (password "pw")
 
-    def security(self, user: str) -> dict[str, Any]:
-        """Settings fields of a client of this cluster as ``user``."""
+    def security(self, user: str, transport: str = "sasl_ssl") -> dict[str, Any]:
+        """Settings fields (the bootstrap servers among them) of a client of this cluster
+        as ``user``: over SASL_SSL with its password, or over mutual TLS ("mtls") with its
+        certificate."""
+        if transport == "mtls":
+            cert, key = self.certs[user]
+            return {
+                "bootstrap": self.cluster.mtls_bootstrap,
+                "security_protocol": "SSL",
+                "ssl_cafile": self.ca,
+                "ssl_certfile": cert,
+                "ssl_keyfile": key,
+                "ssl_password": SecretStr("pw"),
+            }
         return {
+            "bootstrap": self.cluster.bootstrap,
             "security_protocol": "SASL_SSL",
             "sasl_mechanism": "SCRAM-SHA-512",
             "sasl_username": user,
@@ -125,9 +143,14 @@ class SecuredKafka:
             "ssl_cafile": self.ca,
         }
 
-    def grant(self, user: str, acls: list[Acl]) -> None:
-        """Allow ``user`` the operations of ``acls`` (set by the cluster's super user,
-        on its plaintext listener)."""
+    @staticmethod
+    def principal(user: str, transport: str = "sasl_ssl") -> str:
+        """The broker's principal of ``user`` over ``transport``."""
+        return f"User:CN={user}" if transport == "mtls" else f"User:{user}"
+
+    def grant(self, principal: str, acls: list[Acl]) -> None:
+        """Allow ``principal`` the operations of ``acls`` (set by the cluster's super
+        user, on its plaintext listener)."""
         from confluent_kafka.admin import (
             AclBinding,
             AclOperation,
@@ -142,7 +165,7 @@ class SecuredKafka:
                 ResourceType[acl.resource.upper()],
                 acl.name,
                 ResourcePatternType.PREFIXED if acl.prefixed else ResourcePatternType.LITERAL,
-                f"User:{user}",
+                principal,
                 "*",
                 AclOperation[op],
                 AclPermissionType.ALLOW,
@@ -157,25 +180,27 @@ class SecuredKafka:
 
 @pytest.fixture(scope="session")
 def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredKafka]:
-    """One Apache Kafka node of this suite behind SASL_SSL (SCRAM-SHA-512 over TLS, the
-    broker's certificate signed by a CA of the test's own) with ACLs (no ACL, no access),
-    as production clusters run; users ``ks-worker`` and ``ks-node``, allowed nothing yet."""
-    from tests.pki import broker_pki
+    """One Apache Kafka node of this suite whose clients authenticate, over SASL_SSL
+    (SCRAM-SHA-512) or mutual TLS, the broker's and the clients' certificates signed by a
+    CA of the test's own, with ACLs (no ACL, no access), as production clusters run;
+    users ``ks-worker`` and ``ks-node``, allowed nothing yet."""
+    from tests.pki import PrivateCA
 
     if "kafka" not in _engines():
         pytest.skip("Apache Kafka is not among KERNELSTREAM_TEST_ENGINES")
     if os.environ.get("KERNELSTREAM_TEST_KAFKA_BOOTSTRAP"):
         pytest.skip("a cluster of the user's (KERNELSTREAM_TEST_KAFKA_BOOTSTRAP) is tested instead")
-    work = tmp_path_factory.mktemp("kafka-sasl-ssl")
-    ca, keystore = broker_pki(work)
+    work = tmp_path_factory.mktemp("kafka-secured")
+    ca = PrivateCA(work)
     users = {"ks-worker": uuid.uuid4().hex, "ks-node": uuid.uuid4().hex}
-    listener = SaslSslListener(keystore, users, authorize=True)
+    certs = {user: ca.client(user) for user in users}
+    listeners = SecuredListeners(ca.broker_keystore(), users, authorize=True, client_ca=ca.path)
     try:
-        kafka = KafkaCluster(work, nodes=1, sasl_ssl=listener).start()
+        kafka = KafkaCluster(work, nodes=1, secured=listeners).start()
     except BrokerError as exc:
         _kafka_unavailable(exc)
     try:
-        yield SecuredKafka(kafka, ca, users)
+        yield SecuredKafka(kafka, ca.path, users, certs)
     finally:
         kafka.stop()
 

@@ -1,8 +1,10 @@
-"""The loop on Apache Kafka behind SASL_SSL, as production clusters run it.
+"""The loop on Apache Kafka whose clients authenticate, as production clusters run it.
 
 The broker (:func:`~tests.integration.conftest.secured_kafka`) takes clients on a
 listener that wants TLS, its certificate signed by the test's own CA, and SCRAM-SHA-512
-credentials; a client without both cannot even bootstrap. So every Kafka client of the
+credentials, and on one that wants a client certificate signed by that CA (mutual TLS);
+an authorizer allows each principal only what an ACL allows. A client without the
+security settings cannot even bootstrap. So every Kafka client of the
 worker and the node (producers, consumers, the admin client, Faust's) carries the
 settings' security here, or a hop of the loop never happens. A user whose settings the
 broker refuses gets one line naming the setting to fix, not "cannot reach".
@@ -21,7 +23,7 @@ from pydantic import SecretStr
 from kernelstream.app.kafka.acls import node_acls, worker_acls
 from kernelstream.app.sdk.local import settings_env
 from kernelstream.app.settings import Settings
-from tests.integration.conftest import SecuredKafka, make_settings
+from tests.integration.conftest import TRANSPORTS, SecuredKafka, make_settings
 from tests.integration.helpers import produce, run
 from tests.integration.test_pipeline import scenario
 from tests.integration.workers import WorkerProc
@@ -36,11 +38,12 @@ def _settings(
     kafka: SecuredKafka,
     tmp_path: Path,
     wrong: dict[str, object] | None = None,
-    user: str = "ks-worker",
+    transport: str = "sasl_ssl",
 ) -> Settings:
-    """Settings of a client of ``kafka`` as ``user``, but for the ``wrong`` fields; topic
-    names and app id of the test's own (no ACL names them until the test grants one)."""
-    fields = {**kafka.security(user), **(wrong or {})}
+    """Settings of a client of ``kafka`` as the worker's user over ``transport``, but for
+    the ``wrong`` fields; topic names and app id of the test's own (no ACL names them
+    until the test grants one)."""
+    fields = {**kafka.security("ks-worker", transport), **(wrong or {})}
     return make_settings(kafka.cluster.bootstrap, tmp_path).model_copy(update=fields)
 
 
@@ -58,15 +61,17 @@ def _cli(settings: Settings, *args: str) -> tuple[int, str, list[str]]:
     return done.returncode, done.stderr, done.stderr.strip().splitlines()
 
 
-def test_every_hop_over_sasl_ssl_with_only_the_documented_acls(
-    secured_kafka: SecuredKafka, tmp_path: Path
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_every_hop_with_only_the_documented_acls(
+    secured_kafka: SecuredKafka, tmp_path: Path, transport: str
 ) -> None:
-    """The worker and the node as users of their own, each allowed only its ACLs
-    (app/kafka/acls.py); the test reads and writes as the cluster's super user."""
-    settings = _settings(secured_kafka, tmp_path)
-    node = settings.model_copy(update=secured_kafka.security("ks-node"))
-    secured_kafka.grant("ks-worker", worker_acls(settings))
-    secured_kafka.grant("ks-node", node_acls(settings))
+    """The worker and the node as principals of their own (SCRAM users, or the subjects
+    of their certificates), each allowed only its ACLs (app/kafka/acls.py); the test
+    reads and writes as the cluster's super user."""
+    settings = _settings(secured_kafka, tmp_path, transport=transport)
+    node = settings.model_copy(update=secured_kafka.security("ks-node", transport))
+    secured_kafka.grant(secured_kafka.principal("ks-worker", transport), worker_acls(settings))
+    secured_kafka.grant(secured_kafka.principal("ks-node", transport), node_acls(settings))
     worker = WorkerProc(settings, tmp_path / "worker.log")
     worker.start()
     assert worker.proc is not None

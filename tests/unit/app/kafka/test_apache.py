@@ -11,7 +11,7 @@ import yaml
 
 from kernelstream.app.errors import BrokerError
 from kernelstream.app.kafka import apache
-from kernelstream.app.kafka.apache import KafkaCluster, SaslSslListener, kafka_libs, kafka_version
+from kernelstream.app.kafka.apache import KafkaCluster, SecuredListeners, kafka_libs, kafka_version
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -50,8 +50,8 @@ def test_one_node_needs_no_replicas(tmp_path: Path) -> None:
 
 
 def test_a_sasl_ssl_listener_is_where_clients_connect(tmp_path: Path) -> None:
-    listener = SaslSslListener(tmp_path / "broker.pem", {"ks": "s3cret"}, "SCRAM-SHA-256")
-    cluster = KafkaCluster(tmp_path, nodes=3, sasl_ssl=listener)
+    listener = SecuredListeners(tmp_path / "broker.pem", {"ks": "s3cret"}, "SCRAM-SHA-256")
+    cluster = KafkaCluster(tmp_path, nodes=3, secured=listener)
     ports = [p for n in cluster.nodes for p in (n.port, n.controller_port, n.client_port)]
     assert len(set(ports)) == 9 and None not in ports
     assert cluster.bootstrap == ",".join(f"127.0.0.1:{n.client_port}" for n in cluster.nodes)
@@ -64,8 +64,26 @@ def test_a_sasl_ssl_listener_is_where_clients_connect(tmp_path: Path) -> None:
     assert props["listener.name.client.sasl.enabled.mechanisms"] == "SCRAM-SHA-256"
     assert props["listener.name.client.ssl.keystore.location"] == str(tmp_path / "broker.pem")
     assert "ScramLoginModule" in props["listener.name.client.scram-sha-256.sasl.jaas.config"]
+    assert "authorizer.class.name" not in props and "MTLS" not in props["listeners"]
+    with pytest.raises(BrokerError, match="no mutual-TLS listener"):
+        _ = cluster.mtls_bootstrap
     plain = KafkaCluster(tmp_path).nodes[0]
     assert plain.client_port is None and plain.client_address == plain.address
+
+
+def test_a_mutual_tls_listener_wants_a_certificate_of_the_client_ca(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    listener = SecuredListeners(tmp_path / "broker.pem", {"ks": "pw"}, client_ca=ca, authorize=True)
+    cluster = KafkaCluster(tmp_path, secured=listener)
+    (node,) = cluster.nodes
+    assert len({node.port, node.controller_port, node.client_port, node.mtls_port}) == 4
+    assert cluster.mtls_bootstrap == f"127.0.0.1:{node.mtls_port}"
+    props = cluster.server_properties(node)
+    assert props["listener.security.protocol.map"].endswith(",CLIENT:SASL_SSL,MTLS:SSL")
+    assert props["listener.name.mtls.ssl.client.auth"] == "required"
+    assert props["listener.name.mtls.ssl.truststore.location"] == str(ca)
+    assert props["super.users"] == "User:ANONYMOUS"  # the plaintext listener's, sets the ACLs
+    assert props["authorizer.class.name"].endswith("StandardAuthorizer")
 
 
 @pytest.mark.parametrize(
@@ -81,7 +99,7 @@ def test_a_sasl_ssl_listener_refuses_what_the_storage_tool_cannot_take(
     tmp_path: Path, users: dict[str, str], mechanism: str, says: str
 ) -> None:
     with pytest.raises(BrokerError, match=re.escape(says)):
-        SaslSslListener(tmp_path / "broker.pem", users, mechanism)
+        SecuredListeners(tmp_path / "broker.pem", users, mechanism)
 
 
 def test_ports_are_distinct_and_avoid_the_taken_one() -> None:
