@@ -39,7 +39,10 @@ async def partitions_of(
 ) -> dict[str, list[int]]:
     """Each of ``topics``' partition numbers, as a started consumer's metadata has them,
     refreshed until every topic has some; after ``timeout_s`` a topic still without
-    partitions raises ``LookupError``."""
+    partitions raises ``LookupError``, and one the broker's ACLs do not let this client
+    describe raises aiokafka's ``TopicAuthorizationFailedError`` at once."""
+    from aiokafka.errors import TopicAuthorizationFailedError
+
     topics = list(topics)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -47,11 +50,19 @@ async def partitions_of(
         missing = [t for t, p in parts.items() if not p]
         if not missing:
             return {t: sorted(p) for t, p in parts.items()}
+        # A topic the broker's ACLs hide has no partitions either: say that, at once. A
+        # metadata request for every topic leaves it out; one that names it says why.
+        client = consumer._client
+        hidden = set(missing) & set(getattr(client.cluster, "unauthorized_topics", ()))
+        if hidden:
+            raise TopicAuthorizationFailedError(", ".join(sorted(hidden)))
+        for t in missing:
+            client.add_topic(t)
         if time.monotonic() > deadline:
             raise LookupError(
                 f"no partitions for {missing} after {timeout_s:.0f} s; were they created?"
             )
-        await consumer._client.force_metadata_update()
+        await client.force_metadata_update()
         await asyncio.sleep(0.1)
 
 

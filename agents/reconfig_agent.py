@@ -114,11 +114,13 @@ class RecommendationInbox:
                 self.ready.set()
                 self._retry_log.recovered()
                 return
-            except Exception as exc:
-                self._retry_log.failed(exc)
-                if consumer is not None:
+            except BaseException as exc:
+                if consumer is not None:  # stopped too when the node stops meanwhile
                     with contextlib.suppress(Exception):
                         await consumer.stop()
+                if not isinstance(exc, Exception):
+                    raise
+                self._retry_log.failed(exc)
                 await asyncio.sleep(self.retry_s)
 
     async def _run(self) -> None:

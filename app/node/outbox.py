@@ -50,7 +50,7 @@ from typing import Any
 import orjson
 from aiokafka import errors as aiokafka_errors
 
-from kernelstream.agents.retry_log import RetryLog
+from kernelstream.agents.retry_log import RetryLog, advice
 from kernelstream.app.errors import ConfigError
 
 __all__ = [
@@ -537,7 +537,15 @@ class OutboxSender:
         self._retry_at[entry.stream] = time.monotonic() + self.retry_backoff_s
         self.outbox._changed.set()
         if self.outbox.stats.send_failures % 100 == 1:
-            log.warning("outbox: send to %s failed (%s); will retry in order", entry.topic, exc)
+            hint = advice(exc)  # the broker refused this client: what to fix
+            if hint is not None:
+                log.warning(
+                    "outbox: send to %s refused by Kafka: %s; will retry in order",
+                    entry.topic,
+                    hint,
+                )
+            else:
+                log.warning("outbox: send to %s failed (%s); will retry in order", entry.topic, exc)
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the outbox to empty; True if it did."""
