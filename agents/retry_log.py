@@ -136,9 +136,7 @@ class RetryLog:
         times = "" if first else f" for {self.failures} attempts"
         hint = refusal(exc)
         if hint is not None:
-            self.log.warning(
-                "%s: Kafka refused the connection%s: %s; retrying", self.what, times, hint
-            )
+            self.log.warning("%s: refused by Kafka%s: %s; retrying", self.what, times, hint)
             return
         self.log.warning(
             "%s: cannot reach Kafka (%s)%s; retrying (check KAFKA_BOOTSTRAP)",

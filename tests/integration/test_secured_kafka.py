@@ -15,6 +15,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka.errors import TopicAuthorizationFailedError
@@ -118,18 +119,24 @@ def test_a_refused_client_is_told_what_to_fix(
     assert says in lines[0], lines
 
 
+@pytest.mark.parametrize("refused_for", ["password", "acls"])
 def test_a_refused_node_says_so_once_and_keeps_running(
-    secured_kafka: SecuredKafka, tmp_path: Path
+    secured_kafka: SecuredKafka, tmp_path: Path, refused_for: str
 ) -> None:
     """A node keeps running while the broker refuses it (its outbox holds the launches;
-    credentials may be fixed on the broker's side), and says why in a line or two."""
-    settings = _settings(secured_kafka, tmp_path, {"sasl_password": SecretStr("not-the-password")})
-    code, stderr, lines = _cli(settings, "node", *_SIM_NODE)
+    credentials or ACLs may be fixed on the broker's side), and says why in a line or
+    two."""
+    if refused_for == "password":
+        wrong: dict[str, Any] = {"sasl_password": SecretStr("no")}
+        says = "KERNELSTREAM_SASL_PASSWORD"
+    else:  # its own credentials, but no ACL names this test's topics
+        wrong, says = secured_kafka.security("ks-node"), "not allowed by the broker's ACLs"
+    code, stderr, lines = _cli(_settings(secured_kafka, tmp_path, wrong), "node", *_SIM_NODE)
     assert code == 0, stderr
     assert not [ln for ln in lines if " ERROR " in ln or "cannot reach" in ln], stderr
-    refused = [ln for ln in lines if "Kafka refused the connection" in ln]
+    refused = [ln for ln in lines if "refused by Kafka: " in ln]
     assert 1 <= len(refused) <= 2, stderr  # outbox and recommendation inbox
-    assert all("KERNELSTREAM_SASL_PASSWORD" in ln for ln in refused), stderr
+    assert all(says in ln for ln in refused), stderr
 
 
 @pytest.mark.parametrize("command", ["worker", "watch"])
