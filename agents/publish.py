@@ -36,6 +36,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from kernelstream.agents.retry_log import advice
+
 __all__ = ["BatchPublisher", "PublishError"]
 
 log = logging.getLogger(__name__)
@@ -123,10 +125,13 @@ class BatchPublisher:
 
     def _lost(self, tp: tuple[str, int], count: int, why: BaseException | None) -> None:
         self.counters["publish.failed"] += count
-        log.error("publishing %d records to %s[%d] failed: %r", count, tp[0], tp[1], why)
+        # the broker refused this client (its ACLs, its credentials): what to fix
+        hint = advice(why) if why is not None else None
+        fix = f"; refused by Kafka: {hint}" if hint else ""
+        log.error("publishing %d records to %s[%d] failed: %r%s", count, tp[0], tp[1], why, fix)
         if self.error is None:
             self.error = PublishError(
-                f"a batch of {count} records to {tp[0]}[{tp[1]}] was lost ({why!r})"
+                f"a batch of {count} records to {tp[0]}[{tp[1]}] was lost ({why!r}){fix}"
             )
 
     def _landed(self, tp: tuple[str, int], future: asyncio.Future[Any], count: int) -> None:
