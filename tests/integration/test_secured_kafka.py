@@ -21,7 +21,8 @@ import pytest
 from aiokafka.errors import TopicAuthorizationFailedError
 from pydantic import SecretStr
 
-from kernelstream.app.kafka.acls import node_acls, worker_acls
+from kernelstream.app.kafka.acls import Acl, node_acls, worker_acls
+from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.sdk.local import settings_env
 from kernelstream.app.settings import Settings
 from tests.integration.conftest import TRANSPORTS, SecuredKafka, make_settings
@@ -151,3 +152,41 @@ def test_a_principal_the_acls_do_not_allow_is_told_what_to_grant(
     assert "not allowed by the broker's ACLs" in lines[0], lines
     assert "TopicAuthorizationFailed" in lines[0], lines
     assert "`kernelstream topics --acls worker`" in lines[0], lines
+
+
+def test_a_worker_refused_a_topic_it_writes_stops_and_says_what_to_grant(
+    secured_kafka: SecuredKafka, tmp_path: Path
+) -> None:
+    """Topics made by an administrator, every ACL of the worker's but Write (and Create)
+    on the windows topic: the worker's first windows are refused, so it stops (before any
+    checkpoint says they were published: a restart publishes them again) and its error
+    names the ACLs to grant."""
+    settings = _settings(secured_kafka, tmp_path)
+    admin = settings.model_copy(
+        update={
+            "bootstrap": secured_kafka.cluster.plaintext_bootstrap,
+            "security_protocol": "PLAINTEXT",
+        }
+    )
+    run(ensure_topics(admin, str(admin.bootstrap)))
+    acls = [a for a in worker_acls(settings) if a.name != settings.topic_windows]
+    acls.append(Acl("topic", settings.topic_windows, ("DESCRIBE",)))  # it sees the topic
+    secured_kafka.grant(secured_kafka.principal("ks-worker"), acls)
+    node = settings.model_copy(update=secured_kafka.security("ks-node"))
+    secured_kafka.grant(secured_kafka.principal("ks-node"), node_acls(settings))
+    log = tmp_path / "worker.log"
+    worker = WorkerProc(settings, log)
+    worker.start()
+    assert worker.proc is not None
+    try:
+        code, stderr, _ = _cli(node, "node", *_SIM_NODE)
+        assert code == 0, stderr
+        worker.proc.wait(60)
+    finally:
+        worker.stop()
+    text = log.read_text()
+    assert worker.proc.returncode != 0, text
+    refused = [ln for ln in text.splitlines() if "records to" in ln and "refused by Kafka" in ln]
+    assert refused and all(settings.topic_windows in ln for ln in refused), text
+    assert "not allowed by the broker's ACLs" in refused[0], text
+    assert "`kernelstream topics --acls worker`" in refused[0], text
