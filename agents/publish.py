@@ -125,9 +125,9 @@ class BatchPublisher:
 
     def _lost(self, tp: tuple[str, int], count: int, why: BaseException | None) -> None:
         self.counters["publish.failed"] += count
-        # the broker refused this client (its ACLs, its credentials): what to fix
+        # where the broker refused this client (its ACLs, its credentials): what to fix
         hint = advice(why) if why is not None else None
-        fix = f"; refused by Kafka: {hint}" if hint else ""
+        fix = f"; {hint}" if hint else ""
         log.error("publishing %d records to %s[%d] failed: %r%s", count, tp[0], tp[1], why, fix)
         if self.error is None:
             self.error = PublishError(

@@ -63,10 +63,10 @@ def denied_errors() -> tuple[type[BaseException], ...]:
 
 
 def advice(cause: BaseException | None) -> str | None:
-    """What to fix, in one line, where a connection failed with ``cause`` because the
-    broker refused the client (credentials, certificate, security protocol); None where
-    it may just be unreachable (refused, timed out, no such host) or the cause is
-    unknown."""
+    """What to fix, in one line, where a connection or a request failed with ``cause``
+    because the broker refused the client (credentials, certificate, security protocol,
+    ACLs); None where it may just be unreachable (refused, timed out, no such host) or
+    the cause is unknown."""
     from aiokafka.errors import (
         IllegalSaslStateError,
         KafkaConnectionError,
@@ -95,12 +95,16 @@ def advice(cause: BaseException | None) -> str | None:
         return f"the broker's TLS certificate was not accepted ({detail}); check {fix}"
     if isinstance(cause, ssl.SSLError):
         return f"the TLS handshake failed ({cause.reason or cause}); {protocol}"
+    # these two are also what a broker that is stopping does
     if isinstance(cause, ConnectionResetError):
-        return f"the broker reset the connection (a listener that does not speak TLS?); {protocol}"
+        return (
+            "the broker reset the connection (stopping, or a listener that does not speak "
+            f"TLS?); {protocol}"
+        )
     if isinstance(cause, KafkaConnectionError) and str(cause).endswith(" closed"):
         return (
-            "the broker closed the connection before answering (a listener that wants "
-            f"TLS or SASL?); {protocol}"
+            "the broker closed the connection before answering (stopping, or a listener "
+            f"that wants TLS or SASL?); {protocol}"
         )
     return None
 
@@ -136,7 +140,7 @@ class RetryLog:
         times = "" if first else f" for {self.failures} attempts"
         hint = refusal(exc)
         if hint is not None:
-            self.log.warning("%s: refused by Kafka%s: %s; retrying", self.what, times, hint)
+            self.log.warning("%s: cannot use Kafka%s: %s; retrying", self.what, times, hint)
             return
         self.log.warning(
             "%s: cannot reach Kafka (%s)%s; retrying (check KAFKA_BOOTSTRAP)",
@@ -152,7 +156,7 @@ class RetryLog:
         self.failures, self._last = 0, -float("inf")
 
 
-class _DropConnectErrors(logging.Filter):
+class _DropReported(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         global _last_cause
         if str(record.msg).startswith(_DENIED):  # the error raised says it, and what to do
@@ -176,5 +180,5 @@ def quiet_aiokafka_connect_errors() -> None:
     raised says too; :class:`RetryLog` and the command line report them."""
     for name in ("aiokafka", "aiokafka.cluster"):
         logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropConnectErrors) for f in logger.filters):
-            logger.addFilter(_DropConnectErrors())
+        if not any(isinstance(f, _DropReported) for f in logger.filters):
+            logger.addFilter(_DropReported())

@@ -540,7 +540,7 @@ class OutboxSender:
             hint = advice(exc)  # the broker refused this client: what to fix
             if hint is not None:
                 log.warning(
-                    "outbox: send to %s refused by Kafka: %s; will retry in order",
+                    "outbox: send to %s failed: %s; will retry in order",
                     entry.topic,
                     hint,
                 )

@@ -122,7 +122,7 @@ def test_a_refused_connection_says_what_to_fix(
     assert len(messages) == 3, messages  # aiokafka's own line dropped
     assert "cannot reach Kafka" in messages[0] and "check KAFKA_BOOTSTRAP" in messages[0]
     assert messages[1] == (
-        "outbox: refused by Kafka: the broker refused the SASL credentials "
+        "outbox: cannot use Kafka: the broker refused the SASL credentials "
         "(Authentication failed due to invalid credentials); check "
         "KERNELSTREAM_SASL_USERNAME and KERNELSTREAM_SASL_PASSWORD; retrying"
     )
