@@ -141,6 +141,26 @@ def test_credentials_only_in_secrets() -> None:
             assert not secret_settings & set(d.get("data", {})), d["metadata"]["name"]
 
 
+def test_workers_and_nodes_are_principals_of_their_own() -> None:
+    """Each kind of pod gets its own Kafka credentials, so the cluster's ACLs can keep
+    nodes from writing recommendations (app/kafka/acls.py); the topics job creates topics
+    as a worker does."""
+
+    def secrets_of(name: str) -> set[str]:
+        c = next(c for c in containers() if c["name"] == name)
+        return {e["secretRef"]["name"] for e in c.get("envFrom", []) if "secretRef" in e}
+
+    worker, node = secrets_of("worker"), secrets_of("node")
+    assert worker and node and not worker & node
+    assert secrets_of("topics") == worker
+    users = {
+        d["metadata"]["name"]: d["stringData"]["KERNELSTREAM_SASL_USERNAME"]
+        for d in manifests()
+        if d["kind"] == "Secret" and "KERNELSTREAM_SASL_USERNAME" in d.get("stringData", {})
+    }
+    assert {users[s] for s in worker}.isdisjoint(users[s] for s in node)
+
+
 def test_topics_created_by_the_code() -> None:
     services = compose()["services"]
     assert services["topics"]["command"] == ["topics"]
