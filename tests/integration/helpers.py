@@ -15,11 +15,17 @@ from kernelstream.app.settings import Settings
 from kernelstream.schemas import SchemaError, decode_any
 
 
+def env_security() -> dict[str, Any]:
+    """aiokafka's security options of the environment's settings, as a worker started by
+    a test reads them: plaintext unless ``KERNELSTREAM_SECURITY_PROTOCOL`` says otherwise
+    (a cluster of the user's, ``KERNELSTREAM_TEST_KAFKA_BOOTSTRAP``)."""
+    return Settings().kafka_client_kwargs()
+
+
 def _security(client: dict[str, Any]) -> dict[str, Any]:
-    """``client`` (aiokafka's security options), or, where none are given, those of the
-    environment's settings, as a worker started by the test reads them (plaintext unless
-    ``KERNELSTREAM_SECURITY_PROTOCOL`` says otherwise)."""
-    return client or Settings().kafka_client_kwargs()
+    """``client`` (aiokafka's security options), or, where none are given, the
+    environment's (:func:`env_security`)."""
+    return client or env_security()
 
 
 class TopicReader:

@@ -33,7 +33,7 @@ from kernelstream.app.settings import Settings
 from kernelstream.schemas import DeadLetter, WindowAggregate, encode
 from tests.bad_input import OVERFLOWING, bad_inputs, good_batch, overflowing, sequence_inputs
 from tests.integration.conftest import settings_env
-from tests.integration.helpers import TopicReader
+from tests.integration.helpers import TopicReader, env_security
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,10 @@ async def _produce_large(
     takes any size, so the worker's own limit is what is tested on it.
     """
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", max_request_size=_PRODUCER_MAX_BYTES
+        bootstrap_servers=bootstrap,
+        **env_security(),
+        acks="all",
+        max_request_size=_PRODUCER_MAX_BYTES,
     )
     refused = []
     await producer.start()

@@ -22,6 +22,7 @@ from kernelstream.app.cli.watch import watch_topic
 from kernelstream.app.replay.command import KafkaSource
 from kernelstream.app.settings import Settings
 from kernelstream.schemas import encode
+from tests.integration.helpers import env_security
 from tests.integration.test_watch import recommendation
 
 pytestmark = pytest.mark.integration
@@ -33,7 +34,7 @@ TOPICS = {"tansu": 200, "kafka": 20}
 
 
 async def _create(bootstrap: str, names: list[str]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **env_security())
     await admin.start()
     try:
         await admin.create_topics([NewTopic(n, 1, 1) for n in names])
@@ -45,7 +46,10 @@ async def _read_all(bootstrap: str, topic: str, want: int) -> tuple[int, list[in
     """The broker's beginning offset of partition 0, and the offsets a reader from the
     first record gets (until ``want`` or 5 s)."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+        bootstrap_servers=bootstrap,
+        **env_security(),
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
     )
     await consumer.start()
     try:
@@ -68,7 +72,8 @@ async def _concurrent_first_writes(bootstrap: str, n_topics: int) -> None:
     topics = [f"first-{run}-{i}" for i in range(n_topics)]
     await _create(bootstrap, topics)
     producers = [
-        AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all") for _ in range(PRODUCERS)
+        AIOKafkaProducer(bootstrap_servers=bootstrap, **env_security(), acks="all")
+        for _ in range(PRODUCERS)
     ]
     for p in producers:
         await p.start()
@@ -109,14 +114,14 @@ def test_a_reader_from_the_first_record_gets_concurrent_first_writes(
 async def _deleted_start(bootstrap: str) -> None:
     topic = f"first-deleted-{uuid.uuid4().hex[:8]}"
     await _create(bootstrap, [topic])
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **env_security(), acks="all")
     await producer.start()
     try:
         for i in range(5):
             await producer.send_and_wait(topic, b"%d" % i, partition=0)
     finally:
         await producer.stop()
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **env_security())
     await admin.start()
     try:
         await admin.delete_records({TopicPartition(topic, 0): RecordsToDelete(3)})
@@ -146,9 +151,10 @@ async def _watch_from_first(settings: Settings, n_topics: int) -> None:
     topics = [f"watch-{run}-{i}" for i in range(n_topics)]
     await _create(bootstrap, topics)
     producers = [
-        AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all") for _ in range(PRODUCERS)
+        AIOKafkaProducer(bootstrap_servers=bootstrap, **env_security(), acks="all")
+        for _ in range(PRODUCERS)
     ]
-    asker = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    asker = AIOKafkaConsumer(bootstrap_servers=bootstrap, **env_security())
     # records of the size the first test writes (a reason of 2 kB), which hit more often
     recs = [
         recommendation(f"n{k}", "matmul", k).model_copy(update={"reason": "r" * 2000})

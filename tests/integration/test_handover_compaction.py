@@ -23,6 +23,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from kernelstream.agents.window_agent import StateReassembler, state_messages, state_topic
 from kernelstream.app.settings import Settings
+from tests.integration.helpers import env_security
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +51,9 @@ async def _topic_configs(admin: AIOKafkaAdminClient, topic: str) -> dict[str, st
 
 async def _read_partition(bootstrap: str, topic: str) -> list[tuple[bytes | None, bytes]]:
     tp = TopicPartition(topic, 0)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, **env_security(), enable_auto_commit=False
+    )
     await consumer.start()
     try:
         consumer.assign([tp])
@@ -73,7 +76,7 @@ def _record(i: int) -> bytes:
 async def _scenario(settings: Settings) -> None:
     bootstrap = str(settings.bootstrap)
     topic = state_topic(settings)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **env_security())
     await admin.start()
     try:
         await _wait_declared(admin, topic, 90)
@@ -95,7 +98,7 @@ async def _scenario(settings: Settings) -> None:
         await admin.close()
 
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", max_request_size=CHUNK + 4096
+        bootstrap_servers=bootstrap, **env_security(), acks="all", max_request_size=CHUNK + 4096
     )
     await producer.start()
     try:

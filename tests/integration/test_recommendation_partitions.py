@@ -21,6 +21,7 @@ from kernelstream.agents.reconfig_agent import RecommendationInbox, partition_fo
 from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.settings import Settings
 from kernelstream.schemas import Recommendation, encode
+from tests.integration.helpers import env_security
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +78,7 @@ async def _scenario(settings: Settings) -> None:
             await asyncio.sleep(0.2)
             got.extend(inbox.drain())
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **env_security())
     await producer.start()
     await inbox.start()
     try:
@@ -86,14 +87,14 @@ async def _scenario(settings: Settings) -> None:
         assert sent.partition == old
         await received({"r1"}, 30)
 
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **env_security())
         await admin.start()
         try:
             await admin.create_partitions({topic: NewPartitions(GROWN)})
         finally:
             await admin.close()
         # A producer that has read the new count (a worker after its metadata refresh)...
-        fresh = AIOKafkaProducer(bootstrap_servers=bootstrap)
+        fresh = AIOKafkaProducer(bootstrap_servers=bootstrap, **env_security())
         await fresh.start()
         try:
             sent = await fresh.send_and_wait(topic, encode(_rec(node, "r2")), key=node.encode())

@@ -27,7 +27,7 @@ from kernelstream.app.replay.command import (
 from kernelstream.app.settings import Settings
 from kernelstream.kernels.resolve import SpaceResolver
 from kernelstream.schemas import DeadLetter, Finding, LaunchBatch, WindowAggregate
-from tests.integration.helpers import TopicReader
+from tests.integration.helpers import TopicReader, env_security
 
 pytestmark = pytest.mark.integration
 
@@ -46,13 +46,13 @@ def settings(settings: Settings) -> Settings:
 
 
 async def _timed_topic(bootstrap: str, topic: str, n: int, t0_ms: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **env_security())
     await admin.start()
     try:
         await admin.create_topics([NewTopic(topic, 3, 1)])
     finally:
         await admin.close()
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **env_security(), linger_ms=5)
     await producer.start()
     try:
         futs = [
@@ -249,13 +249,13 @@ def test_to_topic_filter_that_matches_nothing_is_an_error(settings: Settings) ->
 
     async def produce() -> None:
         # created first: Apache Kafka, as deployed, does not create topics on produce
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **env_security())
         await admin.start()
         try:
             await admin.create_topics([NewTopic(source, 1, 1)])
         finally:
             await admin.close()
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **env_security())
         await producer.start()
         try:
             for i in range(10):  # launch keys name the series: node:device/kernel

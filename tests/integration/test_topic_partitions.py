@@ -26,7 +26,7 @@ from kernelstream.app.settings import Settings
 from kernelstream.schemas import WindowAggregate
 from kernelstream.schemas.keys import stream_key
 from tests.integration.conftest import settings_env
-from tests.integration.helpers import TopicReader
+from tests.integration.helpers import TopicReader, env_security
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +59,7 @@ def settings(settings: Settings) -> Settings:
 
 
 async def _partition_counts(bootstrap: str, *names: str) -> dict[str, int]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **env_security())
     await admin.start()
     try:
         return {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics(list(names))}
@@ -68,7 +68,7 @@ async def _partition_counts(bootstrap: str, *names: str) -> dict[str, int]:
 
 
 async def _create(bootstrap: str, topics: dict[str, int]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **env_security())
     await admin.start()
     try:
         await admin.create_topics([NewTopic(n, p, 1) for n, p in topics.items()])

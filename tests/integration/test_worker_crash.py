@@ -45,7 +45,7 @@ from kernelstream.app.kafka.topics import ensure_topics
 from kernelstream.app.settings import Settings
 from kernelstream.bench.pipeline_input import FleetSpec, fleet_batches
 from kernelstream.schemas import DeadLetter, LaunchBatch, WindowAggregate, decode, encode
-from tests.integration.helpers import TopicReader, produce
+from tests.integration.helpers import TopicReader, env_security, produce
 from tests.integration.workers import WorkerProc, closing_batches, wait_for
 
 pytestmark = pytest.mark.integration
@@ -261,7 +261,9 @@ async def _pause(s: Settings, tmp: Path, pause_s: float) -> None:
 
 
 async def _end_offsets(bootstrap: str, tps: list[Any]) -> dict[Any, int]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, **env_security(), enable_auto_commit=False
+    )
     await consumer.start()
     try:
         return dict(await consumer.end_offsets(tps))
@@ -277,7 +279,7 @@ async def _delete_records(bootstrap: str, topic: str) -> int:
 
     tps = [TopicPartition(topic, p) for p in range(_PARTITIONS)]
     ends = await _end_offsets(bootstrap, tps)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **env_security())
     await admin.start()
     try:
         await admin.delete_records({tp: RecordsToDelete(end) for tp, end in ends.items()})
@@ -294,7 +296,7 @@ async def _until_committed(bootstrap: str, group: str, topic: str) -> None:
 
     tps = [TopicPartition(topic, p) for p in range(_PARTITIONS)]
     ends = await _end_offsets(bootstrap, tps)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **env_security())
     await admin.start()
     try:
         deadline = time.monotonic() + 30.0
@@ -342,7 +344,11 @@ async def _reset_offsets(bootstrap: str, group: str, topic: str, back: int) -> N
     consumer outside the group, and aiokafka has no admin call to alter offsets).
     """
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
+        topic,
+        bootstrap_servers=bootstrap,
+        **env_security(),
+        group_id=group,
+        enable_auto_commit=False,
     )
     await consumer.start()
     try:
