@@ -104,7 +104,7 @@ async def _live(s: Settings) -> tuple[list[Alert], list[DeadLetter]]:
 
 async def _replayed(s: Settings) -> list[Alert]:
     analysis = OfflineAnalysis(window_spec(s), forecaster=forecaster_from_settings(s))
-    async with KafkaSource(str(s.bootstrap)) as src:
+    async with KafkaSource(str(s.bootstrap), s.kafka_client_kwargs()) as src:
         await analyse(src, {"launches": s.topic_launches}, RangeSpec(), analysis)
     return analysis.finish().alerts
 

@@ -97,7 +97,7 @@ async def _concurrent_first_writes(bootstrap: str, n_topics: int) -> None:
                 f"(the broker's beginning offset: {beginning})"
             )
             if beginning > 0:  # replay's range of the partition starts at its first record
-                async with KafkaSource(bootstrap) as source:
+                async with KafkaSource(bootstrap, env_security()) as source:
                     assert await source.bounds(t, 0) == (0, PRODUCERS)
         print(f"{high} of {n_topics} fresh partitions answered a beginning offset above 0")
     finally:
@@ -130,7 +130,7 @@ async def _deleted_start(bootstrap: str) -> None:
     beginning, got = await _read_all(bootstrap, topic, 2)
     assert beginning == 3
     assert got == [3, 4]  # offset 0 is gone: the reset takes the reader to the log's start
-    async with KafkaSource(bootstrap) as source:  # replay's range of the partition
+    async with KafkaSource(bootstrap, env_security()) as source:  # replay's range of the partition
         assert await source.bounds(topic, 0) == (3, 5)
 
 

@@ -69,7 +69,7 @@ async def _timed_topic(bootstrap: str, topic: str, n: int, t0_ms: int) -> None:
 async def _select(
     bootstrap: str, topic: str, spec: RangeSpec, found_by: set[str] | None = None
 ) -> list[tuple[int, int, int]]:
-    async with KafkaSource(bootstrap) as src:
+    async with KafkaSource(bootstrap, env_security()) as src:
         got = []
         for r in await select_ranges(src, [topic], spec):
             if found_by is not None:
@@ -190,7 +190,7 @@ async def _replayed(settings: Settings) -> tuple[list[WindowAggregate], list[Fin
             return False
 
     analysis = OfflineAnalysis(window_spec(settings), known_workload=known)
-    async with KafkaSource(str(settings.bootstrap)) as src:
+    async with KafkaSource(str(settings.bootstrap), settings.kafka_client_kwargs()) as src:
         await analyse(src, {"launches": settings.topic_launches}, RangeSpec(), analysis)
     res = analysis.finish()
     return res.windows, res.findings
@@ -230,7 +230,7 @@ def test_to_topic_keeps_partitions_and_order(settings: Settings, speed: float) -
 
     async def contents(topic: str, spec: RangeSpec) -> dict[int, list[tuple[Any, Any]]]:
         out: dict[int, list[tuple[Any, Any]]] = {}
-        async with KafkaSource(bootstrap) as src:
+        async with KafkaSource(bootstrap, env_security()) as src:
             for r in await select_ranges(src, [topic], spec):
                 async for chunk in read_range(src, r, spec):
                     out.setdefault(r.partition, []).extend((m.key, m.value) for m in chunk)
