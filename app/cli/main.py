@@ -48,15 +48,6 @@ def _bootstrap(settings: Settings, log_dir: Path) -> Iterator[str]:
         yield broker.bootstrap
 
 
-def _kafka_unreachable(exc: BaseException) -> bool:
-    """A failed connection: unreachable, or refused (:func:`~agents.retry_log.advice`)."""
-    from aiokafka.errors import KafkaConnectionError
-
-    from kernelstream.agents.retry_log import advice
-
-    return isinstance(exc, KafkaConnectionError) or advice(exc) is not None
-
-
 def _hosts(exc: BaseException) -> str:
     """``host:port,...`` from aiokafka's "Unable to bootstrap from [('h', 9092, ...)]"."""
     import re
@@ -77,12 +68,15 @@ class _FrontDoor(click.Group):
         except KernelstreamError as exc:
             raise click.ClickException(str(exc)) from exc
         except Exception as exc:
-            if not _kafka_unreachable(exc):
-                raise
+            from aiokafka.errors import KafkaConnectionError
+
             from kernelstream.agents.retry_log import refusal
 
-            hosts = _hosts(exc)
+            # refused by the broker (what to fix), or unreachable; anything else is a bug
             hint = refusal(exc)
+            if hint is None and not isinstance(exc, KafkaConnectionError):
+                raise
+            hosts = _hosts(exc)
             if hint is not None:
                 where = f"Kafka at {hosts}" if hosts else "Kafka"
                 raise click.ClickException(f"{where}: {hint}") from exc
